@@ -1,0 +1,154 @@
+"""The logits -> tokens path: one collective in the mode of this call, sampling, token distribution.
+
+Protocol (DESIGN §4): the mode of a call comes from the table every rank holds. Rank 0 appends the
+64-bit control word (table, epoch) to what it sends in the call's own collective — after its shard in
+all_gather mode, after the token ids in gather mode — and every rank, rank 0 included, adopts it from the
+next call on. No extra collective, and no two ranks ever disagree on a mode.
+
+Buffers are preallocated and reused: the engine's LM head writes straight into `logits_buffer(rows)`, a view
+of the send buffer that already has room for the control word, so nothing is copied to append 8 bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Protocol
+
+import torch
+
+from engine_hooks.comm import Communicator
+from engine_hooks.modes import ControlWord, Mode, ModeTable
+from engine_hooks.sampling import SamplingRow, sample
+from engine_hooks.table_source import AppliedStatus, TableSource
+
+_ALIGN = 4  # shard widths are padded to a multiple of 4 so the control word slot is 8-byte aligned
+
+
+class CallRecorder(Protocol):
+    """Receives the timing marks of one call (see engine_hooks.recorder). Must not block."""
+
+    def record(self, call_index: int, mode: Mode, rows: int, epoch: int, nbytes: int, t_start: int,
+               coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
+               sample_start: int, sample_end: int, t_end: int) -> None: ...
+
+
+def shard_width(vocab: int, world_size: int) -> int:
+    """Columns per rank: ceil(vocab / P) rounded up to a multiple of 4; the tail is padding."""
+    width = -(-vocab // world_size)
+    return -(-width // _ALIGN) * _ALIGN
+
+
+class LogitsPath:
+    def __init__(self, comm: Communicator, vocab: int, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", initial_table: ModeTable,
+                 table_source: TableSource | None = None, recorder: CallRecorder | None = None,
+                 clock: Callable[[], int] = time.perf_counter_ns, keep_log: bool = False) -> None:
+        if vocab < 1:
+            raise ValueError(f"vocab must be >= 1, got {vocab}")
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"logits dtype must be float32, bfloat16 or float16, got {dtype}")
+        self.comm = comm
+        self.rank, self.world_size = comm.rank, comm.world_size
+        self.vocab = vocab
+        self.width = shard_width(vocab, self.world_size)
+        self.dtype, self.device = dtype, torch.device(device)
+        self.table, self.epoch, self.call_index = initial_table, 0, 0
+        self.table_source = table_source if self.rank == 0 else None
+        self.recorder, self.clock = recorder, clock
+        self._word_elems = 8 // torch.empty((), dtype=dtype).element_size()
+        self._valid = max(0, min(self.width, vocab - self.rank * self.width))  # real columns of this rank
+        self._applied_seq = 0
+        self._word = ControlWord(initial_table).pack_signed()  # the word of the current (table, epoch)
+        self._capacity = 0
+        self._rows = 0
+        self.mode_log: list[Mode] | None = [] if keep_log else None
+        self.collective_log: list[int] | None = [] if keep_log else None
+
+    # -- buffers ---------------------------------------------------------------------------------------
+    def _ensure_capacity(self, rows: int) -> None:
+        if rows <= self._capacity:
+            return
+        cap = max(rows, 2 * self._capacity, 8)
+        chunk = cap * self.width + self._word_elems
+        self._send = torch.empty(chunk, dtype=self.dtype, device=self.device)
+        self._recv = torch.empty(self.world_size * chunk, dtype=self.dtype, device=self.device)
+        self._tokens = torch.empty(cap + 1, dtype=torch.int64, device=self.device)
+        self._capacity = cap
+
+    def logits_buffer(self, rows: int) -> torch.Tensor:
+        """A [rows, width] view the engine's LM head writes this rank's shard into (valid until run())."""
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
+        self._ensure_capacity(rows)
+        self._rows = rows
+        return self._send[: rows * self.width].view(rows, self.width)
+
+    # -- the call --------------------------------------------------------------------------------------
+    def run(self, rows: list[SamplingRow]) -> torch.Tensor:
+        """Combine shards in this call's mode, sample, and return int64 tokens [B] on every rank."""
+        clock = self.clock
+        t_start = clock()
+        batch = self._rows
+        if batch != len(rows) or batch == 0:
+            raise ValueError(f"logits_buffer({batch}) was filled but run() got {len(rows)} rows")
+        mode = self.table.mode_for_rows(batch)
+        word = self._word_to_send() if self.rank == 0 else None
+        n = batch * self.width
+        chunk = n + self._word_elems
+        send = self._send[:chunk]
+        if self._valid < self.width:
+            send[:n].view(batch, self.width)[:, self._valid:] = float("-inf")
+        if word is not None:
+            send[n:].view(torch.int64).fill_(word)
+        recv = self._recv[: self.world_size * chunk].view(self.world_size, chunk)
+        shards = recv[:, :n].view(self.world_size, batch, self.width)
+        tokens_buf = self._tokens[: batch + 1]
+        bcast_start = bcast_end = 0
+        coll_start = clock()
+        if mode == Mode.ALL_GATHER:
+            self.comm.all_gather(recv, send)
+            coll_end = sample_start = clock()
+            tokens = sample(shards, self.vocab, rows)
+            sample_end = clock()
+            word_slot = recv[0, n:].view(torch.int64)
+        else:
+            self.comm.gather(recv if self.rank == 0 else None, send)
+            coll_end = sample_start = clock()
+            if self.rank == 0:
+                tokens_buf[:batch] = sample(shards, self.vocab, rows)
+                tokens_buf[batch] = word
+            sample_end = bcast_start = clock()
+            self.comm.broadcast(tokens_buf)
+            bcast_end = clock()
+            tokens = tokens_buf[:batch].clone()
+            word_slot = tokens_buf[batch:]
+            if self.rank != 0:
+                sample_start = sample_end = coll_end  # non-root ranks do not sample
+        self._adopt(int(word_slot.item()))
+        t_end = clock()
+        if self.recorder is not None:
+            nbytes = recv.numel() * recv.element_size() if mode == Mode.ALL_GATHER or self.rank == 0 \
+                else chunk * recv.element_size()
+            self.recorder.record(self.call_index, mode, batch, self.epoch, nbytes, t_start, coll_start, coll_end,
+                                 bcast_start, bcast_end, sample_start, sample_end, t_end)
+        if self.mode_log is not None:
+            self.mode_log.append(mode)
+            self.collective_log.append(1 if mode == Mode.ALL_GATHER else 2)
+        self.call_index += 1
+        self._rows = 0
+        return tokens
+
+    def _word_to_send(self) -> int:
+        """Rank 0: the control word for this call — the current table, or a newly requested one."""
+        request = self.table_source.poll(self.call_index) if self.table_source is not None else None
+        if request is None or request.seq == self._applied_seq:
+            return self._word
+        self._applied_seq = request.seq
+        epoch = self.epoch if request.table == self.table else (self.epoch + 1) % (1 << 24)
+        self.table_source.report(AppliedStatus(request.seq, self.call_index + 1, request.table, epoch))
+        return ControlWord(request.table, epoch, request.flags).pack_signed()
+
+    def _adopt(self, word: int) -> None:
+        if word != self._word:  # decode only when the word changed
+            cw = ControlWord.unpack(word)
+            self.table, self.epoch, self._word = cw.table, cw.epoch, word

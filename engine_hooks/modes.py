@@ -1,0 +1,176 @@
+"""Modes, batch-size buckets, mode tables and the 64-bit control word (DESIGN §4).
+
+Stdlib only: the sidecar imports this module too, and it must never pull in torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Iterable, Sequence
+
+NUM_BUCKETS = 16
+BITS_PER_BUCKET = 2
+CONTROL_WORD_VERSION = 1
+
+
+class Mode(IntEnum):
+    """How the vocab shards reach the sampler. The values are the 2-bit codes in a table."""
+
+    ALL_GATHER = 0
+    GATHER = 1
+    SHARDED = 2  # reserved for sharded sampling; not implemented, rejected by validation
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> "Mode":
+        try:
+            mode = cls[text.strip().upper()]
+        except KeyError:
+            raise ValueError(f"unknown mode {text!r}: expected one of {', '.join(IMPLEMENTED_LABELS)}") from None
+        if mode not in IMPLEMENTED:
+            raise ValueError(f"mode {text!r} is reserved and not implemented")
+        return mode
+
+
+IMPLEMENTED = (Mode.ALL_GATHER, Mode.GATHER)
+IMPLEMENTED_LABELS = tuple(m.label for m in IMPLEMENTED)
+
+
+def bucket_of(rows: int) -> int:
+    """Bucket index of a call with `rows` rows: ceil(log2(rows)), clamped to the last bucket."""
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    return min((rows - 1).bit_length(), NUM_BUCKETS - 1)
+
+
+def bucket_upper_bound(bucket: int) -> int:
+    """Largest row count in `bucket` (the last bucket is open-ended; its label is its lower edge doubled)."""
+    if not 0 <= bucket < NUM_BUCKETS:
+        raise ValueError(f"bucket index must be in [0, {NUM_BUCKETS - 1}], got {bucket}")
+    return 1 << bucket
+
+
+def bucket_label(bucket: int) -> str:
+    """Label used in metrics and the API: the bucket's upper bound as a string ("1", "2", "4", ...)."""
+    return str(bucket_upper_bound(bucket))
+
+
+def bucket_from_upper_bound(bound: int) -> int:
+    """Inverse of bucket_upper_bound: 1 -> 0, 2 -> 1, 4 -> 2, ... Rejects anything else."""
+    if bound < 1 or bound & (bound - 1) or bound.bit_length() - 1 >= NUM_BUCKETS:
+        raise ValueError(
+            f"bucket {bound} is not a bucket upper bound: expected a power of two from 1 to {1 << (NUM_BUCKETS - 1)}"
+        )
+    return bound.bit_length() - 1
+
+
+@dataclass(frozen=True)
+class ModeTable:
+    """Mode per batch-size bucket. Immutable; encode() packs it into 32 bits (2 bits per bucket)."""
+
+    modes: tuple[Mode, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.modes) != NUM_BUCKETS:
+            raise ValueError(f"a mode table has {NUM_BUCKETS} buckets, got {len(self.modes)}")
+        for m in self.modes:
+            if Mode(m) not in IMPLEMENTED:
+                raise ValueError(f"mode {Mode(m).label!r} is reserved and not implemented")
+        object.__setattr__(self, "modes", tuple(Mode(m) for m in self.modes))
+
+    @classmethod
+    def uniform(cls, mode: Mode) -> "ModeTable":
+        return cls((mode,) * NUM_BUCKETS)
+
+    def mode_for_rows(self, rows: int) -> Mode:
+        return self.modes[bucket_of(rows)]
+
+    def with_buckets(self, mode: Mode, buckets: Iterable[int] | None = None) -> "ModeTable":
+        """A copy with `mode` set on the given bucket indices (all buckets when None)."""
+        modes = list(self.modes)
+        for b in range(NUM_BUCKETS) if buckets is None else buckets:
+            if not 0 <= b < NUM_BUCKETS:
+                raise ValueError(f"bucket index must be in [0, {NUM_BUCKETS - 1}], got {b}")
+            modes[b] = mode
+        return ModeTable(tuple(modes))
+
+    def encode(self) -> int:
+        word = 0
+        for b, m in enumerate(self.modes):
+            word |= int(m) << (BITS_PER_BUCKET * b)
+        return word
+
+    @classmethod
+    def decode(cls, word: int) -> "ModeTable":
+        if not 0 <= word < 1 << (BITS_PER_BUCKET * NUM_BUCKETS):
+            raise ValueError(f"table word out of range: {word:#x}")
+        mask = (1 << BITS_PER_BUCKET) - 1
+        return cls(tuple(Mode((word >> (BITS_PER_BUCKET * b)) & mask) for b in range(NUM_BUCKETS)))
+
+    def as_labels(self) -> dict[str, str]:
+        """{"1": "all_gather", "2": "gather", ...}: the form the HTTP API and YAML use."""
+        return {bucket_label(b): m.label for b, m in enumerate(self.modes)}
+
+    @classmethod
+    def from_labels(cls, labels: dict[str, str], default: Mode = Mode.ALL_GATHER) -> "ModeTable":
+        modes = [default] * NUM_BUCKETS
+        for bound, mode in labels.items():
+            modes[bucket_from_upper_bound(int(bound))] = Mode.parse(mode)
+        return cls(tuple(modes))
+
+    def __str__(self) -> str:
+        return " ".join(f"{bucket_label(b)}:{'A' if m == Mode.ALL_GATHER else 'G'}" for b, m in enumerate(self.modes))
+
+
+# Control word layout, least significant bit first:
+#   bits  0..31  table   (2 bits per bucket)
+#   bits 32..55  epoch   (24 bits, wraps; +1 each time rank 0 adopts a new table)
+#   bits 56..59  flags   (bit 0: table came from the auto policy)
+#   bits 60..63  version (CONTROL_WORD_VERSION)
+EPOCH_BITS = 24
+FLAG_BITS = 4
+FLAG_AUTO = 1
+
+
+@dataclass(frozen=True)
+class ControlWord:
+    table: ModeTable
+    epoch: int = 0
+    flags: int = 0
+
+    def pack(self) -> int:
+        """The word as an unsigned 64-bit int."""
+        return (
+            self.table.encode()
+            | (self.epoch % (1 << EPOCH_BITS)) << 32
+            | (self.flags & ((1 << FLAG_BITS) - 1)) << 56
+            | CONTROL_WORD_VERSION << 60
+        )
+
+    def pack_signed(self) -> int:
+        """The same 64 bits as a signed int64, the form a torch.int64 element holds."""
+        word = self.pack()
+        return word - (1 << 64) if word >= 1 << 63 else word
+
+    @classmethod
+    def unpack(cls, word: int) -> "ControlWord":
+        word &= (1 << 64) - 1
+        version = word >> 60
+        if version != CONTROL_WORD_VERSION:
+            raise ValueError(f"control word version {version} != {CONTROL_WORD_VERSION} (word {word:#018x})")
+        return cls(
+            table=ModeTable.decode(word & 0xFFFF_FFFF),
+            epoch=(word >> 32) & ((1 << EPOCH_BITS) - 1),
+            flags=(word >> 56) & ((1 << FLAG_BITS) - 1),
+        )
+
+
+def parse_buckets(bounds: Sequence[int] | None) -> list[int] | None:
+    """Bucket upper bounds as the API takes them ([1, 2, 4]) -> bucket indices; None means all."""
+    if bounds is None:
+        return None
+    return [bucket_from_upper_bound(int(b)) for b in bounds]

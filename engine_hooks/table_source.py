@@ -1,0 +1,86 @@
+"""Where rank 0 gets requested mode tables from (DESIGN §4, §7).
+
+Rank 0 calls `poll(call_index)` once at the start of every logits call and `report(...)` when a requested
+table has been put on the wire. Implementations: an in-process object (tests, embedding), a seeded random
+schedule (the `schedule:SEED` mode of the CLI), and the shared-memory control block (engine_hooks.control_block).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine_hooks.modes import IMPLEMENTED, NUM_BUCKETS, ModeTable
+
+
+@dataclass(frozen=True)
+class TableRequest:
+    seq: int  # strictly increasing per source; a new seq is a new request
+    table: ModeTable
+    flags: int = 0
+
+
+@dataclass(frozen=True)
+class AppliedStatus:
+    seq: int  # request seq now on the wire
+    apply_call: int  # first call index that runs with the table, on every rank
+    table: ModeTable
+    epoch: int
+
+
+class TableSource(Protocol):
+    def poll(self, call_index: int) -> TableRequest | None:
+        """The latest request (None when there is none). Must be cheap: it runs once per call."""
+
+    def report(self, status: AppliedStatus) -> None:
+        """Rank 0 put request `status.seq` on the wire; every rank runs it from `status.apply_call`."""
+
+
+class InProcessTableSource:
+    """A table source driven from the same process (tests, embedding, adapters without shared memory)."""
+
+    def __init__(self) -> None:
+        self._request: TableRequest | None = None
+        self.applied: list[AppliedStatus] = []
+
+    def request(self, table: ModeTable, flags: int = 0) -> int:
+        seq = (self._request.seq if self._request else 0) + 1
+        self._request = TableRequest(seq, table, flags)
+        return seq
+
+    def poll(self, call_index: int) -> TableRequest | None:
+        return self._request
+
+    def report(self, status: AppliedStatus) -> None:
+        self.applied.append(status)
+
+
+def random_table(rng: random.Random) -> ModeTable:
+    return ModeTable(tuple(rng.choice(IMPLEMENTED) for _ in range(NUM_BUCKETS)))
+
+
+class ScheduleTableSource:
+    """A random switch schedule drawn from a seed: at random calls, random buckets change mode."""
+
+    def __init__(self, seed: int, switch_probability: float = 0.3) -> None:
+        self._rng = random.Random(seed)
+        self._p = switch_probability
+        self._request: TableRequest | None = None
+        self._table = initial_schedule_table(seed)
+
+    def poll(self, call_index: int) -> TableRequest | None:
+        if self._rng.random() < self._p:
+            buckets = self._rng.sample(range(NUM_BUCKETS), self._rng.randint(1, NUM_BUCKETS))
+            self._table = self._table.with_buckets(self._rng.choice(IMPLEMENTED), buckets)
+            seq = (self._request.seq if self._request else 0) + 1
+            self._request = TableRequest(seq, self._table)
+        return self._request
+
+    def report(self, status: AppliedStatus) -> None:
+        pass
+
+
+def initial_schedule_table(seed: int) -> ModeTable:
+    """The table every rank starts a `schedule:SEED` run with (derived from the seed alone)."""
+    return random_table(random.Random(seed ^ 0x5EED))
