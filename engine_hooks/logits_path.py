@@ -12,7 +12,8 @@ of the send buffer that already has room for the control word, so nothing is cop
 from __future__ import annotations
 
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 

@@ -5,9 +5,9 @@ Stdlib only: the sidecar imports this module too, and it must never pull in torc
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Iterable, Sequence
 
 NUM_BUCKETS = 16
 BITS_PER_BUCKET = 2
@@ -26,7 +26,7 @@ class Mode(IntEnum):
         return self.name.lower()
 
     @classmethod
-    def parse(cls, text: str) -> "Mode":
+    def parse(cls, text: str) -> Mode:
         try:
             mode = cls[text.strip().upper()]
         except KeyError:
@@ -83,13 +83,13 @@ class ModeTable:
         object.__setattr__(self, "modes", tuple(Mode(m) for m in self.modes))
 
     @classmethod
-    def uniform(cls, mode: Mode) -> "ModeTable":
+    def uniform(cls, mode: Mode) -> ModeTable:
         return cls((mode,) * NUM_BUCKETS)
 
     def mode_for_rows(self, rows: int) -> Mode:
         return self.modes[bucket_of(rows)]
 
-    def with_buckets(self, mode: Mode, buckets: Iterable[int] | None = None) -> "ModeTable":
+    def with_buckets(self, mode: Mode, buckets: Iterable[int] | None = None) -> ModeTable:
         """A copy with `mode` set on the given bucket indices (all buckets when None)."""
         modes = list(self.modes)
         for b in range(NUM_BUCKETS) if buckets is None else buckets:
@@ -105,7 +105,7 @@ class ModeTable:
         return word
 
     @classmethod
-    def decode(cls, word: int) -> "ModeTable":
+    def decode(cls, word: int) -> ModeTable:
         if not 0 <= word < 1 << (BITS_PER_BUCKET * NUM_BUCKETS):
             raise ValueError(f"table word out of range: {word:#x}")
         mask = (1 << BITS_PER_BUCKET) - 1
@@ -116,7 +116,7 @@ class ModeTable:
         return {bucket_label(b): m.label for b, m in enumerate(self.modes)}
 
     @classmethod
-    def from_labels(cls, labels: dict[str, str], default: Mode = Mode.ALL_GATHER) -> "ModeTable":
+    def from_labels(cls, labels: dict[str, str], default: Mode = Mode.ALL_GATHER) -> ModeTable:
         modes = [default] * NUM_BUCKETS
         for bound, mode in labels.items():
             modes[bucket_from_upper_bound(int(bound))] = Mode.parse(mode)
@@ -157,7 +157,7 @@ class ControlWord:
         return word - (1 << 64) if word >= 1 << 63 else word
 
     @classmethod
-    def unpack(cls, word: int) -> "ControlWord":
+    def unpack(cls, word: int) -> ControlWord:
         word &= (1 << 64) - 1
         version = word >> 60
         if version != CONTROL_WORD_VERSION:

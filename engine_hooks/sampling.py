@@ -130,7 +130,8 @@ def _sample_full(shards: torch.Tensor, temperature: float, u: torch.Tensor, widt
     cum_shard = shard_mass.cumsum(dim=1)
     target = u * cum_shard[:, -1]
     shard = torch.searchsorted(cum_shard, target.unsqueeze(1), right=True).clamp_(max=shards.shape[0] - 1)
-    before = torch.where(shard > 0, cum_shard.gather(1, (shard - 1).clamp(min=0)), torch.zeros_like(shard, dtype=e.dtype))
+    zero = torch.zeros_like(shard, dtype=e.dtype)
+    before = torch.where(shard > 0, cum_shard.gather(1, (shard - 1).clamp(min=0)), zero)  # mass of earlier shards
     rows = torch.arange(e.shape[1])
     within = e[shard.squeeze(1), rows, :].cumsum(dim=1)  # [B, Vs]
     local = torch.searchsorted(within, (target.unsqueeze(1) - before), right=True).clamp_(max=width - 1)
