@@ -1,0 +1,97 @@
+"""Put the hooks into one TP rank: handshake, engine instance id, ring recorder, control block.
+
+Every rank calls install_hooks() once, after its process group exists and before the first logits call;
+adapters (tp_engine, vLLM, SGLang) differ only in the communicator they pass.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine_hooks.comm import Communicator
+from engine_hooks.config import GatherwiseConfig, config_hash, load_config
+from engine_hooks.delay_injection import DelayedCommunicator
+from engine_hooks.handshake import handshake
+from engine_hooks.logits_path import LogitsPath
+from engine_hooks.modes import Mode, ModeTable
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class InstalledHooks:
+    path: LogitsPath
+    engine_id: int
+    engine_dir: Path | None
+    config: GatherwiseConfig
+    _closables: list[Any] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Close the ring and control block; rank 0 removes the engine's shared-memory directory."""
+        for item in self._closables:
+            item.close()
+        self._closables.clear()
+        if self.path.rank == 0 and self.engine_dir is not None:
+            shutil.rmtree(self.engine_dir, ignore_errors=True)
+
+
+def logits_dtype(config: GatherwiseConfig) -> torch.dtype:
+    return _DTYPES[config.engine.logits_dtype]
+
+
+def initial_table(config: GatherwiseConfig) -> ModeTable:
+    if config.engine.initial_table_file:
+        from engine_hooks.table_file import load_table_file
+
+        return load_table_file(config.engine.initial_table_file)
+    return ModeTable.uniform(Mode.parse(config.engine.initial_mode))
+
+
+def share_engine_id(comm: Communicator, device: torch.device | str) -> int:
+    """Rank 0 draws a random 64-bit instance id (new at every start) and every rank receives it."""
+    word = torch.tensor([int.from_bytes(os.urandom(8), "little") >> 1], dtype=torch.int64, device=device)
+    comm.broadcast(word)
+    return int(word.item())
+
+
+def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None = None,
+                  device: torch.device | str = "cpu", config: GatherwiseConfig | None = None,
+                  table: ModeTable | None = None, keep_log: bool = False) -> InstalledHooks:
+    cfg = config if config is not None else load_config(os.environ.get("GATHERWISE_CONFIG"))
+    dtype = dtype if dtype is not None else logits_dtype(cfg)
+    table = table if table is not None else initial_table(cfg)
+    handshake(comm, config_hash=config_hash(cfg), table=table, vocab=vocab, dtype=dtype, device=device)
+    engine_id = share_engine_id(comm, device)
+    closables: list[Any] = []
+    recorder = source = engine_dir = None
+    if cfg.telemetry.enabled or cfg.control.enabled:
+        from engine_hooks.shm_format.ring import engine_dir as dir_of
+
+        engine_dir = Path(dir_of(cfg.engine.shm_dir, engine_id))
+        engine_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.telemetry.enabled:
+        from engine_hooks.recorder import RingRecorder
+        from engine_hooks.shm_format.ring import ring_path
+
+        recorder = RingRecorder(ring_path(cfg.engine.shm_dir, engine_id, comm.rank), engine_id=engine_id,
+                                rank=comm.rank, tp_size=comm.world_size, vocab=vocab, dtype=dtype,
+                                capacity=cfg.telemetry.ring_capacity)
+        closables.append(recorder)
+    if cfg.control.enabled and comm.rank == 0:
+        from engine_hooks.control_block import ControlBlockSource
+        from engine_hooks.shm_format.control import control_path
+
+        source = ControlBlockSource(control_path(cfg.engine.shm_dir, engine_id), engine_id=engine_id,
+                                    tp_size=comm.world_size, table=table)
+        closables.append(source)
+    if cfg.control.inject_delay:
+        comm = DelayedCommunicator(comm, cfg.control.inject_delay)
+    path = LogitsPath(comm, vocab, dtype=dtype, device=device, initial_table=table, table_source=source,
+                      recorder=recorder, keep_log=keep_log)
+    return InstalledHooks(path, engine_id, engine_dir, cfg, closables)
