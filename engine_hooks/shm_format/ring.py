@@ -1,0 +1,166 @@
+"""The per-rank telemetry ring: header, cumulative counters and fixed-size call records (docs/shm-format.md).
+
+Stdlib only (the sidecar imports it). One writer (engine_hooks.recorder.RingRecorder), any number of readers
+(sidecar.ring_reader.RingReader). All integers little-endian. Change FORMAT_VERSION on any layout change:
+readers refuse every version they were not written for.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+MAGIC = b"GWRING\x00\x00"
+FORMAT_VERSION = 1
+HEADER_SIZE = 512  # records start here
+
+# -- directory layout: <shm_dir>/<engine_id as 16 hex digits>/rank-<r> and .../control -------------------
+RING_PREFIX = "rank-"
+CONTROL_NAME = "control"
+
+
+def engine_dir_name(engine_id: int) -> str:
+    return f"{engine_id:016x}"
+
+
+def engine_dir(shm_dir: str | os.PathLike, engine_id: int) -> str:
+    return os.path.join(os.fspath(shm_dir), engine_dir_name(engine_id))
+
+
+def ring_path(shm_dir: str | os.PathLike, engine_id: int, rank: int) -> str:
+    return os.path.join(engine_dir(shm_dir, engine_id), f"{RING_PREFIX}{rank}")
+
+
+# -- dtype codes -------------------------------------------------------------------------------------------
+DTYPE_CODES = {"float32": 1, "bfloat16": 2, "float16": 3}
+DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
+
+
+def dtype_code(dtype: object) -> int:
+    """Code of a logits dtype given as "float32", "torch.float32" or a torch.dtype (no torch import)."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPE_CODES:
+        raise ValueError(f"unsupported logits dtype {dtype!r}: expected one of {', '.join(DTYPE_CODES)}")
+    return DTYPE_CODES[name]
+
+
+def dtype_name(code: int) -> str:
+    return DTYPE_NAMES.get(code, f"unknown({code})")
+
+
+# -- header ------------------------------------------------------------------------------------------------
+# magic, version, header_size, record_size, capacity, engine_id, rank, tp_size, vocab, dtype,
+# created_ns (wall clock), write_index, writer_pid, state, created_mono_ns (perf_counter_ns at creation)
+HEADER_FIXED = struct.Struct("<8sIIIIQIIIIQQIIQ")
+WRITE_INDEX_OFFSET = 56
+WRITE_INDEX = struct.Struct("<Q")
+STATE_OFFSET = 68
+STATE = struct.Struct("<I")
+STATE_OPEN, STATE_CLOSED = 1, 2
+
+# Cumulative counters: one row per mode code (0..NUM_MODE_ROWS-1), each row = calls, then (ns, bytes) per op.
+OPS = ("all_gather", "gather", "broadcast", "sample", "path")
+OP_ALL_GATHER, OP_GATHER, OP_BROADCAST, OP_SAMPLE, OP_PATH = range(len(OPS))
+NUM_MODE_ROWS = 4  # 2-bit mode codes: all_gather, gather, sharded (reserved), spare
+COUNTERS_OFFSET = 128
+COUNTER_ROW = struct.Struct(f"<{1 + 2 * len(OPS)}Q")
+COUNTERS = struct.Struct(f"<{NUM_MODE_ROWS * (1 + 2 * len(OPS))}Q")
+assert HEADER_FIXED.size <= COUNTERS_OFFSET
+assert COUNTERS_OFFSET + COUNTERS.size <= HEADER_SIZE
+
+# -- record ------------------------------------------------------------------------------------------------
+# seq, start_ns, call_index, nbytes, epoch, rows, vocab, rank, mode, dtype,
+# collective (offset, duration), broadcast (offset, duration), sample (offset, duration), path duration,
+# flags, seq again. Offsets are from start_ns; all u32 fields are ns and saturate at U32_MAX (~4.29 s).
+RECORD = struct.Struct("<QQQQIIIHBBIIIIIIIIQ")
+RECORD_SIZE = RECORD.size  # 88
+RECORD_FIELDS = 19
+U32_MAX = 0xFFFFFFFF
+FLAG_BROADCAST = 1  # the call broadcast tokens (gather mode); otherwise broadcast fields are 0
+BROADCAST_BYTES_PER_ROW = 8  # int64 token ids; plus one 8-byte control word per call
+
+
+def broadcast_bytes(rows: int) -> int:
+    """Bytes of the token broadcast of a gather-mode call: rows int64 tokens + the 64-bit control word."""
+    return (rows + 1) * BROADCAST_BYTES_PER_ROW
+
+
+def ring_file_size(capacity: int) -> int:
+    return HEADER_SIZE + capacity * RECORD_SIZE
+
+
+def slot_offset(seq: int, capacity: int) -> int:
+    """Byte offset of the record with sequence number seq (seqs start at 1)."""
+    return HEADER_SIZE + ((seq - 1) % capacity) * RECORD_SIZE
+
+
+@dataclass(frozen=True)
+class OpCounters:
+    ns: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ModeCounters:
+    calls: int
+    ops: dict[str, OpCounters]  # op name -> cumulative ns and bytes
+
+
+@dataclass(frozen=True)
+class RingHeader:
+    version: int
+    engine_id: int
+    rank: int
+    tp_size: int
+    vocab: int
+    dtype: str
+    record_size: int
+    capacity: int
+    created_ns: int
+    created_mono_ns: int
+    write_index: int  # records ever written; the newest record has seq == write_index
+    writer_pid: int
+    closed: bool
+    counters: dict[int, ModeCounters]  # mode code -> counters (every row, including unused modes)
+
+    def mono_to_wall_ns(self, mono_ns: int) -> int:
+        """Wall-clock ns (time.time_ns scale) of a monotonic timestamp from this ring."""
+        return self.created_ns + (mono_ns - self.created_mono_ns)
+
+
+def counters_from_values(values: tuple[int, ...]) -> dict[int, ModeCounters]:
+    width = 1 + 2 * len(OPS)
+    out = {}
+    for mode in range(NUM_MODE_ROWS):
+        row = values[mode * width:(mode + 1) * width]
+        ops = {name: OpCounters(row[1 + 2 * i], row[2 + 2 * i]) for i, name in enumerate(OPS)}
+        out[mode] = ModeCounters(row[0], ops)
+    return out
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One logits call on one rank. Times are monotonic ns (time.perf_counter_ns); absent ops are 0."""
+
+    seq: int
+    call_index: int
+    mode: int  # engine_hooks.modes.Mode value
+    rows: int
+    vocab: int
+    dtype: str
+    rank: int
+    epoch: int
+    nbytes: int
+    start_ns: int
+    collective_start_ns: int
+    collective_ns: int
+    broadcast_start_ns: int
+    broadcast_ns: int
+    sample_start_ns: int
+    sample_ns: int
+    end_ns: int
+
+    @property
+    def path_ns(self) -> int:
+        return self.end_ns - self.start_ns
