@@ -1,0 +1,155 @@
+"""`gatherwise bench`: sweep the hooked logits path over rows x vocab x dtype x mode on P local ranks.
+
+Prints an nccl-tests style table and writes results.json, crossover.png and one starting-table file per
+(vocab, dtype) into --out. Formulas and the timing method: docs/bench.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from engine_hooks.modes import IMPLEMENTED_LABELS, Mode
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DEFAULT_ROWS = "1,2,4,8,16,32,64,128,256"
+
+
+def _int_list(what: str, minimum: int) -> Callable[[str], tuple[int, ...]]:
+    def parse(text: str) -> tuple[int, ...]:
+        items = [t.strip() for t in text.split(",")]
+        if not text.strip() or any(not t for t in items):
+            raise argparse.ArgumentTypeError(f"{what}: expected a comma-separated list like 1,2,4, got {text!r}")
+        values = []
+        for t in items:
+            try:
+                values.append(int(t))
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{what}: {t!r} is not an integer") from None
+        bad = [v for v in values if v < minimum]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, got {bad[0]}")
+        return tuple(sorted(set(values)))
+
+    return parse
+
+
+def _name_list(what: str, parse_one: Callable[[str], str]) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        items = [t.strip() for t in text.split(",")]
+        if not text.strip() or any(not t for t in items):
+            raise argparse.ArgumentTypeError(f"{what}: expected a comma-separated list, got {text!r}")
+        out: list[str] = []
+        for t in items:
+            try:
+                name = parse_one(t)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(f"{what}: {exc}") from None
+            if name not in out:
+                out.append(name)
+        return tuple(out)
+
+    return parse
+
+
+def _dtype(text: str) -> str:
+    if text.lower() not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {text!r}: expected one of {', '.join(DTYPE_NAMES)}")
+    return text.lower()
+
+
+def _positive(what: str, minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what}: {text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gatherwise bench",
+        description="Time the logits path (collective + greedy sampling + token distribution) per mode on P "
+                    "local ranks; print which mode wins where, write results.json, crossover.png and "
+                    "starting-table files for the auto policy.")
+    p.add_argument("--tp", type=_positive("--tp", 1), default=2, help="ranks (tensor-parallel size), default 2")
+    p.add_argument("--vocab", type=_int_list("--vocab", 1), default=(32000, 152064),
+                   help="comma-separated vocab sizes, default 32000,152064")
+    p.add_argument("--rows", type=_int_list("--rows", 1), default=_int_list("--rows", 1)(DEFAULT_ROWS),
+                   help=f"comma-separated batch rows, default {DEFAULT_ROWS}")
+    p.add_argument("--dtype", type=_name_list("--dtype", _dtype), default=("float32", "bfloat16"),
+                   help=f"comma-separated logits dtypes ({', '.join(DTYPE_NAMES)}), default float32,bfloat16")
+    p.add_argument("--modes", type=_name_list("--modes", lambda t: Mode.parse(t).label),
+                   default=IMPLEMENTED_LABELS, help="comma-separated modes, interleaved in this order; "
+                   f"default {','.join(IMPLEMENTED_LABELS)}")
+    p.add_argument("--iters", type=_positive("--iters", 1), default=30, help="timed calls per mode, default 30")
+    p.add_argument("--warmup", type=_positive("--warmup", 0), default=3,
+                   help="untimed calls per mode before each shape, default 3")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: cuda (NCCL, rank r on cuda:r) when there are >= tp GPUs, else cpu (gloo)")
+    p.add_argument("--out", type=Path, default=Path("bench/out/logits_sweep"),
+                   help="output directory, default bench/out/logits_sweep")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random logits")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the sweep is abandoned")
+    return p
+
+
+def _pick_device(requested: str, tp: int, parser: argparse.ArgumentParser) -> str:
+    if requested == "cpu":
+        return "cpu"
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "cuda" and gpus < tp:
+        parser.error(f"--device cuda needs {tp} GPUs (one per rank), found {gpus}")
+    return "cuda" if gpus >= tp else "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    device = _pick_device(args.device, args.tp, parser)
+
+    # heavy imports only once the arguments are known to be good
+    import torch
+
+    from bench.launch import run_ranks
+    from bench.plot import plot_crossover
+    from bench.report import SweepResult, find_crossovers, format_table, summarize, write_results_json
+    from bench.starting_table import write_starting_tables
+    from bench.sweep import SweepConfig, sweep_rank
+
+    cfg = SweepConfig(tp=args.tp, vocabs=args.vocab, rows=args.rows, dtypes=args.dtype, modes=args.modes,
+                      iters=args.iters, warmup=args.warmup, device=device, seed=args.seed)
+    out_dir: Path = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"[bench] tp={cfg.tp} {cfg.backend} on {device}: {len(cfg.vocabs)} vocab x {len(cfg.dtypes)} dtype x "
+          f"{len(cfg.rows)} rows x {len(cfg.modes)} modes, {cfg.warmup}+{cfg.iters} calls each", file=sys.stderr)
+    t0 = time.perf_counter()
+    per_rank = run_ranks(sweep_rank, cfg.tp, cfg, backend=cfg.backend, timeout=args.timeout)
+    elapsed = time.perf_counter() - t0
+    shapes = summarize(cfg, per_rank)
+    env = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+           "cpu_count": os.cpu_count(), "threads_per_rank": max(1, (os.cpu_count() or 1) // cfg.tp),
+           "load_avg_1m_at_end": os.getloadavg()[0], "sweep_seconds": round(elapsed, 1),
+           "command": "gatherwise bench " + " ".join(sys.argv[2:] if argv is None else argv)}
+    if device == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(0)
+    result = SweepResult(cfg, shapes, find_crossovers(shapes), env)
+    tables = write_starting_tables(out_dir, cfg, shapes)
+    write_results_json(out_dir / "results.json", result, tables)
+    plot_crossover(out_dir / "crossover.png", result)
+    print(format_table(result))
+    print(f"# sweep took {elapsed:.1f} s; wrote {out_dir}/results.json, crossover.png, "
+          f"{len(tables)} table file(s)")
+    return 0

@@ -1,0 +1,49 @@
+"""crossover.png: time per call vs rows, one line per mode, log-log, one panel per (vocab, dtype)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402 - after the backend is chosen
+
+from bench.report import SweepResult  # noqa: E402
+
+
+def plot_crossover(path: Path, result: SweepResult) -> Path:
+    cfg = result.config
+    nrows, ncols = len(cfg.vocabs), len(cfg.dtypes)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
+    for i, vocab in enumerate(cfg.vocabs):
+        for j, dtype in enumerate(cfg.dtypes):
+            ax = axes[i][j]
+            group = sorted((s for s in result.shapes if s.vocab == vocab and s.dtype == dtype), key=lambda s: s.rows)
+            xs = [s.rows for s in group]
+            for mode in cfg.modes:
+                med = [s.modes[mode].median_us for s in group]
+                lo = [s.modes[mode].p10_us for s in group]
+                hi = [s.modes[mode].p90_us for s in group]
+                (line,) = ax.plot(xs, med, marker="o", markersize=3, label=f"{mode} (median)")
+                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+            for c in result.crossovers:
+                if c.vocab == vocab and c.dtype == dtype:
+                    ax.axvline(c.rows_estimate, color="black", linestyle="--", linewidth=1)
+                    ax.annotate(f"{c.before}→{c.after}\n≈{c.rows_estimate:.0f} rows", (c.rows_estimate, 0.96),
+                                xycoords=("data", "axes fraction"), ha="center", va="top", fontsize=7,
+                                bbox={"boxstyle": "round", "fc": "white", "alpha": 0.8})
+            if len(xs) > 1:
+                ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"vocab {vocab}, {dtype}", fontsize=9)
+            ax.set_xlabel("rows (batch)")
+            ax.set_ylabel("time per call (µs)")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"gatherwise bench: logits path, TP={cfg.tp}, {cfg.backend} on {cfg.device} "
+                 f"(band: p10–p90, {cfg.iters} iters)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

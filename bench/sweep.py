@@ -1,0 +1,124 @@
+"""The sweep itself, run on every rank: the hooked logits path, modes interleaved, timed per call.
+
+Per (vocab, dtype) there is one LogitsPath per mode on the same process group, each pinned to its mode by a
+uniform table. Per rows value, the logits are random and written once into every path's send buffer; then
+each iteration calls every mode once (A B A B ...) so machine drift hits all modes alike. Warm-up calls are
+run and dropped.
+
+Timing (see docs/bench.md): a barrier before every call, then each rank stamps the call's start and end with
+time.perf_counter_ns (CLOCK_MONOTONIC, one clock for all processes of a host). The parent takes, per call,
+max over ranks of end minus min over ranks of start.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from engine_hooks.comm import default_communicator
+from engine_hooks.logits_path import LogitsPath
+from engine_hooks.modes import Mode, ModeTable
+from engine_hooks.sampling import SamplingParams, SamplingRow
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    tp: int
+    vocabs: tuple[int, ...]
+    rows: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    modes: tuple[str, ...]
+    iters: int
+    warmup: int
+    device: str = "cpu"  # "cpu" (gloo) or "cuda" (NCCL, rank r on cuda:r)
+    seed: int = 0
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device == "cuda" else "gloo"
+
+
+@dataclass
+class CallTimes:
+    """Measured (post-warm-up) calls of one (vocab, dtype, rows, mode) on one rank; all in ns."""
+
+    start: list[int] = field(default_factory=list)
+    end: list[int] = field(default_factory=list)
+    collective: list[int] = field(default_factory=list)  # gather or all_gather, as the path recorded it
+    sample: list[int] = field(default_factory=list)
+    broadcast: list[int] = field(default_factory=list)  # token broadcast (gather mode); 0 in all_gather
+
+
+ShapeKey = tuple[int, str, int, str]  # (vocab, dtype, rows, mode)
+
+
+class _PhaseRecorder:
+    """Keeps the phase marks of the last call (LogitsPath's CallRecorder protocol)."""
+
+    def __init__(self) -> None:
+        self.last = (0, 0, 0)
+
+    def record(self, call_index: int, mode: Mode, rows: int, epoch: int, nbytes: int, t_start: int,
+               coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
+               sample_start: int, sample_end: int, t_end: int) -> None:
+        self.last = (coll_end - coll_start, sample_end - sample_start, bcast_end - bcast_start)
+
+
+def sweep_rank(rank: int, world: int, cfg: SweepConfig) -> dict[ShapeKey, CallTimes]:
+    """Run the whole sweep on this rank (inside an initialized process group); return its timings."""
+    device = torch.device(f"cuda:{rank}" if cfg.device == "cuda" else "cpu")
+    comm = default_communicator()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    barrier = (lambda: dist.barrier(device_ids=[rank])) if device.type == "cuda" else dist.barrier
+    if world == 1:
+        barrier = lambda: None  # noqa: E731 - nothing to line up
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
+    out: dict[ShapeKey, CallTimes] = {}
+    t0 = time.perf_counter()
+    for vocab in cfg.vocabs:
+        for dtype_name in cfg.dtypes:
+            recorders = {m: _PhaseRecorder() for m in cfg.modes}
+            paths = {m: LogitsPath(comm, vocab, dtype=DTYPES[dtype_name], device=device,
+                                   initial_table=ModeTable.uniform(Mode.parse(m)), recorder=recorders[m])
+                     for m in cfg.modes}
+            for rows in cfg.rows:
+                _fill(paths, rows, gen)
+                times = {m: out.setdefault((vocab, dtype_name, rows, m), CallTimes()) for m in cfg.modes}
+                batch = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
+                for it in range(cfg.warmup + cfg.iters):
+                    for m in cfg.modes:  # interleaved: A B A B ...
+                        path = paths[m]
+                        barrier()
+                        sync()
+                        start = time.perf_counter_ns()
+                        path.logits_buffer(rows)  # same storage, already filled: this only re-arms the call
+                        path.run(batch)
+                        sync()
+                        end = time.perf_counter_ns()
+                        if it >= cfg.warmup:
+                            t = times[m]
+                            t.start.append(start)
+                            t.end.append(end)
+                            coll, samp, bcast = recorders[m].last
+                            t.collective.append(coll)
+                            t.sample.append(samp)
+                            t.broadcast.append(bcast)
+                if rank == 0:
+                    print(f"[bench] vocab={vocab} dtype={dtype_name} rows={rows} done "
+                          f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+            del paths  # free this shape's buffers before the next (vocab, dtype)
+    return out
+
+
+def _fill(paths: dict[str, LogitsPath], rows: int, gen: torch.Generator) -> None:
+    """Random logits, written once per shape into every mode's send buffer (the LM head's job)."""
+    first = next(iter(paths.values()))
+    logits = torch.randn(rows, first.width, generator=gen)
+    for path in paths.values():
+        path.logits_buffer(rows).copy_(logits)

@@ -1,0 +1,146 @@
+"""`gatherwise bench`: argument validation, a tiny real sweep end to end, and the starting-table file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.cli import build_parser, main
+from engine_hooks.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
+from engine_hooks.table_file import load_table_file, read_table_file, save_table_file
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rows", "1,,2"], "--rows: expected a comma-separated list"),
+        (["--rows", ""], "--rows: expected a comma-separated list"),
+        (["--rows", "1,two"], "--rows: 'two' is not an integer"),
+        (["--rows", "0,1"], "--rows must be >= 1, got 0"),
+        (["--rows", "-4"], "--rows must be >= 1, got -4"),
+        (["--vocab", "32000,"], "--vocab: expected a comma-separated list"),
+        (["--vocab", "0"], "--vocab must be >= 1, got 0"),
+        (["--dtype", "float32,int8"], "--dtype: unknown dtype 'int8'"),
+        (["--modes", "all_gather,scatter"], "--modes: unknown mode 'scatter'"),
+        (["--modes", "sharded"], "--modes: mode 'sharded' is reserved"),
+        (["--tp", "0"], "--tp must be >= 1, got 0"),
+        (["--iters", "0"], "--iters must be >= 1, got 0"),
+        (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_clear_message_and_run_nothing(argv, message, capsys, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--out", str(out)])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()  # nothing ran, nothing was written
+
+
+def test_lists_are_parsed_sorted_and_deduplicated():
+    args = build_parser().parse_args(["--rows", "4, 1,2,4", "--dtype", "BFloat16,float32,bfloat16",
+                                      "--modes", "gather,ALL_GATHER"])
+    assert args.rows == (1, 2, 4)
+    assert args.dtype == ("bfloat16", "float32")
+    assert args.modes == ("gather", "all_gather")  # the interleaving order is the user's
+
+
+def test_cuda_without_gpus_is_an_argument_error(capsys):
+    import torch
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has GPUs")
+    with pytest.raises(SystemExit) as exc:
+        main(["--device", "cuda", "--tp", "2"])
+    assert exc.value.code == 2
+    assert "--device cuda needs 2 GPUs" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_tiny_sweep_end_to_end(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    rc = main(["--tp", "2", "--rows", "1,2", "--vocab", "1000", "--dtype", "float32,bfloat16",
+               "--iters", "2", "--warmup", "1", "--out", str(out), "--timeout", "150"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "winner" in printed and "busbw" in printed
+
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["config"]["tp"] == 2 and doc["config"]["iters"] == 2
+    assert len(doc["results"]) == 2 * 2  # rows x dtypes (one vocab)
+    for shape in doc["results"]:
+        assert set(shape["modes"]) == {"all_gather", "gather"}
+        assert shape["bytes"] == 2 * shape["rows"] * 500 * (4 if shape["dtype"] == "float32" else 2)
+        for st in shape["modes"].values():
+            assert 0 < st["p10_us"] <= st["median_us"] <= st["p90_us"]
+            assert st["busbw_gbs"] == pytest.approx(st["algbw_gbs"] / 2)
+        assert shape["modes"]["gather"]["broadcast_us"] > 0
+        assert shape["modes"]["all_gather"]["broadcast_us"] == 0
+        fastest = min(shape["modes"], key=lambda m: shape["modes"][m]["median_us"])
+        assert shape["winner"] == fastest and shape["ratio"] >= 1.0
+        assert 0.0 <= shape["paired_win_share"] <= 1.0
+
+    png = (out / "crossover.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 1000
+
+    # one starting table per (vocab, dtype); buckets beyond the measured rows copy the nearest (rows=2)
+    for dtype in ("float32", "bfloat16"):
+        name = doc["table_files"][f"1000/{dtype}"]
+        loaded = read_table_file(out / name)
+        assert loaded.meta["tp"] == 2 and loaded.meta["vocab"] == 1000 and loaded.meta["dtype"] == dtype
+        by_rows = {s["rows"]: s["winner"] for s in doc["results"] if s["dtype"] == dtype}
+        assert loaded.table.mode_for_rows(1).label == by_rows[1]
+        assert all(loaded.table.mode_for_rows(r).label == by_rows[2] for r in (2, 3, 256, 100_000))
+
+
+def test_table_file_round_trips_into_a_mode_table(tmp_path):
+    table = ModeTable.uniform(Mode.ALL_GATHER).with_buckets(Mode.GATHER, [0, 1, 2, 9])
+    path = save_table_file(tmp_path / "t.yaml", table, {"tp": 4, "vocab": 152064, "dtype": "bfloat16"})
+    assert load_table_file(path) == table
+    loaded = read_table_file(path)
+    assert loaded.meta == {"tp": 4, "vocab": 152064, "dtype": "bfloat16"}
+    assert ModeTable.from_labels(json.loads(json.dumps(table.as_labels()))) == table  # the API's form agrees
+
+
+def test_table_file_missing_buckets_take_the_nearest_listed_one(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("table:\n  1: gather\n  8: all_gather\n  64: gather\n")  # unquoted keys are fine too
+    table = load_table_file(path)
+    expected = {1: "gather", 2: "gather", 4: "all_gather", 8: "all_gather", 16: "all_gather", 32: "gather",
+                64: "gather", 32768: "gather"}
+    for rows, mode in expected.items():
+        assert table.mode_for_rows(rows).label == mode, rows
+    assert len(table.as_labels()) == NUM_BUCKETS
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("table:\n  '3': gather\n", "table key '3'"),
+        ("table:\n  'x': gather\n", "table key 'x'"),
+        ("table:\n  '1': scatter\n", "table['1']: unknown mode 'scatter'"),
+        ("table:\n  '2': sharded\n", "table['2']: mode 'sharded' is reserved"),
+        ("table:\n  '2': 1\n", "table['2']: mode must be a string"),
+        ("table: {}\n", "key 'table' must be a non-empty mapping"),
+        ("tp: 2\n", "key 'table' must be a non-empty mapping"),
+        ("- 1\n- 2\n", "expected a mapping"),
+        ("tp: 0\ntable: {'1': gather}\n", "key 'tp' must be an integer >= 1"),
+        ("table: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_bad_table_files_raise_value_error_naming_file_and_key(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as exc:
+        load_table_file(path)
+    assert str(path) in str(exc.value)
+    assert message in str(exc.value)
+
+
+def test_bucket_labels_in_the_file_are_the_api_labels(tmp_path):
+    path = save_table_file(tmp_path / "t.yaml", ModeTable.uniform(Mode.GATHER), {})
+    import yaml
+
+    assert list(yaml.safe_load(path.read_text())["table"]) == [bucket_label(b) for b in range(NUM_BUCKETS)]
