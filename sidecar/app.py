@@ -1,0 +1,46 @@
+"""The sidecar's FastAPI app: metrics, health, engine info (and, with the control issue, /v1 control routes).
+
+create_app() starts the ingest loop (and any extra services in state.services) with the app's lifespan and
+stops them on shutdown. OpenAPI at /docs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from engine_hooks import HOOKS_VERSION
+from sidecar import routes_engine, routes_health, routes_metrics
+from sidecar.state import SidecarState
+
+# Routers and their prefixes; the control issue appends (routes_control.router, "/v1").
+ROUTERS = [
+    (routes_health.router, ""),
+    (routes_metrics.router, ""),
+    (routes_engine.router, "/v1"),
+]
+
+
+def create_app(state: SidecarState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.ingest.start()
+        for service in state.services:
+            service.start()
+        try:
+            yield
+        finally:
+            for service in reversed(state.services):
+                service.stop()
+            state.ingest.stop()
+            if state.tracer is not None:
+                state.tracer.shutdown()
+
+    app = FastAPI(title="gatherwise sidecar", version=HOOKS_VERSION, lifespan=lifespan,
+                  description="Metrics, traces and control for the logits collective of a TP engine.")
+    app.state.gatherwise = state
+    for router, prefix in ROUTERS:
+        app.include_router(router, prefix=prefix)
+    return app

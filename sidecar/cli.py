@@ -1,0 +1,68 @@
+"""`gatherwise sidecar [--config FILE] [--host H] [--port N] [--shm-dir DIR]`: serve the sidecar with uvicorn.
+
+Binds 127.0.0.1 unless configured otherwise; port 0 picks a free port. Prints its URL once listening.
+uvicorn handles SIGINT/SIGTERM: it stops serving, then the app's lifespan stops the ingest loop and flushes traces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import socket
+import sys
+
+import uvicorn
+
+from engine_hooks.config import ConfigError, GatherwiseConfig, load_config
+from sidecar.app import create_app
+from sidecar.state import build_state
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gatherwise sidecar", description="Serve metrics, traces and the control API.")
+    p.add_argument("--config", help="YAML config file (default: built-in defaults + GATHERWISE_* env)")
+    p.add_argument("--host", help="address to bind (default: sidecar.host, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to bind, 0 = any free port (default: sidecar.port, 9400)")
+    p.add_argument("--shm-dir", help="where engines put their rings (default: engine.shm_dir)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p.parse_args(argv)
+
+
+def apply_overrides(cfg: GatherwiseConfig, args: argparse.Namespace) -> GatherwiseConfig:
+    sidecar = dataclasses.replace(cfg.sidecar, **{k: v for k, v in (("host", args.host), ("port", args.port))
+                                                  if v is not None})
+    engine = dataclasses.replace(cfg.engine, shm_dir=args.shm_dir) if args.shm_dir else cfg.engine
+    return dataclasses.replace(cfg, sidecar=sidecar, engine=engine)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = apply_overrides(load_config(args.config), args)
+    except ConfigError as exc:
+        print(f"gatherwise sidecar: {exc}", file=sys.stderr)
+        return 2
+    state = build_state(cfg)
+    app = create_app(state)
+    try:
+        sock = bind(cfg.sidecar.host, cfg.sidecar.port)
+    except OSError as exc:
+        print(f"gatherwise sidecar: cannot bind {cfg.sidecar.host}:{cfg.sidecar.port}: {exc}", file=sys.stderr)
+        return 2
+    host, port = sock.getsockname()[:2]
+    url_host = f"[{host}]" if ":" in host else host
+    print(f"gatherwise sidecar listening on http://{url_host}:{port} (engines in {cfg.engine.shm_dir})", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    server.run(sockets=[sock])
+    return 0

@@ -1,0 +1,258 @@
+"""The ingest loop: shared-memory rings of the newest engine instance -> metrics and traces.
+
+Every poll interval it reads the new records of every rank (read-only mmaps: the engine never waits for
+it), joins them across ranks by call index, and turns each call into histogram observations and, when
+sampled, a trace. A call is joined when every rank's record has arrived, or after a bounded delay (then it
+counts as incomplete and only its per-rank parts are observed). A new engine instance id in shm_dir is an
+engine restart: the loop switches to it and drops the old instance's series, so series never mix.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine_hooks.modes import Mode, bucket_label, bucket_of
+from sidecar.header_counters import rank_counters
+from sidecar.metrics import EngineCounters, SidecarMetrics
+from sidecar.ring_reader import EngineFiles, RingFormatError, RingReader, discover_engines
+from sidecar.traces import CallTracer
+
+log = logging.getLogger("gatherwise.sidecar.ingest")
+
+_MODE_LABEL = {int(m): m.label for m in Mode}
+_COLLECTIVE_OP = {int(Mode.ALL_GATHER): "all_gather", int(Mode.GATHER): "gather"}
+_BUCKET_LABEL = [bucket_label(bucket_of(rows)) for rows in range(1, 1 << 15)]
+
+
+def rows_bucket_label(rows: int) -> str:
+    return _BUCKET_LABEL[rows - 1] if 0 < rows < len(_BUCKET_LABEL) else bucket_label(bucket_of(max(rows, 1)))
+
+
+@dataclass
+class _Pending:
+    first_seen_ns: int
+    by_rank: dict[int, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AttachedEngine:
+    """The engine instance being ingested and what has been read from it so far."""
+
+    engine_id: int
+    label: str  # engine id as 16 hex digits: the `engine` label of every series
+    dir: Path
+    tp_size: int
+    vocab: int
+    dtype: str
+    readers: list[RingReader]
+    attached_ns: int
+    headers: list[Any] = field(default_factory=list)  # latest RingHeader per rank
+    dropped: list[int] = field(default_factory=list)
+    last_record_end_ns: int = 0
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    records: int = 0
+    calls_joined: int = 0
+    calls_incomplete: int = 0
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    attached: bool
+    engine_id: str | None = None
+    tp_size: int | None = None
+    vocab: int | None = None
+    dtype: str | None = None
+    up: bool = False
+    heartbeat_age_seconds: float | None = None
+    records_ingested: int = 0
+    records_dropped: int = 0
+    calls_joined: int = 0
+    calls_incomplete: int = 0
+    calls_pending: int = 0
+    traces_started: int = 0
+
+
+class Ingest:
+    def __init__(self, shm_dir: str | Path, metrics: SidecarMetrics, tracer: CallTracer | None = None, *,
+                 poll_interval: float = 0.02, join_timeout: float = 0.5, heartbeat_stale: float = 5.0,
+                 discover_interval: float = 0.5, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.shm_dir = Path(shm_dir)
+        self.metrics, self.tracer = metrics, tracer
+        self.poll_interval = poll_interval
+        self.join_timeout_ns = int(join_timeout * 1e9)
+        self.heartbeat_stale = heartbeat_stale
+        self.discover_interval_ns = int(discover_interval * 1e9)
+        self.clock = clock
+        self.engine: AttachedEngine | None = None
+        self.engines_seen = 0
+        self.listeners: list[Callable[[AttachedEngine | None, AttachedEngine], None]] = []  # on engine switch
+        self._next_discover_ns = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        metrics.header_collector._snapshot = self.counters
+
+    # -- thread -----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="gatherwise-ingest", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                self.poll_once()
+            except Exception:  # one bad poll (a ring vanishing mid-read) must not kill ingestion
+                log.exception("ingest poll failed")
+            self._stop.wait(max(0.0, self.poll_interval - (time.monotonic() - t0)))
+
+    # -- one iteration ----------------------------------------------------------------------------------
+    def poll_once(self) -> int:
+        """Discover (rate-limited), read every rank's new records, join and emit. Returns records read."""
+        now = self.clock()
+        if now >= self._next_discover_ns or self.engine is None:
+            self._next_discover_ns = now + self.discover_interval_ns
+            self._discover(now)
+        eng = self.engine
+        if eng is None:
+            return 0
+        read = 0
+        pending, tp = eng.pending, eng.tp_size
+        for rank, reader in enumerate(eng.readers):
+            records, missed = reader.read_new()
+            eng.headers[rank] = reader.header()
+            eng.dropped[rank] += missed
+            read += len(records)
+            for rec in records:
+                slot = pending.get(rec.call_index)
+                if slot is None:
+                    slot = pending[rec.call_index] = _Pending(now)
+                slot.by_rank[rank] = rec
+                if len(slot.by_rank) == tp:
+                    del pending[rec.call_index]
+                    self._emit(eng, rec.call_index, slot.by_rank, True)
+        eng.records += read
+        if pending:
+            expired = [ci for ci, slot in pending.items() if now - slot.first_seen_ns > self.join_timeout_ns]
+            for ci in expired:
+                self._emit(eng, ci, pending.pop(ci).by_rank, False)
+        return read
+
+    def _emit(self, eng: AttachedEngine, call_index: int, by_rank: dict[int, Any], complete: bool) -> None:
+        first = next(iter(by_rank.values()))
+        mode = _MODE_LABEL[first.mode]
+        bucket = rows_bucket_label(first.rows)
+        exemplar = None
+        tracer = self.tracer
+        if tracer is not None and tracer.should_sample(call_index):
+            exemplar = {"trace_id": tracer.trace_call(eng.label, eng.tp_size, call_index, by_rank, complete)}
+        m, engine = self.metrics, eng.label
+        op = _COLLECTIVE_OP[first.mode]
+        gather_mode = first.mode == Mode.GATHER
+        max_start = max_end = 0
+        min_start = None
+        for rank, rec in by_rank.items():
+            r = str(rank)
+            m.observe_collective(engine, r, op, mode, bucket, rec.collective_ns * 1e-9, exemplar)
+            if gather_mode:
+                m.observe_collective(engine, r, "broadcast", mode, bucket, rec.broadcast_ns * 1e-9, exemplar)
+            if rank == 0 or not gather_mode:  # in gather mode only rank 0 samples
+                m.observe_sample(engine, r, mode, bucket, rec.sample_ns * 1e-9, exemplar)
+            m.observe_logits_path(engine, r, mode, bucket, (rec.end_ns - rec.start_ns) * 1e-9, exemplar)
+            max_start = max(max_start, rec.start_ns)
+            max_end = max(max_end, rec.end_ns)
+            min_start = rec.start_ns if min_start is None else min(min_start, rec.start_ns)
+        eng.last_record_end_ns = max(eng.last_record_end_ns, max_end)
+        if complete:
+            eng.calls_joined += 1
+            m.observe_cross_rank(engine, mode, bucket, (max_end - max_start) * 1e-9,
+                                 (max_start - min_start) * 1e-9, exemplar)
+        else:
+            eng.calls_incomplete += 1
+
+    # -- discovery and engine restarts ------------------------------------------------------------------
+    def _discover(self, now: int) -> None:
+        try:
+            found = discover_engines(self.shm_dir)
+        except OSError:
+            return
+        if not found:
+            return
+        newest = found[0]
+        if self.engine is not None and newest.engine_id == self.engine.engine_id:
+            return
+        try:
+            attached = self._attach(newest, now)
+        except Exception as exc:  # rings still being created, or foreign files: try again next time
+            log.debug("cannot attach engine %016x yet: %s", newest.engine_id, exc)
+            return
+        if attached is None:
+            return
+        old, self.engine = self.engine, attached
+        self.engines_seen += 1
+        if old is not None:
+            log.info("engine restart: %s -> %s", old.label, attached.label)
+            self.metrics.forget_engine(old.label)
+            for reader in old.readers:
+                reader.close()
+        else:
+            log.info("attached engine %s (tp=%d)", attached.label, attached.tp_size)
+        for listener in self.listeners:
+            listener(old, attached)
+
+    def _attach(self, files: EngineFiles, now: int) -> AttachedEngine | None:
+        if 0 not in files.rings:
+            return None
+        with RingReader(files.rings[0]) as probe:
+            tp = probe.header().tp_size
+        if sorted(files.rings) != list(range(tp)):
+            return None  # not every rank has created its ring yet
+        readers = [RingReader(files.rings[r]) for r in range(tp)]
+        headers = [r.header() for r in readers]
+        if any(h.rank != i or h.engine_id != files.engine_id for i, h in enumerate(headers)):
+            for r in readers:
+                r.close()
+            raise RingFormatError(f"rings in {files.dir} disagree on engine id or rank")
+        h0 = headers[0]
+        return AttachedEngine(files.engine_id, f"{files.engine_id:016x}", Path(files.dir), tp, h0.vocab, h0.dtype,
+                              readers, now, headers, [0] * tp)
+
+    # -- views for the collector and the API (called from other threads; read-only) --------------------
+    def heartbeat_age_seconds(self, eng: AttachedEngine) -> float:
+        """Seconds since the engine last finished a call (its newest record), or since attach if none yet."""
+        return max(0.0, (self.clock() - (eng.last_record_end_ns or eng.attached_ns)) * 1e-9)
+
+    def is_up(self, eng: AttachedEngine, age: float) -> bool:
+        """Fresh heartbeat, and the engine has not closed its rings (a clean shutdown)."""
+        return age < self.heartbeat_stale and not any(h.closed for h in eng.headers)
+
+    def counters(self) -> EngineCounters | None:
+        eng = self.engine
+        if eng is None:
+            return None
+        age = self.heartbeat_age_seconds(eng)
+        ranks = [rank_counters(h, rank, eng.dropped[rank]) for rank, h in enumerate(eng.headers)]
+        return EngineCounters(eng.label, self.is_up(eng, age), age, ranks)
+
+    def info(self) -> EngineInfo:
+        eng = self.engine
+        if eng is None:
+            return EngineInfo(attached=False)
+        age = self.heartbeat_age_seconds(eng)
+        return EngineInfo(True, eng.label, eng.tp_size, eng.vocab, eng.dtype, self.is_up(eng, age), age,
+                          eng.records, sum(eng.dropped), eng.calls_joined, eng.calls_incomplete, len(eng.pending),
+                          self.tracer.traces_started if self.tracer else 0)
+

@@ -1,0 +1,152 @@
+"""Every Prometheus family the sidecar exports, in one place (reference: docs/metrics.md).
+
+The sidecar owns its own CollectorRegistry (not prometheus_client's multiprocess mode: that has no
+exemplars). Histograms are fed from ring records by the ingest loop; the `*_total` counters and the engine
+gauges are read at scrape time from the latest ring-header snapshot, so they are exact even when records were
+overwritten before the sidecar read them, and they continue across sidecar restarts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+# -- family names (the dashboards, alerts and checks use exactly these) ------------------------------------
+COLLECTIVE_SECONDS = "gatherwise_collective_seconds"
+SAMPLE_SECONDS = "gatherwise_sample_seconds"
+LOGITS_PATH_SECONDS = "gatherwise_logits_path_seconds"
+STEP_CRITICAL_PATH_SECONDS = "gatherwise_step_critical_path_seconds"
+RANK_SKEW_SECONDS = "gatherwise_rank_skew_seconds"
+COLLECTIVE_BYTES = "gatherwise_collective_bytes"  # exposed as ..._total
+CALLS = "gatherwise_calls"  # exposed as ..._total
+RECORDS_DROPPED = "gatherwise_records_dropped"  # exposed as ..._total
+ENGINE_UP = "gatherwise_engine_up"
+ENGINE_HEARTBEAT_AGE_SECONDS = "gatherwise_engine_heartbeat_age_seconds"
+# Control families (issue 4) are defined below, in "control metrics": gatherwise_mode_switches_total,
+# gatherwise_active_mode, gatherwise_policy_estimate_seconds.
+
+OPS = ("all_gather", "gather", "broadcast")
+# 10 µs .. 1.3 s: collectives on one host are tens of µs (GPU) to tens of ms (gloo, big vocab).
+BUCKETS = tuple(1e-5 * 2**i for i in range(18))
+
+
+@dataclass
+class RankCounters:
+    """Cumulative counters of one rank, from its ring header (plus what this sidecar could not read)."""
+
+    rank: int
+    calls: dict[str, int] = field(default_factory=dict)  # mode label -> calls
+    bytes: dict[tuple[str, str], int] = field(default_factory=dict)  # (op, mode label) -> bytes
+    dropped: int = 0
+
+
+@dataclass
+class EngineCounters:
+    """What the header collector exposes for the attached engine at scrape time."""
+
+    engine: str  # engine id, 16 hex digits
+    up: bool
+    heartbeat_age_seconds: float | None
+    ranks: list[RankCounters] = field(default_factory=list)
+
+
+class HeaderCountersCollector(Collector):
+    """Yields the `*_total` counters and engine gauges from the latest header snapshot."""
+
+    def __init__(self, snapshot: Callable[[], EngineCounters | None]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self._snapshot()
+        calls = CounterMetricFamily(CALLS, "Logits calls completed, per rank and mode (ring header).",
+                                    labels=["engine", "rank", "mode"])
+        nbytes = CounterMetricFamily(COLLECTIVE_BYTES, "Bytes received by each collective (ring header).",
+                                     labels=["engine", "rank", "op", "mode"], unit="bytes")
+        dropped = CounterMetricFamily(RECORDS_DROPPED, "Records overwritten or torn before the sidecar read them.",
+                                      labels=["engine", "rank"])
+        up = GaugeMetricFamily(ENGINE_UP, "1 while the attached engine's heartbeat is fresh.", labels=["engine"])
+        age = GaugeMetricFamily(ENGINE_HEARTBEAT_AGE_SECONDS, "Seconds since the engine last completed a call.",
+                                labels=["engine"], unit="seconds")
+        if snap is not None:
+            for rc in snap.ranks:
+                rank = str(rc.rank)
+                for mode, value in sorted(rc.calls.items()):
+                    calls.add_metric([snap.engine, rank, mode], value)
+                for (op, mode), value in sorted(rc.bytes.items()):
+                    nbytes.add_metric([snap.engine, rank, op, mode], value)
+                dropped.add_metric([snap.engine, rank], rc.dropped)
+            up.add_metric([snap.engine], 1.0 if snap.up else 0.0)
+            if snap.heartbeat_age_seconds is not None:
+                age.add_metric([snap.engine], snap.heartbeat_age_seconds)
+        yield from (calls, nbytes, dropped, up, age)
+
+
+class SidecarMetrics:
+    """The registry and its histograms. Label children are cached: `.labels()` costs 1 µs per call."""
+
+    def __init__(self, snapshot: Callable[[], EngineCounters | None] = lambda: None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.collective = Histogram(COLLECTIVE_SECONDS, "Duration of each logits collective, per rank.",
+                                    ["engine", "rank", "op", "mode", "bucket"], buckets=BUCKETS, registry=r)
+        self.sample = Histogram(SAMPLE_SECONDS, "Duration of sampling on the ranks that sample.",
+                                ["engine", "rank", "mode", "bucket"], buckets=BUCKETS, registry=r)
+        self.logits_path = Histogram(LOGITS_PATH_SECONDS, "Logits ready to tokens ready, per rank.",
+                                     ["engine", "rank", "mode", "bucket"], buckets=BUCKETS, registry=r)
+        self.critical_path = Histogram(
+            STEP_CRITICAL_PATH_SECONDS, "Per call: last rank to arrive to last rank holding its tokens.",
+            ["engine", "mode", "bucket"], buckets=BUCKETS, registry=r)
+        self.skew = Histogram(RANK_SKEW_SECONDS, "Per call: latest minus earliest rank arrival.",
+                              ["engine", "mode", "bucket"], buckets=BUCKETS, registry=r)
+        self.header_collector = HeaderCountersCollector(snapshot)
+        r.register(self.header_collector)
+        self._children: dict[tuple, object] = {}
+        self._register_control_metrics()
+
+    # -- control metrics (issue 4) ----------------------------------------------------------------------
+    def _register_control_metrics(self) -> None:
+        """The control engineer defines gatherwise_mode_switches_total, gatherwise_active_mode and
+        gatherwise_policy_estimate_seconds here, on self.registry, labelled {engine, ...} like the rest."""
+
+    # -- observations -----------------------------------------------------------------------------------
+    def _child(self, hist: Histogram, labels: tuple[str, ...]):
+        key = (hist, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = hist.labels(*labels)
+        return child
+
+    def observe_collective(self, engine: str, rank: str, op: str, mode: str, bucket: str, seconds: float,
+                           exemplar: dict[str, str] | None = None) -> None:
+        self._child(self.collective, (engine, rank, op, mode, bucket)).observe(seconds, exemplar)
+
+    def observe_sample(self, engine: str, rank: str, mode: str, bucket: str, seconds: float,
+                       exemplar: dict[str, str] | None = None) -> None:
+        self._child(self.sample, (engine, rank, mode, bucket)).observe(seconds, exemplar)
+
+    def observe_logits_path(self, engine: str, rank: str, mode: str, bucket: str, seconds: float,
+                            exemplar: dict[str, str] | None = None) -> None:
+        self._child(self.logits_path, (engine, rank, mode, bucket)).observe(seconds, exemplar)
+
+    def observe_cross_rank(self, engine: str, mode: str, bucket: str, critical_seconds: float, skew_seconds: float,
+                           exemplar: dict[str, str] | None = None) -> None:
+        self._child(self.critical_path, (engine, mode, bucket)).observe(critical_seconds, exemplar)
+        self._child(self.skew, (engine, mode, bucket)).observe(skew_seconds, exemplar)
+
+    def forget_engine(self, engine: str) -> None:
+        """Drop every histogram series of a previous engine instance (after an engine restart)."""
+        for key in [k for k in self._children if k[1][0] == engine]:
+            hist, labels = key
+            hist.remove(*labels)
+            del self._children[key]
+
+    # -- exposition -------------------------------------------------------------------------------------
+    def exposition(self, accept_header: str | None) -> tuple[bytes, str]:
+        """(body, content type): OpenMetrics with exemplars when the Accept header asks, classic text otherwise."""
+        encoder, content_type = choose_encoder(accept_header or "")
+        return encoder(self.registry), content_type

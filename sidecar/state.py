@@ -1,0 +1,55 @@
+"""Everything the sidecar's routes share, in one dataclass (the control issue adds its fields here)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Protocol
+
+from fastapi import Depends, Request
+
+from engine_hooks.config import GatherwiseConfig
+from sidecar.ingest import Ingest
+from sidecar.metrics import SidecarMetrics
+from sidecar.traces import CallTracer, build_tracer
+
+
+class Service(Protocol):
+    """A background part started and stopped with the app (the ingest loop, a policy loop, ...)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class SidecarState:
+    config: GatherwiseConfig
+    metrics: SidecarMetrics
+    ingest: Ingest
+    tracer: CallTracer | None = None
+    services: list[Service] = field(default_factory=list)  # started after ingest, stopped before it
+    started_at: float = field(default_factory=time.time)
+    # Control (issue 4) adds its own fields here, e.g. `control: ControlState | None = None`.
+
+
+def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = None,
+                span_processor=None) -> SidecarState:
+    """Registry, tracer and ingest loop for `config` (engine.shm_dir, sidecar.*, traces.*). Nothing started."""
+    env = os.environ if env is None else env
+    metrics = SidecarMetrics()
+    tracer = build_tracer(config.traces, env=env, processor=span_processor)
+    poll = config.sidecar.poll_interval_seconds
+    ingest = Ingest(config.engine.shm_dir, metrics, tracer, poll_interval=poll, join_timeout=max(0.25, 10 * poll),
+                    heartbeat_stale=config.sidecar.heartbeat_stale_seconds)
+    return SidecarState(config, metrics, ingest, tracer)
+
+
+def get_state(request: Request) -> SidecarState:
+    """FastAPI dependency: the state create_app() was given."""
+    return request.app.state.gatherwise
+
+
+StateDep = Annotated[SidecarState, Depends(get_state)]

@@ -1,0 +1,147 @@
+"""OpenTelemetry traces built after the fact from ring records: one trace per sampled logits call.
+
+A trace is a root span `logits.call` (earliest rank start to latest rank end) with one child span per rank and
+operation (`all_gather` | `gather`, `broadcast`, `sample`, `logits_path`), timed exactly from the records.
+Records carry CLOCK_MONOTONIC ns (perf_counter_ns on Linux); spans need epoch ns, so one offset measured at
+sidecar start converts them. Spans go through a BatchSpanProcessor: a slow or failing exporter never blocks
+ingestion (the queue drops instead). The provider is passed in, never installed globally.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanProcessor
+
+from engine_hooks.modes import Mode
+
+if TYPE_CHECKING:
+    from engine_hooks.shm_format.ring import CallRecord
+
+ROOT_SPAN = "logits.call"
+MODE_SWITCH_SPAN = "mode.switch"
+_COLLECTIVE_OP = {Mode.ALL_GATHER: "all_gather", Mode.GATHER: "gather"}
+_OTLP_ENV = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def monotonic_to_epoch_offset_ns() -> int:
+    """epoch ns - monotonic ns, measured once (both clocks read back to back)."""
+    return time.time_ns() - time.monotonic_ns()
+
+
+class CallTracer:
+    """Turns the records of one call (all ranks) into a trace, when the call is sampled."""
+
+    def __init__(self, provider: TracerProvider, *, sample_ratio: float = 0.01, every_nth: int = 0,
+                 offset_ns: int | None = None) -> None:
+        self.provider = provider
+        self.tracer = provider.get_tracer("gatherwise.sidecar")
+        self.sample_ratio, self.every_nth = sample_ratio, every_nth
+        self.offset_ns = monotonic_to_epoch_offset_ns() if offset_ns is None else offset_ns
+        self._rng = random.Random(os.urandom(16))  # sampling only; trace ids come from the SDK's id generator
+        self.traces_started = 0
+
+    def should_sample(self, call_index: int) -> bool:
+        if self.every_nth > 0 and call_index % self.every_nth == 0:
+            return True
+        return self.sample_ratio > 0 and self._rng.random() < self.sample_ratio
+
+    def trace_call(self, engine: str, tp_size: int, call_index: int, records: Mapping[int, CallRecord],
+                   complete: bool = True) -> str:
+        """Emit the spans of one call; returns its trace id (32 hex digits) for exemplars."""
+        off = self.offset_ns
+        first = next(iter(records.values()))
+        mode = Mode(first.mode)
+        root = self.tracer.start_span(
+            ROOT_SPAN, start_time=min(r.start_ns for r in records.values()) + off,
+            attributes={"gatherwise.engine": engine, "gatherwise.call_index": call_index, "tp.size": tp_size,
+                        "gatherwise.mode": mode.label, "gatherwise.rows": first.rows,
+                        "gatherwise.epoch": first.epoch, "gatherwise.complete": complete,
+                        "gatherwise.ranks": len(records)})
+        ctx = trace.set_span_in_context(root)
+        for rank in sorted(records):
+            rec = records[rank]
+            attrs = {"tp.rank": rank, "tp.size": tp_size, "gatherwise.mode": mode.label,
+                     "gatherwise.rows": rec.rows, "gatherwise.bytes": rec.nbytes, "gatherwise.epoch": rec.epoch}
+            for name, start, duration in _operations(rec, mode):
+                span = self.tracer.start_span(name, context=ctx, start_time=start + off, attributes=attrs)
+                span.end(end_time=start + duration + off)
+        root.end(end_time=max(r.end_ns for r in records.values()) + off)
+        self.traces_started += 1
+        return format(root.get_span_context().trace_id, "032x")
+
+    def mode_switch_event(self, engine: str, *, reason: str, from_table: Mapping[str, str],
+                          to_table: Mapping[str, str], call_index: int | None = None,
+                          evidence: Mapping[str, Any] | None = None, at_monotonic_ns: int | None = None) -> str:
+        """Record a mode switch as a span `mode.switch` carrying a `mode.switch` event; returns the trace id.
+
+        Tables are {"1": "gather", ...} (ModeTable.as_labels()); only changed buckets go into the attributes.
+        """
+        when = (time.monotonic_ns() if at_monotonic_ns is None else at_monotonic_ns) + self.offset_ns
+        changed = {b: f"{from_table.get(b)}->{m}" for b, m in to_table.items() if from_table.get(b) != m}
+        attrs: dict[str, Any] = {"gatherwise.engine": engine, "gatherwise.switch.reason": reason,
+                                 "gatherwise.switch.changed": [f"{b}:{c}" for b, c in changed.items()]}
+        if call_index is not None:
+            attrs["gatherwise.call_index"] = call_index
+        for key, value in (evidence or {}).items():
+            attrs[f"gatherwise.evidence.{key}"] = value if isinstance(value, (str, bool, int, float)) else str(value)
+        span = self.tracer.start_span(MODE_SWITCH_SPAN, start_time=when, attributes=attrs)
+        span.add_event(MODE_SWITCH_SPAN, attributes=attrs, timestamp=when)
+        span.end(end_time=when)
+        return format(span.get_span_context().trace_id, "032x")
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+def _operations(rec: CallRecord, mode: Mode) -> list[tuple[str, int, int]]:
+    """(span name, start ns, duration ns) of each operation one rank ran in this call."""
+    ops = [(_COLLECTIVE_OP[mode], rec.collective_start_ns, rec.collective_ns)]
+    if mode == Mode.GATHER:
+        if rec.rank == 0:
+            ops.append(("sample", rec.sample_start_ns, rec.sample_ns))
+        ops.append(("broadcast", rec.broadcast_start_ns, rec.broadcast_ns))
+    else:
+        ops.append(("sample", rec.sample_start_ns, rec.sample_ns))
+    ops.append(("logits_path", rec.start_ns, rec.end_ns - rec.start_ns))
+    return ops
+
+
+def otlp_endpoint(configured: str | None) -> str | None:
+    """The full traces URL for a configured endpoint (a base URL gets /v1/traces appended, like OTEL_*)."""
+    if configured:
+        return configured if configured.rstrip("/").endswith("/v1/traces") else configured.rstrip("/") + "/v1/traces"
+    return None
+
+
+def build_tracer(traces_cfg: Any, *, env: Mapping[str, str] | None = None,
+                 processor: SpanProcessor | None = None) -> CallTracer | None:
+    """A CallTracer per config (section `traces`): OTLP/HTTP to traces.otlp_endpoint or the OTEL_* variables,
+    or into `processor` (tests). None when traces are disabled or nowhere to send them."""
+    env = os.environ if env is None else env
+    if not traces_cfg.enabled:
+        return None
+    if processor is None:
+        endpoint = otlp_endpoint(traces_cfg.otlp_endpoint)
+        if endpoint is None and not any(env.get(k) for k in _OTLP_ENV):
+            return None
+        processor = BatchSpanProcessor(_otlp_exporter(endpoint, env))
+    resource = Resource.create({SERVICE_NAME: env.get("OTEL_SERVICE_NAME") or traces_cfg.service_name})
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    provider.add_span_processor(processor)
+    return CallTracer(provider, sample_ratio=traces_cfg.sample_ratio, every_nth=traces_cfg.every_nth)
+
+
+def _otlp_exporter(endpoint: str | None, env: Mapping[str, str]) -> SpanExporter:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    # Explicit endpoint wins; otherwise the exporter reads OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT itself.
+    timeout = None if env.get("OTEL_EXPORTER_OTLP_TIMEOUT") or env.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") else 5.0
+    return OTLPSpanExporter(endpoint=endpoint, timeout=timeout)
