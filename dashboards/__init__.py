@@ -1,0 +1,1 @@
+"""Dashboards, Prometheus config and rules for the local stack (generated where possible)."""
