@@ -1,0 +1,100 @@
+"""Spawn P local ranks in one torch.distributed group and collect what each returns.
+
+gloo on CPU, NCCL on CUDA (rank r uses cuda:r). Every rank's failure comes back with its traceback; a rank
+that dies without reporting, or a run past `timeout`, kills the rest and raises — never a hang.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(fn: Callable, rank: int, world: int, port: int, backend: str, threads: int, timeout: float,
+               args: tuple, results: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        if threads > 0:
+            torch.set_num_threads(threads)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout))
+        results.put((rank, "ok", fn(rank, world, *args)))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, raised there
+        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launch(fn: Callable, world: int, *args: Any, device: str = "cpu", timeout: float = 300.0,
+           threads_per_rank: int = 1) -> list[Any]:
+    """Run fn(rank, world, *args) on `world` spawned ranks; return the results by rank, or raise LaunchError.
+
+    `fn` must be importable (module level). threads_per_rank=1 keeps P ranks from oversubscribing the CPU.
+    """
+    if world < 1:
+        raise ValueError(f"world size must be >= 1, got {world}")
+    backend = "nccl" if device == "cuda" else "gloo"
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, daemon=True,
+                         args=(fn, r, world, port, backend, threads_per_rank, timeout, args, results))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    done: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(done) + len(errors) < world:
+            try:
+                rank, status, value = results.get(timeout=0.2)
+                (done if status == "ok" else errors)[rank] = value
+                if errors:  # the others usually fail alike within moments; don't wait out the full timeout
+                    deadline = min(deadline, time.monotonic() + 10.0)
+                continue
+            except queue_mod.Empty:
+                pass
+            pending = [r for r in range(world) if r not in done and r not in errors]
+            dead = [r for r in pending if procs[r].exitcode is not None]
+            if dead:
+                time.sleep(0.5)  # its result may still be in flight through the pipe
+                if results.empty():
+                    errors.update({r: f"died without reporting (exit code {procs[r].exitcode})" for r in dead})
+            elif time.monotonic() > deadline:
+                errors.update({r: f"no result within {timeout:g}s (or 10s after another rank failed)"
+                               for r in pending})
+    finally:
+        for p in procs:
+            p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2)
+    if errors:
+        raise LaunchError(f"{len(errors)} of {world} ranks failed:\n" +
+                          "\n".join(f"rank {r}: {e}" for r, e in sorted(errors.items())))
+    return [done[r] for r in range(world)]
+

@@ -1,0 +1,90 @@
+"""The tensor-parallel Llama decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) of one rank.
+
+One forward handles a flat batch of tokens from many requests — whole prompts of newly joined requests and one
+token of each running request — each token at its own (KV slot, position). Every token first writes its K/V
+into the cache, then attends to positions 0..its own of its slot, so prefill and decode are the same code.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tp_engine.config import ModelConfig
+from tp_engine.kv_cache import KVCache
+from tp_engine.layers import (
+    TPGroup,
+    column_parallel,
+    head_shard,
+    lm_head_into,
+    row_parallel,
+    vocab_parallel_embedding,
+    vocab_span,
+)
+from tp_engine.weights import RankWeights
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """cos and sin [T, head_dim] in the HF Llama layout (the two halves rotate together)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
+    freqs = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class TPModel:
+    def __init__(self, config: ModelConfig, weights: RankWeights, tp: TPGroup) -> None:
+        self.config, self.weights, self.tp = config, weights, tp
+        self.heads = head_shard(config, tp.rank, tp.world_size)
+        self.vocab_start = vocab_span(config.vocab_size, tp.rank, tp.world_size).start
+        self.dtype = weights.embed.dtype
+        self.device = weights.embed.device
+        self.kv_of_q = torch.tensor(self.heads.kv_of_q, dtype=torch.int64, device=self.device)
+        self.shard_width = weights.lm_head.shape[0]
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        return KVCache(self.config.num_layers, num_slots, self.heads.kv.size, max_len, self.config.head_dim,
+                       dtype=self.dtype, device=self.device)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, cache: KVCache,
+                logit_rows: torch.Tensor, out: torch.Tensor) -> None:
+        """Run tokens [T] at (slots, positions) through the model; write logits of `logit_rows` into `out`.
+
+        `out` is [len(logit_rows), shard width] — normally `LogitsPath.logits_buffer(B)`.
+        """
+        cfg, w, tp = self.config, self.weights, self.tp
+        num_tokens, hd = tokens.shape[0], cfg.head_dim
+        nq, nkv = self.heads.q.size, self.heads.kv.size
+        cos, sin = rope_tables(positions, hd, cfg.rope_theta, self.dtype)
+        length = int(positions.max()) + 1
+        future = torch.arange(length, device=self.device)[None, :] > positions[:, None]  # [T, L] causal mask
+        scale = hd ** -0.5
+        x = vocab_parallel_embedding(tokens, w.embed, self.vocab_start, tp)
+        for i, layer in enumerate(w.layers):
+            h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
+            q = column_parallel(h, layer.q, layer.q_bias).view(num_tokens, nq, hd)
+            k = column_parallel(h, layer.k, layer.k_bias).view(num_tokens, nkv, hd)
+            v = column_parallel(h, layer.v, layer.v_bias).view(num_tokens, nkv, hd)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            cache.write(i, slots, positions, k, v)
+            keys, values = cache.read(i, slots, length)  # [T, nkv, L, hd]
+            keys, values = keys[:, self.kv_of_q], values[:, self.kv_of_q]  # GQA: [T, nq, L, hd]
+            scores = torch.einsum("thd,thld->thl", q, keys) * scale
+            scores.masked_fill_(future[:, None, :], float("-inf"))
+            attn = torch.einsum("thl,thld->thd", scores.softmax(dim=-1), values).reshape(num_tokens, nq * hd)
+            x = x + row_parallel(attn, layer.o, tp)
+            h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
+            x = x + row_parallel(F.silu(column_parallel(h, layer.gate)) * column_parallel(h, layer.up), layer.down, tp)
+        h = rms_norm(x[logit_rows], w.final_norm, cfg.rms_norm_eps)
+        lm_head_into(h, w.lm_head, out)

@@ -1,0 +1,186 @@
+"""Weights of one rank: read by HF name from a source (seeded random or safetensors) and sharded on load.
+
+Both sources speak HF Llama/Qwen2 names (`model.layers.N.self_attn.q_proj.weight`, ...) and hand out
+slices, so a checkpoint rank reads only its own rows/columns and the random model shards exactly like one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from tp_engine.config import ModelConfig
+from tp_engine.layers import Span, head_shard, split_evenly, vocab_span
+
+EMBED = "model.embed_tokens.weight"
+FINAL_NORM = "model.norm.weight"
+LM_HEAD = "lm_head.weight"
+
+
+def layer_name(layer: int, suffix: str) -> str:
+    return f"model.layers.{layer}.{suffix}"
+
+
+class TensorSource(Protocol):
+    def has(self, name: str) -> bool: ...
+
+    def read(self, name: str, dim: int = 0, span: Span | None = None) -> torch.Tensor:
+        """Tensor `name`, sliced to `span` along `dim`; rows past the end (dim 0) come back as zeros."""
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    q: torch.Tensor  # [local q heads * head_dim, hidden] (column-parallel)
+    k: torch.Tensor  # [local kv heads * head_dim, hidden]
+    v: torch.Tensor
+    q_bias: torch.Tensor | None
+    k_bias: torch.Tensor | None
+    v_bias: torch.Tensor | None
+    o: torch.Tensor  # [hidden, local q heads * head_dim] (row-parallel)
+    post_norm: torch.Tensor
+    gate: torch.Tensor  # [local intermediate, hidden] (column-parallel)
+    up: torch.Tensor
+    down: torch.Tensor  # [hidden, local intermediate] (row-parallel)
+
+
+@dataclass
+class RankWeights:
+    embed: torch.Tensor  # [shard width, hidden]: vocab rows of this rank, zero padded
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+    lm_head: torch.Tensor  # [shard width, hidden]: zero rows past the vocab
+
+
+def shard_weights(source: TensorSource, config: ModelConfig, rank: int, world_size: int,
+                  dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> RankWeights:
+    """This rank's slices of every tensor, converted to the compute dtype."""
+    conv = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
+    vocab = vocab_span(config.vocab_size, rank, world_size)
+    heads = head_shard(config, rank, world_size)
+    hd = config.head_dim
+    q_rows = Span(heads.q.start * hd, heads.q.stop * hd)
+    kv_rows = Span(heads.kv.start * hd, heads.kv.stop * hd)
+    mlp = split_evenly(config.intermediate_size, world_size, rank)
+    layers = []
+    for i in range(config.num_layers):
+        name = lambda s: layer_name(i, s)  # noqa: E731, B023 - used immediately
+        bias = lambda s, rows: conv(source.read(name(s), 0, rows)) if config.qkv_bias else None  # noqa: E731, B023
+        layers.append(LayerWeights(
+            input_norm=conv(source.read(name("input_layernorm.weight"))),
+            q=conv(source.read(name("self_attn.q_proj.weight"), 0, q_rows)),
+            k=conv(source.read(name("self_attn.k_proj.weight"), 0, kv_rows)),
+            v=conv(source.read(name("self_attn.v_proj.weight"), 0, kv_rows)),
+            q_bias=bias("self_attn.q_proj.bias", q_rows),
+            k_bias=bias("self_attn.k_proj.bias", kv_rows),
+            v_bias=bias("self_attn.v_proj.bias", kv_rows),
+            o=conv(source.read(name("self_attn.o_proj.weight"), 1, q_rows)),
+            post_norm=conv(source.read(name("post_attention_layernorm.weight"))),
+            gate=conv(source.read(name("mlp.gate_proj.weight"), 0, mlp)),
+            up=conv(source.read(name("mlp.up_proj.weight"), 0, mlp)),
+            down=conv(source.read(name("mlp.down_proj.weight"), 1, mlp)),
+        ))
+    head_name = LM_HEAD if source.has(LM_HEAD) and not config.tie_word_embeddings else EMBED
+    return RankWeights(embed=conv(source.read(EMBED, 0, vocab)), layers=layers,
+                       final_norm=conv(source.read(FINAL_NORM)), lm_head=conv(source.read(head_name, 0, vocab)))
+
+
+def _slice(t: torch.Tensor, dim: int, span: Span | None) -> torch.Tensor:
+    if span is None:
+        return t
+    stop = min(span.stop, t.shape[dim])
+    part = t.narrow(dim, min(span.start, stop), max(0, stop - span.start))
+    if part.shape[dim] == span.size:
+        return part
+    if dim != 0:
+        raise ValueError(f"slice {span} runs past dimension {dim} of size {t.shape[dim]}")
+    pad = torch.zeros((span.size - part.shape[0], *t.shape[1:]), dtype=t.dtype)
+    return torch.cat([part, pad])
+
+
+# -- seeded random weights -------------------------------------------------------------------------------
+def random_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], float, float]]:
+    """HF name -> (shape, mean, std) of the random model. Scales keep activations and logits O(1)."""
+    h, q_out, kv_out = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    inter = config.intermediate_size
+    spec: dict[str, tuple[tuple[int, ...], float, float]] = {
+        EMBED: ((config.vocab_size, h), 0.0, 1.0),
+        FINAL_NORM: ((h,), 1.0, 0.1),
+        LM_HEAD: ((config.vocab_size, h), 0.0, 2.0 / math.sqrt(h)),
+    }
+    for i in range(config.num_layers):
+        layer = {
+            "input_layernorm.weight": ((h,), 1.0, 0.1),
+            "self_attn.q_proj.weight": ((q_out, h), 0.0, 2.0 / math.sqrt(h)),
+            "self_attn.k_proj.weight": ((kv_out, h), 0.0, 2.0 / math.sqrt(h)),
+            "self_attn.v_proj.weight": ((kv_out, h), 0.0, 1.0 / math.sqrt(h)),
+            "self_attn.o_proj.weight": ((h, q_out), 0.0, 1.0 / math.sqrt(q_out)),
+            "post_attention_layernorm.weight": ((h,), 1.0, 0.1),
+            "mlp.gate_proj.weight": ((inter, h), 0.0, 1.0 / math.sqrt(h)),
+            "mlp.up_proj.weight": ((inter, h), 0.0, 1.0 / math.sqrt(h)),
+            "mlp.down_proj.weight": ((h, inter), 0.0, 1.0 / math.sqrt(inter)),
+        }
+        if config.qkv_bias:
+            layer.update({f"self_attn.{p}_proj.bias": ((n,), 0.0, 0.1) for p, n in
+                          (("q", q_out), ("k", kv_out), ("v", kv_out))})
+        spec.update({layer_name(i, k): v for k, v in layer.items()})
+    return spec
+
+
+class RandomSource:
+    """Seeded random weights: every tensor is a pure function of (seed, name), identical on every rank."""
+
+    def __init__(self, config: ModelConfig, seed: int = 0) -> None:
+        self.seed = seed
+        self._spec = random_shapes(config)
+        if config.tie_word_embeddings:
+            del self._spec[LM_HEAD]
+
+    def has(self, name: str) -> bool:
+        return name in self._spec
+
+    def full(self, name: str) -> torch.Tensor:
+        shape, mean, std = self._spec[name]
+        from engine_hooks.handshake import stable_hash
+
+        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + stable_hash(name)) % (1 << 63))
+        return torch.randn(shape, generator=gen, dtype=torch.float64) * std + mean
+
+    def read(self, name: str, dim: int = 0, span: Span | None = None) -> torch.Tensor:
+        return _slice(self.full(name), dim, span)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: self.full(name) for name in self._spec}
+
+
+# -- HF safetensors checkpoints --------------------------------------------------------------------------
+class SafetensorsSource:
+    """Tensors of every `*.safetensors` file in a checkpoint directory, read slice by slice."""
+
+    def __init__(self, checkpoint_dir: str | Path) -> None:
+        from safetensors import safe_open
+
+        files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in checkpoint directory {checkpoint_dir}")
+        self._handles = [safe_open(str(f), framework="pt") for f in files]
+        self._where = {name: h for h in self._handles for name in h.keys()}
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def read(self, name: str, dim: int = 0, span: Span | None = None) -> torch.Tensor:
+        if name not in self._where:
+            raise KeyError(f"checkpoint has no tensor {name!r}")
+        sl = self._where[name].get_slice(name)
+        shape = sl.get_shape()
+        if span is None:
+            return sl[:]
+        stop = min(span.stop, shape[dim])
+        start = min(span.start, stop)
+        part = sl[start:stop] if dim == 0 else sl[:, start:stop]
+        return _slice(part, dim, Span(0, span.size)) if part.shape[dim] < span.size else part
