@@ -1,7 +1,7 @@
 """RingRecorder: the engine side of the telemetry ring (one writer per rank; format in shm_format/ring.py).
 
-record() runs once per logits call on every rank and costs about a microsecond: one pack_into of the record,
-one of the mode's counter row, one of the write index. It never blocks and never waits for readers.
+record() runs once per logits call on every rank and costs about a microsecond: one pack_into of the record, a
+few u64 counter updates in the header, one store of the write index. It never blocks and never waits for readers.
 Stdlib only, so it is cheap to import and usable without torch.
 """
 
@@ -10,12 +10,18 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import sys
 import time
 
 from engine_hooks.shm_format import ring as fmt
 
 _ALL_GATHER = 0  # Mode.ALL_GATHER; the collective op of every other mode is gather
-assert fmt.OPS == ("all_gather", "gather", "broadcast", "sample", "path")  # record() indexes rows by this order
+_ROW_WORDS = 1 + 2 * len(fmt.OPS)  # a counter row: calls, then (ns, bytes) per op
+_ROW0 = fmt.COUNTERS_OFFSET // 8  # header word index of the first counter row
+_WRITE_INDEX_WORD = fmt.WRITE_INDEX_OFFSET // 8
+# word offsets inside a row: ns of an op at 1 + 2 * op, its bytes right after
+_AG, _GA, _BC, _SA, _PA = (1 + 2 * op for op in (fmt.OP_ALL_GATHER, fmt.OP_GATHER, fmt.OP_BROADCAST, fmt.OP_SAMPLE,
+                                                 fmt.OP_PATH))
 
 
 def _u32(value: int) -> int:
@@ -27,6 +33,8 @@ class RingRecorder:
 
     def __init__(self, path: str | os.PathLike, *, engine_id: int, rank: int, tp_size: int, vocab: int,
                  dtype: object, capacity: int) -> None:
+        if sys.byteorder != "little":  # the header counters are updated as native u64 words
+            raise RuntimeError("the telemetry ring format is little-endian; this host is big-endian")
         if capacity < 1:
             raise ValueError(f"ring capacity must be >= 1, got {capacity}")
         if not 0 <= engine_id < 1 << 64:
@@ -45,14 +53,12 @@ class RingRecorder:
         finally:
             os.close(fd)
         self._seq = 0
-        self._rows = [[0] * (1 + 2 * len(fmt.OPS)) for _ in range(fmt.NUM_MODE_ROWS)]
         fmt.HEADER_FIXED.pack_into(self._mm, 0, fmt.MAGIC, fmt.FORMAT_VERSION, fmt.HEADER_SIZE, fmt.RECORD_SIZE,
                                    capacity, engine_id, rank, tp_size, vocab, self.dtype_code, time.time_ns(),
                                    0, os.getpid(), fmt.STATE_OPEN, time.perf_counter_ns())
         os.replace(tmp, self.path)
         self._pack_record = fmt.RECORD.pack_into
-        self._pack_row = fmt.COUNTER_ROW.pack_into
-        self._pack_index = fmt.WRITE_INDEX.pack_into
+        self._words = memoryview(self._mm)[: fmt.HEADER_SIZE].cast("Q")  # header as native u64 words
 
     @property
     def write_index(self) -> int:
@@ -63,44 +69,48 @@ class RingRecorder:
                sample_start: int, sample_end: int, t_end: int) -> None:
         seq = self._seq + 1
         coll_ns = coll_end - coll_start
-        bcast_ns = bcast_end - bcast_start
         sample_ns = sample_end - sample_start
         path_ns = t_end - t_start
-        flags = 1 if bcast_start else 0
-        mm = self._mm
-        fields = (seq, t_start, call_index, nbytes, epoch, rows, self.vocab, self.rank, mode, self.dtype_code,
-                  coll_start - t_start, coll_ns, bcast_start - t_start if flags else 0, bcast_ns,
-                  sample_start - t_start, sample_ns, path_ns, flags, seq)
+        if bcast_start:
+            flags, bcast_off, bcast_ns = fmt.FLAG_BROADCAST, bcast_start - t_start, bcast_end - bcast_start
+        else:
+            flags = bcast_off = bcast_ns = 0
         offset = fmt.HEADER_SIZE + ((seq - 1) % self.capacity) * fmt.RECORD_SIZE
         try:
-            self._pack_record(mm, offset, *fields)
-        except struct.error:  # a duration beyond ~4.29 s or a negative offset: saturate, never raise
-            self._pack_record(mm, offset, *fields[:10], *map(_u32, fields[10:17]), flags, seq)
-        row = self._rows[mode]
-        row[0] += 1
-        coll = 1 + 2 * (fmt.OP_ALL_GATHER if mode == _ALL_GATHER else fmt.OP_GATHER)
-        row[coll] += coll_ns
-        row[coll + 1] += nbytes
-        path_bytes = nbytes
+            self._pack_record(self._mm, offset, seq, t_start, call_index, nbytes, epoch, rows, self.vocab, self.rank,
+                              mode, self.dtype_code, coll_start - t_start, coll_ns, bcast_off, bcast_ns,
+                              sample_start - t_start, sample_ns, path_ns, flags, seq)
+        except struct.error:  # a duration beyond ~4.29 s or a clock running backwards: saturate, never raise
+            coll_ns, bcast_ns, sample_ns, path_ns = (max(0, v) for v in (coll_ns, bcast_ns, sample_ns, path_ns))
+            self._pack_record(self._mm, offset, seq, t_start, call_index, nbytes, epoch, rows, self.vocab, self.rank,
+                              mode, self.dtype_code, *map(_u32, (coll_start - t_start, coll_ns, bcast_off, bcast_ns,
+                                                                 sample_start - t_start, sample_ns, path_ns)),
+                              flags, seq)
+        # Counters: aligned u64 stores straight into the header (one store each, never torn).
+        c = self._words
+        base = _ROW0 + _ROW_WORDS * mode
+        c[base] += 1
+        k = base + (_AG if mode == _ALL_GATHER else _GA)
+        c[k] += coll_ns
+        c[k + 1] += nbytes
         if flags:
             bcast_bytes = (rows + 1) * fmt.BROADCAST_BYTES_PER_ROW
-            row[5] += bcast_ns  # row layout: calls, then (ns, bytes) per op in fmt.OPS order
-            row[6] += bcast_bytes
-            path_bytes += bcast_bytes
-        row[7] += sample_ns
-        row[9] += path_ns
-        row[10] += path_bytes
-        self._pack_row(mm, fmt.COUNTERS_OFFSET + mode * fmt.COUNTER_ROW.size, *row)
-        self._pack_index(mm, fmt.WRITE_INDEX_OFFSET, seq)  # publish last: readers trust seqs <= write_index
+            c[base + _BC] += bcast_ns
+            c[base + _BC + 1] += bcast_bytes
+            nbytes += bcast_bytes
+        c[base + _SA] += sample_ns
+        c[base + _PA] += path_ns
+        c[base + _PA + 1] += nbytes
+        c[_WRITE_INDEX_WORD] = seq  # publish last: readers trust every seq <= write_index
         self._seq = seq
 
     def close(self, unlink: bool = False) -> None:
         """Mark the ring closed and unmap it; unlink=True also removes the file. Idempotent."""
-        if self._mm is None:
-            return
-        fmt.STATE.pack_into(self._mm, fmt.STATE_OFFSET, fmt.STATE_CLOSED)
-        self._mm.close()
-        self._mm = None
+        if self._mm is not None:
+            fmt.STATE.pack_into(self._mm, fmt.STATE_OFFSET, fmt.STATE_CLOSED)
+            self._words.release()
+            self._mm.close()
+            self._mm = None
         if unlink:
             try:
                 os.unlink(self.path)
