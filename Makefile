@@ -1,0 +1,42 @@
+# gatherwise: `make demo` runs the live demo, `make test` runs the tests. Both set up .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+APT_PACKAGES := prometheus docker-compose
+
+.PHONY: demo test test-vllm lint deps apt bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[engine,bench,dev]'
+	touch $(STAMP)
+
+deps: $(STAMP)
+
+# Debian tools the tests use (promtool/prometheus, docker-compose): installed when running as root.
+apt:
+	@missing=""; command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  else echo "note: missing$$missing (run as root or install them; their tests skip locally)"; fi; \
+	fi
+
+demo: $(STAMP)
+	$(BIN)/gatherwise demo
+
+test: $(STAMP) apt
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+test-vllm:
+	bash scripts/test_vllm.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache bench/out

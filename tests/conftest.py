@@ -1,0 +1,31 @@
+"""Shared test helpers: external tools that must exist in CI, free ports, shm dirs under tmp_path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_tool(name: str) -> str:
+    """Path of an external tool; skip with a clear reason when missing locally, fail when CI=true."""
+    path = shutil.which(name)
+    if path:
+        return path
+    message = f"{name!r} is not installed (apt-get install --no-install-recommends prometheus docker-compose)"
+    if IN_CI:
+        pytest.fail(f"{message}; CI installs every tool, so this is a failure", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def shm_dir(tmp_path):
+    """A private shared-memory directory for one test (under /dev/shm when available, else tmp_path)."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else str(tmp_path)
+    path = os.path.join(base, f"gatherwise-test-{os.getpid()}-{os.urandom(4).hex()}")
+    os.makedirs(path)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

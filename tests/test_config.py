@@ -1,0 +1,55 @@
+"""Config loading: defaults equal the documented YAML, errors name file and key, env overrides work."""
+
+from pathlib import Path
+
+import pytest
+
+from engine_hooks.config import ConfigError, DelayPhase, GatherwiseConfig, config_hash, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_documented_yaml_equals_defaults():
+    assert load_config(ROOT / "config" / "gatherwise.yaml", env={}) == GatherwiseConfig()
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "config").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(example):
+    load_config(example, env={})
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("sidecar:\n  prot: 1\n", "sidecar.prot: unknown key"),
+    ("sidecars:\n  port: 1\n", "unknown section 'sidecars'"),
+    ("sidecar:\n  port: '80'\n", "sidecar.port: must be int"),
+    ("sidecar:\n  port: 70000\n", "sidecar.port: must be in"),
+    ("policy:\n  mode: fast\n", "policy.mode: must be one of manual, auto"),
+    ("engine:\n  initial_mode: sharded\n", "engine.initial_mode"),
+    ("telemetry:\n  enabled: 1\n", "telemetry.enabled: must be bool"),
+    ("control:\n  inject_delay: [{after_seconds: 0, mode: fast, seconds: 1}]\n", "control.inject_delay[0]"),
+    ("- a\n- b\n", "top level must be a mapping"),
+    ("engine: [1\n", "cannot read config"),
+])
+def test_bad_config_names_file_and_key(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path, env={})
+    assert str(path) in str(err.value)
+    assert message in str(err.value)
+
+
+def test_environment_overrides_and_names_itself_in_errors(tmp_path):
+    cfg = load_config(None, env={"GATHERWISE_SIDECAR_PORT": "9500", "GATHERWISE_POLICY_MODE": "auto",
+                                 "GATHERWISE_ENABLE": "1", "GATHERWISE_API_TOKEN": "x",
+                                 "GATHERWISE_CONTROL_INJECT_DELAY": "[{after_seconds: 1, mode: gather, seconds: 0.5}]"})
+    assert cfg.sidecar.port == 9500 and cfg.policy.mode == "auto"
+    assert cfg.control.inject_delay == (DelayPhase(1.0, "gather", 0.5),)
+    with pytest.raises(ConfigError, match="environment variable GATHERWISE_TRACES_SAMPLE_RATIO"):
+        load_config(None, env={"GATHERWISE_TRACES_SAMPLE_RATIO": "2"})
+
+
+def test_config_hash_covers_what_ranks_must_share():
+    base = GatherwiseConfig()
+    assert config_hash(base) == config_hash(load_config(None, env={"GATHERWISE_SIDECAR_PORT": "1"}))
+    assert config_hash(base) != config_hash(load_config(None, env={"GATHERWISE_ENGINE_LOGITS_DTYPE": "bfloat16"}))

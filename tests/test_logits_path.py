@@ -1,0 +1,128 @@
+"""The logits path on real gloo ranks: same tokens in every mode and schedule, one switch point for all ranks."""
+
+import pytest
+import torch
+
+from tests._dist import run_ranks
+
+SAMPLING = [(0.0, 0, 1.0), (0.8, 0, 1.0), (0.7, 5, 1.0), (1.0, 0, 0.9), (1.2, 40, 0.8)]
+BATCHES = [1, 3, 8, 16, 2, 5, 7, 1, 12, 4]
+
+
+def _rows(step: int, batch: int):
+    from engine_hooks.sampling import SamplingParams, SamplingRow
+
+    params = [SamplingParams(t, k, p, seed=11) for t, k, p in SAMPLING]
+    return [SamplingRow(params[i % len(params)], request_id=i, position=step) for i in range(batch)]
+
+
+def _fill(path, rank: int, full: torch.Tensor) -> None:
+    buf = path.logits_buffer(full.shape[0])
+    part = full[:, rank * path.width: (rank + 1) * path.width]
+    buf[:, : part.shape[1]] = part.to(buf.dtype)
+
+
+def _run_path(rank, world, vocab, mode, dtype_name, switch_at=None):
+    from engine_hooks.comm import default_communicator
+    from engine_hooks.logits_path import LogitsPath
+    from engine_hooks.modes import Mode, ModeTable
+    from engine_hooks.table_source import InProcessTableSource, ScheduleTableSource, initial_schedule_table
+
+    source = None
+    if mode.startswith("schedule:"):
+        seed = int(mode.split(":")[1])
+        table, source = initial_schedule_table(seed), ScheduleTableSource(seed)
+    else:
+        table = ModeTable.uniform(Mode.parse(mode))
+        if switch_at is not None:
+            source = InProcessTableSource()
+    path = LogitsPath(default_communicator(), vocab, dtype=getattr(torch, dtype_name), initial_table=table,
+                      table_source=source, keep_log=True)
+    gen = torch.Generator().manual_seed(5)
+    tokens = []
+    for step, batch in enumerate(BATCHES):
+        if switch_at == step and rank == 0:
+            source.request(ModeTable.uniform(Mode.GATHER if mode == "all_gather" else Mode.ALL_GATHER))
+        _fill(path, rank, torch.randn(batch, vocab, generator=gen))
+        tokens.append(path.run(_rows(step, batch)).tolist())
+    applied = [(s.seq, s.apply_call, s.epoch) for s in source.applied] if isinstance(source, InProcessTableSource) \
+        else []
+    return tokens, [m.label for m in path.mode_log], path.collective_log, path.epoch, applied
+
+
+MODES = ["all_gather", "gather", "schedule:3", "schedule:4"]
+
+
+def _run_modes(rank, world, vocab, dtype_name):
+    """One process group runs every mode (spawning ranks costs seconds; paths are cheap)."""
+    return {mode: _run_path(rank, world, vocab, mode, dtype_name) for mode in MODES}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return run_ranks(_run_path, 1, 1001, "all_gather", "float32", timeout=120)[0][0]
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"P{w}")
+def by_mode(request):
+    per_rank = run_ranks(_run_modes, request.param, 1001, "float32", timeout=180)
+    return {mode: [rank_result[mode] for rank_result in per_rank] for mode in MODES}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tokens_match_single_rank_and_ranks_agree_on_modes(reference, by_mode, mode):
+    results = by_mode[mode]
+    for tokens, modes, collectives, _, _ in results:
+        assert tokens == reference
+        assert modes == results[0][1]
+        assert collectives == [1 if m == "all_gather" else 2 for m in modes]
+    if mode.startswith("schedule"):
+        assert len(set(results[0][1])) == 2, "the schedule should exercise both modes"
+
+
+@pytest.mark.parametrize("first", ["all_gather", "gather"])
+def test_requested_switch_applies_on_every_rank_at_the_reported_call(first):
+    results = run_ranks(_run_path, 2, 999, first, "float32", 4, timeout=120)
+    (seq, apply_call, epoch), = results[0][4]
+    assert (seq, apply_call, epoch) == (1, 5, 1)  # requested during call 4, in force from call 5
+    other = "gather" if first == "all_gather" else "all_gather"
+    for _, modes, _, final_epoch, _ in results:
+        assert modes == [first] * 5 + [other] * (len(BATCHES) - 5)
+        assert final_epoch == 1
+
+
+def test_bfloat16_logits_agree_across_modes():
+    all_gather = run_ranks(_run_path, 2, 1000, "all_gather", "bfloat16", timeout=120)
+    gather = run_ranks(_run_path, 2, 1000, "gather", "bfloat16", timeout=120)
+    assert all_gather[0][0] == gather[0][0] == gather[1][0]
+
+
+def _mismatched_handshake(rank, world):
+    from engine_hooks.comm import default_communicator
+    from engine_hooks.handshake import HandshakeError, handshake
+    from engine_hooks.modes import Mode, ModeTable
+
+    table = ModeTable.uniform(Mode.GATHER if rank == 1 else Mode.ALL_GATHER)
+    try:
+        handshake(default_communicator(), config_hash=7, table=table, vocab=100, dtype=torch.float32)
+    except HandshakeError as exc:
+        return str(exc)
+    return None
+
+
+def test_handshake_refuses_mismatched_tables_on_every_rank():
+    messages = run_ranks(_mismatched_handshake, 2, timeout=60)
+    assert all(m and "rank 1 has a different initial table" in m for m in messages)
+
+
+def test_run_without_filled_buffer_is_a_clear_error():
+    from engine_hooks.comm import SingleRankCommunicator
+    from engine_hooks.logits_path import LogitsPath
+    from engine_hooks.modes import Mode, ModeTable
+
+    path = LogitsPath(SingleRankCommunicator(), 10, initial_table=ModeTable.uniform(Mode.GATHER))
+    with pytest.raises(ValueError, match="logits_buffer"):
+        path.run(_rows(0, 2))
+    path.logits_buffer(2).zero_()
+    with pytest.raises(ValueError, match="logits_buffer"):
+        path.run(_rows(0, 3))
