@@ -1,0 +1,134 @@
+"""Rank 0's side of the control block (format: engine_hooks/shm_format/control.py): a TableSource.
+
+poll() runs once per logits call, so its common case is four u64 stores (the heartbeat) and one u64 load (the
+command seq); the seqlock read, decode and validation run only when the seq changed. Nothing here may raise
+into the engine: a block someone overwrote, corrupted or wrote in another version is ignored with one warning,
+and the engine keeps the last good table (LogitsPath keeps its table while poll() returns no new request).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import time
+
+from engine_hooks.modes import ModeTable
+from engine_hooks.shm_format import control as fmt
+from engine_hooks.shm_format.control import CMD_SEQ, HB_CALL, HB_LOCK, HB_NS
+from engine_hooks.table_source import AppliedStatus, TableRequest
+
+log = logging.getLogger("gatherwise.control")
+_monotonic_ns = time.monotonic_ns
+
+_READ_TRIES = 4  # the engine never spins: after a few torn reads it tries again at the next call
+
+
+class ControlBlockSource:
+    def __init__(self, path: str | os.PathLike, *, engine_id: int, tp_size: int, table: ModeTable) -> None:
+        self.path = os.fspath(path)
+        self.engine_id, self.tp_size = engine_id, tp_size
+        block = fmt.new_block(engine_id, tp_size, table.encode(), time.time_ns(), os.getpid())
+        tmp = f"{self.path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:  # complete before it becomes visible under its name
+            f.write(block)
+        os.replace(tmp, self.path)
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            self._mm: mmap.mmap | None = mmap.mmap(fd, fmt.BLOCK_SIZE)
+        finally:
+            os.close(fd)
+        self._words: memoryview | None = memoryview(self._mm).cast("Q")
+        self._hb_lock = 0
+        self._seen_seq = 0  # command seq last looked at (valid or not)
+        self._request: TableRequest | None = None  # last good request
+        self._warned: set[str] = set()
+        self.ignored_commands = 0
+
+    # -- hot path ------------------------------------------------------------------------------------------
+    def poll(self, call_index: int) -> TableRequest | None:
+        words = self._words
+        if words is None:
+            return self._request
+        lock = self._hb_lock + 1
+        words[HB_LOCK] = lock
+        words[HB_CALL] = call_index
+        words[HB_NS] = _monotonic_ns()
+        words[HB_LOCK] = self._hb_lock = lock + 1
+        if words[CMD_SEQ] == self._seen_seq:
+            return self._request
+        try:
+            return self._read_command()
+        except Exception as exc:  # noqa: BLE001 - never raise into the engine
+            self._disable(f"control block ignored after an unexpected error: {exc!r}")
+            return self._request
+
+    # -- slow path: a new command -------------------------------------------------------------------------
+    def _read_command(self) -> TableRequest | None:
+        words = self._words
+        try:
+            fmt.parse_header(self._mm, self.path)
+            header = fmt.HEADER.unpack_from(self._mm, 0)
+            if header[3] != self.engine_id:
+                raise fmt.ControlFormatError(f"{self.path}: engine id {header[3]:016x} in the block, this engine "
+                                             f"is {self.engine_id:016x}: the block was overwritten")
+        except fmt.ControlFormatError as exc:
+            self._disable(f"control block ignored, keeping the last good table {self._table_text()}: {exc}")
+            return self._request
+        values = fmt.seqlock_read(words, fmt.CMD_LOCK, fmt.COMMAND_FIELDS, tries=_READ_TRIES)
+        if values is None:
+            return self._request  # the sidecar is writing right now: look again at the next call
+        seq, table_word, flags, _written = values
+        self._seen_seq = seq
+        try:
+            if seq <= (self._request.seq if self._request else 0):
+                raise ValueError(f"command seq {seq} is not newer than the last one applied")
+            table = ModeTable.decode(table_word)
+            if flags >> 4:
+                raise ValueError(f"unknown command flags {flags:#x}")
+        except ValueError as exc:
+            self.ignored_commands += 1
+            self._warn_once("command", f"{self.path}: invalid control command ignored, keeping the last good table "
+                                       f"{self._table_text()}: {exc}")
+            return self._request
+        self._request = TableRequest(seq, table, flags)
+        return self._request
+
+    def report(self, status: AppliedStatus) -> None:
+        """Rank 0 put request status.seq on the wire: publish it in the status area (rare, not per call)."""
+        words = self._words
+        if words is None:
+            return
+        flags = self._request.flags if self._request is not None and self._request.seq == status.seq else 0
+        try:
+            fmt.seqlock_write(words, fmt.ST_LOCK, (status.seq, status.apply_call, status.table.encode(),
+                                                   status.epoch, flags, time.monotonic_ns()))
+        except Exception as exc:  # noqa: BLE001 - never raise into the engine
+            self._disable(f"control block status could not be written: {exc}")
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._words is not None:
+            self._words.release()
+            self._words = None
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+
+    @property
+    def disabled(self) -> bool:
+        return self._words is None
+
+    def _disable(self, message: str) -> None:
+        self._warn_once("disabled", message)
+        self.close()  # stop touching a block that is not ours any more; keep the last good request
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        if kind in self._warned:
+            log.debug(message)
+            return
+        self._warned.add(kind)
+        log.warning(message)
+
+    def _table_text(self) -> str:
+        return f"({self._request.table})" if self._request is not None else "(the initial table)"

@@ -1,0 +1,142 @@
+"""The control block: how the sidecar asks rank 0 for a mode table, and how rank 0 answers (docs/shm-format.md).
+
+Stdlib only (the sidecar imports it). One file per engine instance, `<shm_dir>/<engine id>/control`, created by
+rank 0 (written under a temporary name, then renamed, so nobody ever maps a half-written header). All integers
+little-endian u64, 8-byte aligned, so every field is one aligned store on the machines we run on. Each area sits
+on its own 64-byte line and has exactly one writer:
+
+    area       offset  writer   fields (u64 words)
+    header          0  rank 0   magic(8 bytes) | version u32, block size u32 | engine id | tp size u32, pid u32
+                                | created (wall ns)
+    heartbeat      64  rank 0   lock | last call index | monotonic ns (time.monotonic_ns)
+    command       128  sidecar  lock | seq | table word | flags | written (monotonic ns)
+    status        192  rank 0   lock | applied seq | apply call | table word | epoch | flags | written (mono ns)
+
+Every area but the header is seqlock-protected: the writer makes `lock` odd, writes the fields, makes it even
+again; a reader copies the fields between two reads of `lock` and retries unless both reads are the same even
+value. Readers never block a writer. Change FORMAT_VERSION on any layout change.
+
+The sidecar's durable decision state (pins, policy parameters, decisions, estimates) is NOT in the block: it is
+a JSON file next to it, `sidecar-state.json`, written atomically (temp file + rename) by the sidecar only.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+from engine_hooks.shm_format.ring import CONTROL_NAME, engine_dir
+
+MAGIC = b"GWCTRL\x00\x00"
+FORMAT_VERSION = 1
+BLOCK_SIZE = 512
+SIDECAR_STATE_NAME = "sidecar-state.json"
+
+# Command flags (low 4 bits travel in the control word, engine_hooks.modes.ControlWord.flags).
+FLAG_AUTO = 1  # the policy is auto for at least one bucket (the sidecar's durable state has the details)
+
+HEADER = struct.Struct("<8sIIQIIQ")
+# Word indices into the block viewed as u64 (memoryview.cast("Q")).
+HB_LOCK, HB_CALL, HB_NS = 8, 9, 10
+CMD_LOCK, CMD_SEQ, CMD_TABLE, CMD_FLAGS, CMD_NS = 16, 17, 18, 19, 20
+ST_LOCK, ST_SEQ, ST_CALL, ST_TABLE, ST_EPOCH, ST_FLAGS, ST_NS = 24, 25, 26, 27, 28, 29, 30
+HEARTBEAT_FIELDS, COMMAND_FIELDS, STATUS_FIELDS = 2, 4, 6
+U64_MASK = (1 << 64) - 1
+
+
+class ControlFormatError(ValueError):
+    """The file is not a control block this code understands (foreign, corrupt, other version)."""
+
+
+def control_path(shm_dir: str | os.PathLike, engine_id: int) -> str:
+    """`<shm_dir>/<engine_id as 16 hex digits>/control`."""
+    return os.path.join(engine_dir(shm_dir, engine_id), CONTROL_NAME)
+
+
+def sidecar_state_path(control_file: str | os.PathLike) -> str:
+    """Where the sidecar keeps its durable decision state for the engine that owns `control_file`."""
+    return os.path.join(os.path.dirname(os.fspath(control_file)), SIDECAR_STATE_NAME)
+
+
+@dataclass(frozen=True)
+class ControlHeader:
+    engine_id: int
+    tp_size: int
+    writer_pid: int
+    created_ns: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    call_index: int  # the call rank 0 most recently started (0 before the first call)
+    monotonic_ns: int  # when it started it (0 before the first call)
+
+
+@dataclass(frozen=True)
+class Command:
+    seq: int  # 0: nothing requested yet
+    table_word: int
+    flags: int
+    written_ns: int
+
+
+@dataclass(frozen=True)
+class Status:
+    applied_seq: int  # command seq rank 0 put on the wire (0: the initial table)
+    apply_call: int  # first call index that runs with `table_word` on every rank
+    table_word: int
+    epoch: int
+    flags: int
+    written_ns: int
+
+
+def new_block(engine_id: int, tp_size: int, table_word: int, created_ns: int, pid: int) -> bytearray:
+    """The bytes of a fresh block: header, zero heartbeat and command, status = the initial table."""
+    block = bytearray(BLOCK_SIZE)
+    HEADER.pack_into(block, 0, MAGIC, FORMAT_VERSION, BLOCK_SIZE, engine_id & U64_MASK, tp_size, pid & 0xFFFFFFFF,
+                     created_ns)
+    words = memoryview(block).cast("Q")
+    words[ST_TABLE] = table_word
+    words.release()
+    return block
+
+
+def parse_header(block: bytes | memoryview | bytearray, where: str = "control block") -> ControlHeader:
+    """Validate magic, version and size; raise ControlFormatError naming what is wrong."""
+    if len(block) < BLOCK_SIZE:
+        raise ControlFormatError(f"{where}: {len(block)} bytes, a control block is {BLOCK_SIZE}")
+    magic, version, size, engine_id, tp_size, pid, created = HEADER.unpack_from(block, 0)
+    if magic != MAGIC:
+        raise ControlFormatError(f"{where}: not a gatherwise control block (magic {bytes(magic)!r}, "
+                                 f"expected {MAGIC!r})")
+    if version != FORMAT_VERSION:
+        raise ControlFormatError(f"{where}: control block format version {version}, this code understands only "
+                                 f"version {FORMAT_VERSION}; upgrade the older side")
+    if size != BLOCK_SIZE:
+        raise ControlFormatError(f"{where}: block size {size}, expected {BLOCK_SIZE} for version {version}")
+    if tp_size < 1:
+        raise ControlFormatError(f"{where}: tp size {tp_size} is not a valid tensor-parallel size")
+    return ControlHeader(engine_id, tp_size, pid, created)
+
+
+# -- seqlock helpers (words: the block as a memoryview cast to "Q") ---------------------------------------
+def seqlock_write(words: memoryview, lock_index: int, values: tuple[int, ...]) -> None:
+    """Write the fields after `lock_index`. A lock left odd by a crashed writer is simply carried on."""
+    lock = words[lock_index] | 1  # odd: write in progress
+    words[lock_index] = lock
+    for i, value in enumerate(values, start=lock_index + 1):
+        words[i] = value & U64_MASK
+    words[lock_index] = (lock + 1) & U64_MASK  # even: consistent
+
+
+def seqlock_read(words: memoryview, lock_index: int, count: int, tries: int = 64) -> tuple[int, ...] | None:
+    """A consistent copy of the `count` fields after `lock_index`, or None if every try overlapped a write."""
+    for _ in range(tries):
+        before = words[lock_index]
+        if before & 1:
+            continue
+        values = tuple(words[lock_index + 1: lock_index + 1 + count])
+        if words[lock_index] == before:
+            return values
+    return None

@@ -1,0 +1,116 @@
+"""The sidecar's side of an engine's control block (format: engine_hooks/shm_format/control.py). No torch.
+
+The sidecar is the only writer of the command area; rank 0 the only writer of heartbeat and status. Reads are
+seqlock copies that retry briefly; a block that stays inconsistent (its writer died mid-write) reads as an error,
+never as made-up values.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from dataclasses import dataclass
+
+from engine_hooks.modes import ModeTable
+from engine_hooks.shm_format import control as fmt
+from engine_hooks.shm_format.control import Command, ControlFormatError, ControlHeader, Heartbeat, Status
+
+_READ_DEADLINE_S = 0.05
+
+
+@dataclass(frozen=True)
+class ControlSnapshot:
+    header: ControlHeader
+    heartbeat: Heartbeat
+    command: Command
+    status: Status
+
+    @property
+    def requested_table(self) -> ModeTable:
+        return ModeTable.decode(self.command.table_word) if self.command.seq else self.active_table
+
+    @property
+    def active_table(self) -> ModeTable:
+        return ModeTable.decode(self.status.table_word)
+
+
+class ControlClient:
+    """Open the control block at `path` (must exist: rank 0 creates it). Raises ControlFormatError if foreign."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.fspath(path)
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            if size != fmt.BLOCK_SIZE:
+                raise ControlFormatError(f"{self.path}: {size} bytes, a control block is {fmt.BLOCK_SIZE}")
+            self._mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        try:
+            self.header = fmt.parse_header(self._mm, self.path)
+        except ControlFormatError:
+            self._mm.close()
+            raise
+        self._words = memoryview(self._mm).cast("Q")
+        self.engine_id, self.tp_size = self.header.engine_id, self.header.tp_size
+
+    # -- reads ---------------------------------------------------------------------------------------------
+    def _read(self, lock: int, count: int, what: str) -> tuple[int, ...]:
+        deadline = time.monotonic() + _READ_DEADLINE_S
+        while True:
+            values = fmt.seqlock_read(self._words, lock, count)
+            if values is not None:
+                return values
+            if time.monotonic() > deadline:
+                raise ControlFormatError(f"{self.path}: {what} area stays mid-write (its writer died while "
+                                         f"writing?)")
+            time.sleep(0.0001)
+
+    def check_header(self) -> ControlHeader:
+        """Re-validate the header (someone may have overwritten the block since it was opened)."""
+        header = fmt.parse_header(self._mm, self.path)
+        if header.engine_id != self.engine_id:
+            raise ControlFormatError(f"{self.path}: engine id changed from {self.engine_id:016x} to "
+                                     f"{header.engine_id:016x}: the block was overwritten")
+        return header
+
+    def heartbeat(self) -> Heartbeat:
+        return Heartbeat(*self._read(fmt.HB_LOCK, fmt.HEARTBEAT_FIELDS, "heartbeat"))
+
+    def command(self) -> Command:
+        return Command(*self._read(fmt.CMD_LOCK, fmt.COMMAND_FIELDS, "command"))
+
+    def status(self) -> Status:
+        return Status(*self._read(fmt.ST_LOCK, fmt.STATUS_FIELDS, "status"))
+
+    def snapshot(self) -> ControlSnapshot:
+        return ControlSnapshot(self.check_header(), self.heartbeat(), self.command(), self.status())
+
+    def heartbeat_age_seconds(self, now_ns: int | None = None) -> float | None:
+        """Seconds since rank 0 last started a call (None before its first call). Same clock on one host."""
+        hb = self.heartbeat()
+        if hb.monotonic_ns == 0:
+            return None
+        return max(0.0, ((time.monotonic_ns() if now_ns is None else now_ns) - hb.monotonic_ns) * 1e-9)
+
+    # -- writes --------------------------------------------------------------------------------------------
+    def next_seq(self) -> int:
+        """The seq the next command gets: above both the last command and the last applied one."""
+        return max(self.command().seq, self.status().applied_seq) + 1
+
+    def write_command(self, table: ModeTable, flags: int = 0) -> int:
+        """Ask rank 0 for `table`; returns the command's seq (rank 0 applies it at its next call)."""
+        if not 0 <= flags < 16:
+            raise ValueError(f"command flags must fit in 4 bits, got {flags}")
+        self.check_header()
+        seq = self.next_seq()
+        fmt.seqlock_write(self._words, fmt.CMD_LOCK, (seq, table.encode(), flags, time.monotonic_ns()))
+        return seq
+
+    def close(self) -> None:
+        if self._words is not None:
+            self._words.release()
+            self._words = None
+            self._mm.close()
