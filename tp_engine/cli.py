@@ -109,4 +109,6 @@ def generate_main(argv: list[str] | None = None) -> int:
 
 
 def engine_main(argv: list[str] | None = None) -> int:
-    raise NotImplementedError("coming with telemetry")
+    from tp_engine.synthetic_load import engine_main as run_engine
+
+    return run_engine(argv)

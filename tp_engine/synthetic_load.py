@@ -1,0 +1,160 @@
+"""`gatherwise engine`: the TP engine with the gatherwise hooks under a synthetic decode load.
+
+    gatherwise engine --tp P [--workload mixed|fixed:ROWS] [--duration SECONDS] [--shm-dir DIR] [--config FILE]
+
+Runs until the duration ends or the parent gets SIGINT/SIGTERM. Ranks must stop at the same call (a rank that
+stops alone leaves the others blocked in a collective), so rank 0 decides and broadcasts "go on / stop" every
+few calls; the ranks themselves ignore SIGINT (a terminal's Ctrl-C reaches the whole process group).
+On exit rank 0 removes the engine's shared-memory directory (install_hooks' close()).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+MIXED_MAX_ROWS = 64
+CALLS_PER_CHECK = 8  # logits calls between two stop checks (one tiny broadcast each)
+MIXED_DWELL = 32  # calls at one batch size before the mixed workload moves on
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    tp: int
+    workload: str  # "mixed" | "fixed:ROWS"
+    duration: float | None
+    config: Any  # GatherwiseConfig (engine.shm_dir already overridden)
+    vocab: int = 32000
+    device: str = "cpu"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    rank: int
+    engine_id: str
+    calls: int
+    seconds: float
+
+
+def parse_workload(text: str) -> str:
+    if text == "mixed":
+        return text
+    if text.startswith("fixed:") and text[6:].isdigit() and 1 <= int(text[6:]) <= 1024:
+        return text
+    raise argparse.ArgumentTypeError(f"invalid workload {text!r}: expected mixed or fixed:ROWS (1..1024)")
+
+
+def batch_sizes(workload: str, seed: int) -> Iterator[int]:
+    """Endless batch sizes, identical on every rank. mixed: log-uniform over 1..64, held MIXED_DWELL calls."""
+    if workload.startswith("fixed:"):
+        rows = int(workload[6:])
+        while True:
+            yield rows
+    rng = random.Random(seed)
+    while True:
+        rows = max(1, min(MIXED_MAX_ROWS, round(2 ** rng.uniform(0, 6))))
+        for _ in range(MIXED_DWELL):
+            yield rows
+
+
+def max_rows(workload: str) -> int:
+    return int(workload[6:]) if workload.startswith("fixed:") else MIXED_MAX_ROWS
+
+
+def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: int) -> RankSummary:
+    """Rank main: model + hooks, then synthetic decode steps until rank 0 says stop."""
+    import torch
+
+    from engine_hooks.comm import default_communicator
+    from engine_hooks.install import install_hooks, logits_dtype
+    from tp_engine.layers import TPGroup
+    from tp_engine.runner import Engine, ModelSpec
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us, at a call every rank agrees on
+    tp = TPGroup.from_dist()
+    model = ModelSpec(vocab=spec.vocab, compute_dtype="float32", device=spec.device).load(tp)
+    comm = default_communicator()
+    hooks = install_hooks(comm, vocab=spec.vocab, dtype=logits_dtype(spec.config), device=model.device,
+                          config=spec.config)
+    engine_id = f"{hooks.engine_id:016x}"
+    if rank == 0:
+        print(f"gatherwise engine {engine_id}: tp={world} workload={spec.workload} "
+              f"shm={spec.config.engine.shm_dir}", flush=True)
+    engine = Engine(model, hooks.path, max_batch=max_rows(spec.workload))
+    flag = torch.zeros(1, dtype=torch.int64, device=model.device)
+    sizes = batch_sizes(spec.workload, spec.seed)
+    t0 = time.monotonic()
+    deadline = t0 + spec.duration if spec.duration is not None else float("inf")
+    try:
+        while True:
+            engine.synthetic([next(sizes) for _ in range(CALLS_PER_CHECK)], path=hooks.path)
+            if rank == 0:
+                done = stop.is_set() or time.monotonic() >= deadline or os.getppid() != parent_pid
+                flag.fill_(int(done))
+            comm.broadcast(flag)
+            if int(flag.item()):
+                break
+    finally:
+        hooks.close()
+    return RankSummary(rank, engine_id, hooks.path.call_index, time.monotonic() - t0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gatherwise engine",
+                                description="Run the TP engine with gatherwise hooks under a synthetic load.")
+    p.add_argument("--tp", type=int, default=2, help="tensor-parallel size P (local ranks)")
+    p.add_argument("--workload", type=parse_workload, default="mixed",
+                   help="mixed (batch sizes moving across 1..64) or fixed:ROWS")
+    p.add_argument("--duration", type=float, default=None, help="seconds to run (default: until SIGINT/SIGTERM)")
+    p.add_argument("--shm-dir", help="where the rings and control block go (default: engine.shm_dir)")
+    p.add_argument("--config", help="YAML config file (default: built-in defaults + GATHERWISE_* env)")
+    p.add_argument("--vocab", type=int, default=32000, help="vocab of the random model")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the mixed workload's batch sizes")
+    return p
+
+
+def engine_main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 1 <= args.tp <= 64:
+        parser.error(f"--tp must be in 1..64, got {args.tp}")
+    if args.duration is not None and args.duration <= 0:
+        parser.error(f"--duration must be > 0, got {args.duration}")
+    import multiprocessing as mp
+
+    from engine_hooks.config import ConfigError, load_config
+    from tp_engine.launch import LaunchError, launch
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"gatherwise engine: {exc}", file=sys.stderr)
+        return 2
+    if args.shm_dir:
+        cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, shm_dir=args.shm_dir))
+    spec = LoadSpec(args.tp, args.workload, args.duration, cfg, args.vocab, args.device, args.seed)
+    stop = mp.get_context("spawn").Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    timeout = (args.duration + 300.0) if args.duration is not None else 30 * 86400.0
+    try:
+        results = launch(engine_rank, args.tp, spec, stop, os.getpid(), device=args.device, timeout=timeout)
+    except LaunchError as exc:
+        print(f"gatherwise engine: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    first = results[0]
+    print(f"gatherwise engine {first.engine_id}: {first.calls} logits calls per rank in {first.seconds:.1f} s "
+          f"({first.calls / max(first.seconds, 1e-9):.0f} calls/s)", flush=True)
+    return 0
