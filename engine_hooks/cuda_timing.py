@@ -1,0 +1,144 @@
+"""Timing on CUDA without synchronizing: an event clock for LogitsPath and a resolver in front of the recorder.
+
+On CUDA, perf_counter_ns around a collective measures the launch, not the work, and synchronizing to measure
+it would stall the stream. So the path's clock records a CUDA event on the current stream and returns a token
+(an int id, never 0: 0 means "no such mark"). The resolver receives those tokens in record(), keeps the call
+pending, and on later calls asks the call's last event whether it has completed (event.query(), which never
+blocks). Once it has, every earlier event on the stream has too: it converts the marks to ns with
+elapsed_time() and forwards them to the real recorder (RingRecorder), a few calls late.
+
+Absolute times: a call's start is the host time (perf_counter_ns) when its first event was enqueued; the
+other marks are that plus GPU-measured offsets. Durations are exact GPU times; the start can be early by
+however far the host runs ahead of the GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class Event(Protocol):
+    """The part of torch.cuda.Event this module uses."""
+
+    def record(self) -> None: ...
+
+    def query(self) -> bool: ...
+
+    def elapsed_time(self, end: Any) -> float: ...  # milliseconds
+
+
+class Recorder(Protocol):
+    def record(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
+               coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
+               sample_start: int, sample_end: int, t_end: int) -> None: ...
+
+
+def _timing_event() -> Event:
+    import torch
+
+    return torch.cuda.Event(enable_timing=True)
+
+
+class EventClock:
+    """A LogitsPath clock: records an event on the current stream, returns its token. Events are reused."""
+
+    def __init__(self, event_factory: Callable[[], Event] = _timing_event,
+                 host_clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        self._factory, self._host_clock = event_factory, host_clock
+        self._free: list[Event] = []
+        self._live: dict[int, tuple[Event, int]] = {}  # token -> (event, host ns at record), in token order
+        self._next = 1
+
+    def __call__(self) -> int:
+        event = self._free.pop() if self._free else self._factory()
+        event.record()
+        token = self._next
+        self._next = token + 1
+        self._live[token] = (event, self._host_clock())
+        return token
+
+    def entry(self, token: int) -> tuple[Event, int]:
+        return self._live[token]
+
+    def release_through(self, token: int) -> None:
+        """Return the events of every token <= token to the pool (also marks of calls that never recorded)."""
+        live = self._live
+        while live:
+            first = next(iter(live))
+            if first > token:
+                break
+            self._free.append(live.pop(first)[0])
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._live)
+
+
+class EventResolver:
+    """A CallRecorder for an EventClock: resolves calls when their events completed, forwards ns marks."""
+
+    def __init__(self, clock: EventClock, recorder: Recorder, *, max_pending: int = 64) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self.clock, self.recorder, self.max_pending = clock, recorder, max_pending
+        self._pending: deque[tuple[tuple[int, ...], tuple[int, ...]]] = deque()
+        self.resolved = 0
+        self.dropped = 0  # calls given up on because max_pending calls were still waiting for their events
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def record(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
+               coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
+               sample_start: int, sample_end: int, t_end: int) -> None:
+        self._pending.append(((call_index, mode, rows, epoch, nbytes),
+                              (t_start, coll_start, coll_end, bcast_start, bcast_end, sample_start, sample_end,
+                               t_end)))
+        self.poll()
+        while len(self._pending) > self.max_pending:  # the GPU is far behind: never wait, drop the oldest
+            _, marks = self._pending.popleft()
+            self.clock.release_through(marks[-1])
+            self.dropped += 1
+
+    def poll(self) -> int:
+        """Forward every leading pending call whose last event has completed; returns how many. Never blocks."""
+        done = 0
+        while self._pending:
+            info, marks = self._pending[0]
+            end_event, _ = self.clock.entry(marks[-1])
+            if not end_event.query():
+                break
+            self._pending.popleft()
+            self.recorder.record(*info, *self._to_ns(marks))
+            self.clock.release_through(marks[-1])
+            done += 1
+        self.resolved += done
+        return done
+
+    def _to_ns(self, marks: tuple[int, ...]) -> list[int]:
+        start_event, start_ns = self.clock.entry(marks[0])
+        entry = self.clock.entry
+        return [start_ns + round(start_event.elapsed_time(entry(m)[0]) * 1e6) if m else 0 for m in marks]
+
+    def flush(self, wait_for: Callable[[Event], None] | None = None) -> int:
+        """Resolve what has completed; with wait_for (e.g. Event.synchronize, for shutdown only) wait for all."""
+        if wait_for is not None and self._pending:
+            wait_for(self.clock.entry(self._pending[-1][1][-1])[0])
+        return self.poll()
+
+    def close(self) -> None:
+        """Forward what has completed by now (never waits), then close the recorder."""
+        self.poll()
+        close = getattr(self.recorder, "close", None)
+        if close is not None:
+            close()
+
+
+def cuda_recording(recorder: Recorder, *, max_pending: int = 64) -> tuple[EventClock, EventResolver]:
+    """The (clock, recorder) pair to pass to LogitsPath on a CUDA device: LogitsPath(clock=c, recorder=r)."""
+    clock = EventClock()
+    return clock, EventResolver(clock, recorder, max_pending=max_pending)
