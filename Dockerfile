@@ -1,0 +1,31 @@
+# Images for the local stack (docker-compose.yml). One file, three targets:
+#   sidecar     - no torch: the sidecar imports none (small image)
+#   engine      - CPU torch from the PyTorch CPU index, pinned by constraints.txt (gloo, TP on CPU)
+#   engine-gpu  - CUDA torch from PyPI (its wheels carry the CUDA runtime; the host provides the driver), NCCL
+FROM python:3.11-slim AS sidecar
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /app
+COPY pyproject.toml constraints.txt README.md gatherwise_cli.py ./
+COPY engine_hooks engine_hooks
+COPY sidecar sidecar
+COPY tp_engine tp_engine
+COPY bench bench
+COPY config config
+RUN pip install -c constraints.txt . \
+    && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin gatherwise
+USER gatherwise
+EXPOSE 9400
+CMD ["gatherwise", "sidecar", "--host", "0.0.0.0", "--port", "9400"]
+
+FROM sidecar AS engine
+USER root
+RUN pip install -c constraints.txt --index-url https://download.pytorch.org/whl/cpu torch \
+    && pip install -c constraints.txt ".[engine]"
+USER gatherwise
+CMD ["gatherwise", "engine", "--tp", "2", "--workload", "mixed"]
+
+FROM sidecar AS engine-gpu
+USER root
+RUN pip install -c constraints.txt ".[engine]"
+USER gatherwise
+CMD ["gatherwise", "engine", "--tp", "2", "--workload", "mixed", "--device", "cuda"]
