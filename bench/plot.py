@@ -8,8 +8,9 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402 - after the backend is chosen
+from matplotlib.ticker import NullLocator  # noqa: E402
 
-from bench.report import SweepResult  # noqa: E402
+from bench.report import CLEAR_WIN_SHARE, SweepResult  # noqa: E402
 
 
 def plot_crossover(path: Path, result: SweepResult) -> Path:
@@ -27,14 +28,20 @@ def plot_crossover(path: Path, result: SweepResult) -> Path:
                 hi = [s.modes[mode].p90_us for s in group]
                 (line,) = ax.plot(xs, med, marker="o", markersize=3, label=f"{mode} (median)")
                 ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-            for c in result.crossovers:
-                if c.vocab == vocab and c.dtype == dtype:
-                    ax.axvline(c.rows_estimate, color="black", linestyle="--", linewidth=1)
-                    ax.annotate(f"{c.before}→{c.after}\n≈{c.rows_estimate:.0f} rows", (c.rows_estimate, 0.96),
-                                xycoords=("data", "axes fraction"), ha="center", va="top", fontsize=7,
-                                bbox={"boxstyle": "round", "fc": "white", "alpha": 0.8})
+            ties = [s.rows for s in group if not s.clear]
+            if ties:  # rows where neither mode won clearly (see docs/bench.md, "wins")
+                ax.plot(ties, [0.03] * len(ties), "x", color="grey", transform=ax.get_xaxis_transform(),
+                        label=f"tie (wins < {CLEAR_WIN_SHARE:.0%})")
+            crossings = [c for c in result.crossovers if c.vocab == vocab and c.dtype == dtype]
+            for k, c in enumerate(crossings):
+                ax.axvline(c.rows_estimate, color="black", linestyle="--", linewidth=1)
+                ax.annotate(f"{c.before}→{c.after}\n≈{c.rows_estimate:.1f} rows", (c.rows_estimate, 0.96 - 0.14 * k),
+                            xycoords=("data", "axes fraction"), ha="center", va="top", fontsize=7,
+                            bbox={"boxstyle": "round", "fc": "white", "alpha": 0.8})
             if len(xs) > 1:
                 ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(x) for x in xs])
+            ax.xaxis.set_minor_locator(NullLocator())  # rows ticks only
             ax.set_yscale("log")
             ax.set_title(f"vocab {vocab}, {dtype}", fontsize=9)
             ax.set_xlabel("rows (batch)")

@@ -21,6 +21,10 @@ import numpy as np
 from bench.sweep import DTYPES, CallTimes, ShapeKey, SweepConfig
 from engine_hooks.logits_path import shard_width
 
+# A winner counts for crossovers only when it won this share of the interleaved pairs: 0.75 is ~2.7 sigma
+# away from a coin flip at 30 pairs, so scheduler noise on a shared machine does not draw crossovers.
+CLEAR_WIN_SHARE = 0.75
+
 
 @dataclass(frozen=True)
 class ModeStats:
@@ -47,6 +51,11 @@ class ShapeResult:
     # share of iterations in which the winner's call beat the runner-up's call of the same iteration (the
     # modes are interleaved, so each pair saw the same machine state); near 0.5 means "too close to call"
     paired_win_share: float | None
+
+    @property
+    def clear(self) -> bool:
+        """The winner beat the runner-up in at least CLEAR_WIN_SHARE of the pairs (or ran alone)."""
+        return self.paired_win_share is None or self.paired_win_share >= CLEAR_WIN_SHARE
 
 
 @dataclass(frozen=True)
@@ -113,11 +122,12 @@ def _mode_stats(tp: int, nbytes: int, span: np.ndarray, root: CallTimes) -> Mode
 
 
 def find_crossovers(shapes: list[ShapeResult]) -> list[Crossover]:
-    """Where the winner changes between adjacent measured rows, per (vocab, dtype)."""
+    """Where the winner changes between adjacent rows with a clear winner (ties skipped), per (vocab, dtype)."""
     out = []
     groups: dict[tuple[int, str], list[ShapeResult]] = {}
     for s in shapes:
-        groups.setdefault((s.vocab, s.dtype), []).append(s)
+        if s.clear:
+            groups.setdefault((s.vocab, s.dtype), []).append(s)
     for (vocab, dtype), group in groups.items():
         group.sort(key=lambda s: s.rows)
         for lo, hi in zip(group, group[1:], strict=False):
@@ -131,6 +141,14 @@ def find_crossovers(shapes: list[ShapeResult]) -> list[Crossover]:
             out.append(Crossover(vocab, dtype, lo.rows, hi.rows, math.exp(x), a, b, lo.paired_win_share or 0.0,
                                  hi.paired_win_share or 0.0))
     return out
+
+
+def verdicts(shapes: list[ShapeResult]) -> dict[str, str]:
+    """Per "vocab/dtype": the clear winner per rows, e.g. "1:tie 2:tie 4:all_gather 8:gather ..."."""
+    out: dict[str, list[str]] = {}
+    for s in sorted(shapes, key=lambda s: (s.vocab, s.dtype, s.rows)):
+        out.setdefault(f"{s.vocab}/{s.dtype}", []).append(f"{s.rows}:{s.winner if s.clear else 'tie'}")
+    return {k: " ".join(v) for k, v in out.items()}
 
 
 def format_table(result: SweepResult) -> str:
@@ -157,17 +175,20 @@ def format_table(result: SweepResult) -> str:
             line += (f"  {st.median_us:>8.1f} {st.p10_us:>8.1f} {st.p90_us:>8.1f}"
                      f" {st.algbw_gbs:>7.2f} {st.busbw_gbs:>7.2f}")
         if s.ratio is not None:
-            line += f"  {s.winner:>10} {s.ratio:>6.2f} {s.paired_win_share:>5.0%}"
+            line += f"  {s.winner:>10} {s.ratio:>6.2f} {s.paired_win_share:>5.0%}" + ("" if s.clear else " tie")
         else:
             line += f"  {s.winner:>10} {'-':>6} {'-':>5}"
         lines.append(line)
-    lines.append("# crossovers (winner changes between adjacent rows):")
+    lines.append(f"# crossovers (winner changes between adjacent rows with wins >= {CLEAR_WIN_SHARE:.0%}; "
+                 "rows with fewer wins are ties and skipped):")
     for c in result.crossovers or []:
         lines.append(f"#   vocab={c.vocab} {c.dtype}: {c.before} -> {c.after} between rows {c.rows_below} and "
                      f"{c.rows_above} (medians cross near {c.rows_estimate:.1f}; "
                      f"wins {c.wins_below:.0%} / {c.wins_above:.0%})")
     if not result.crossovers:
         lines.append("#   none")
+    lines.append("# clear winner per rows:")
+    lines += [f"#   {key}: {line}" for key, line in verdicts(result.shapes).items()]
     return "\n".join(lines)
 
 
@@ -179,8 +200,10 @@ def write_results_json(path: Path, result: SweepResult, tables: dict[str, str]) 
                   "time.perf_counter_ns (CLOCK_MONOTONIC)",
         "formulas": {"bytes": "P * rows * shard_width * element_size",
                      "algbw_gbs": "bytes / median_time / 1e9", "busbw_gbs": "algbw * (P - 1) / P"},
-        "results": [asdict(s) for s in result.shapes],
+        "clear_win_share": CLEAR_WIN_SHARE,
+        "results": [{**asdict(s), "clear": s.clear} for s in result.shapes],
         "crossovers": [asdict(c) for c in result.crossovers],
+        "verdicts": verdicts(result.shapes),
         "table_files": tables,
     }
     path.write_text(json.dumps(doc, indent=1) + "\n")

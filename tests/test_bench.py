@@ -144,3 +144,39 @@ def test_bucket_labels_in_the_file_are_the_api_labels(tmp_path):
     import yaml
 
     assert list(yaml.safe_load(path.read_text())["table"]) == [bucket_label(b) for b in range(NUM_BUCKETS)]
+
+
+def test_bench_table_file_is_the_engines_starting_table(tmp_path):
+    """engine.initial_table_file (config) loads what the bench writes: the engine starts on the measured table."""
+    from bench.report import ModeStats, ShapeResult
+    from bench.starting_table import best_table
+    from engine_hooks.config import EngineSection, GatherwiseConfig
+    from engine_hooks.install import initial_table
+
+    def shape(rows: int, ag: float, g: float) -> ShapeResult:
+        st = lambda t: ModeStats(t, t, t, 0.0, 0.0, 0.0, 0.0, 0.0)  # noqa: E731
+        return ShapeResult(32000, "float32", rows, 0, {"all_gather": st(ag), "gather": st(g)},
+                           "all_gather" if ag <= g else "gather", 1.0, 1.0)
+
+    measured = best_table([shape(1, 1.0, 2.0), shape(2, 1.0, 2.0), shape(8, 3.0, 2.0), shape(64, 9.0, 4.0)])
+    assert [measured.mode_for_rows(r).label for r in (1, 2, 4, 8, 16, 64, 4096)] == [
+        "all_gather", "all_gather", "all_gather", "gather", "gather", "gather", "gather"]
+    path = save_table_file(tmp_path / "t.yaml", measured, {"tp": 2, "vocab": 32000, "dtype": "float32"})
+    config = GatherwiseConfig(engine=EngineSection(initial_table_file=str(path)))
+    assert initial_table(config) == measured
+
+
+def test_crossovers_skip_ties_and_interpolate_log_log():
+    from bench.report import ModeStats, ShapeResult, find_crossovers
+
+    def shape(rows: int, ag: float, g: float, wins: float) -> ShapeResult:
+        st = lambda t: ModeStats(t, t, t, 0.0, 0.0, 0.0, 0.0, 0.0)  # noqa: E731
+        winner = "all_gather" if ag <= g else "gather"
+        return ShapeResult(1000, "float32", rows, 0, {"all_gather": st(ag), "gather": st(g)}, winner,
+                           max(ag, g) / min(ag, g), wins)
+
+    shapes = [shape(1, 1.0, 2.0, 0.9), shape(2, 2.0, 1.9, 0.5), shape(4, 4.0, 2.0, 0.95), shape(8, 8.0, 4.0, 1.0)]
+    (c,) = find_crossovers(shapes)  # the tie at rows 2 neither counts as a crossing nor hides the real one
+    assert (c.before, c.after, c.rows_below, c.rows_above) == ("all_gather", "gather", 1, 4)
+    assert c.rows_estimate == pytest.approx(2.0)  # log(t_ag/t_g) goes -log2 -> +log2 over rows 1 -> 4
+    assert not shapes[1].clear and shapes[0].clear
