@@ -85,6 +85,7 @@ class PolicySection:
     probe_interval_seconds: float = 10.0
     probe_calls: int = 8
     probe_budget: float = 0.02
+    max_sample_age_seconds: float = 120.0
     table_file: str | None = None
 
 
@@ -124,6 +125,7 @@ _RULES: dict[tuple[str, str], Any] = {
     ("policy", "probe_interval_seconds"): _between(0.0, 86400.0),
     ("policy", "probe_calls"): _between(1, 1 << 20),
     ("policy", "probe_budget"): _between(0.0, 1.0),
+    ("policy", "max_sample_age_seconds"): _between(0.1, 86400.0),
 }
 
 
