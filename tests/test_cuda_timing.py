@@ -1,0 +1,172 @@
+"""The CUDA event clock and resolver, driven on CPU by a fake event class that simulates a lagging GPU stream."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_hooks.cuda_timing import EventClock, EventResolver
+from engine_hooks.modes import Mode
+
+
+class FakeGpuStream:
+    """A stream whose work completes only when the test says so: events complete in the order recorded."""
+
+    def __init__(self) -> None:
+        self.recorded = 0  # events enqueued so far
+        self.completed = 0  # events the fake GPU has reached
+        self.gpu_ms: dict[int, float] = {}  # position -> GPU timestamp (ms) assigned when recorded
+
+    def advance(self, n: int | None = None) -> None:
+        self.completed = self.recorded if n is None else min(self.recorded, self.completed + n)
+
+
+class FakeCudaEvent:
+    """Stands in for torch.cuda.Event(enable_timing=True): record(), query(), elapsed_time() in ms."""
+
+    def __init__(self, stream: FakeGpuStream) -> None:
+        self.stream = stream
+        self.position = None
+        self.queries = 0
+        self.synchronize_calls = 0
+
+    def record(self) -> None:
+        self.stream.recorded += 1
+        self.position = self.stream.recorded
+        self.stream.gpu_ms[self.position] = 0.25 * self.position  # 250 µs of GPU time between events
+
+    def query(self) -> bool:
+        self.queries += 1
+        return self.stream.completed >= self.position
+
+    def elapsed_time(self, end: FakeCudaEvent) -> float:
+        if not (self.query() and end.query()):
+            raise RuntimeError("elapsed_time on an event that has not completed")
+        return self.stream.gpu_ms[end.position] - self.stream.gpu_ms[self.position]
+
+    def synchronize(self) -> None:
+        self.synchronize_calls += 1
+        self.stream.completed = max(self.stream.completed, self.position)
+
+
+class ListRecorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, ...]] = []
+        self.closed = False
+
+    def record(self, *args: int) -> None:
+        self.calls.append(args)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def make(max_pending=64):
+    stream = FakeGpuStream()
+    created: list[FakeCudaEvent] = []
+
+    def factory() -> FakeCudaEvent:
+        created.append(FakeCudaEvent(stream))
+        return created[-1]
+
+    host = iter(range(1_000_000, 10**12, 7))
+    clock = EventClock(factory, host_clock=lambda: next(host))
+    sink = ListRecorder()
+    return stream, created, clock, EventResolver(clock, sink, max_pending=max_pending), sink
+
+
+def run_call(clock, resolver, i, mode):
+    """What LogitsPath.run does with its clock: same marks, same reuse of tokens."""
+    t_start = clock()
+    coll_start = clock()
+    coll_end = sample_start = clock()
+    if mode == Mode.ALL_GATHER:
+        sample_end = clock()
+        bcast_start = bcast_end = 0
+    else:
+        sample_end = bcast_start = clock()
+        bcast_end = clock()
+    t_end = clock()
+    resolver.record(i, mode, 4, 0, 1000, t_start, coll_start, coll_end, bcast_start, bcast_end,
+                    sample_start, sample_end, t_end)
+
+
+def test_calls_resolve_only_after_their_events_complete_and_in_order():
+    stream, _, clock, resolver, sink = make()
+    run_call(clock, resolver, 0, Mode.ALL_GATHER)
+    run_call(clock, resolver, 1, Mode.GATHER)
+    assert sink.calls == [] and resolver.pending == 2  # the fake GPU has done nothing yet
+    stream.advance(5)  # exactly call 0's five events
+    run_call(clock, resolver, 2, Mode.ALL_GATHER)
+    assert [c[0] for c in sink.calls] == [0] and resolver.pending == 2
+    stream.advance()
+    assert resolver.poll() == 2
+    assert [c[0] for c in sink.calls] == [0, 1, 2] and resolver.pending == 0
+
+
+def test_marks_become_ns_from_gpu_time_anchored_at_host_start():
+    stream, _, clock, resolver, sink = make()
+    run_call(clock, resolver, 0, Mode.GATHER)
+    stream.advance()
+    resolver.poll()
+    (call,) = sink.calls
+    call_index, mode, rows, epoch, nbytes, t_start, cs, ce, bs, be, ss, se, t_end = call
+    assert (call_index, mode, rows, epoch, nbytes) == (0, Mode.GATHER, 4, 0, 1000)
+    assert t_start == 1_000_000  # host time when the first event was enqueued
+    step = 250_000  # 0.25 ms between consecutive fake events
+    assert (cs, ce, ss, se, bs, be, t_end) == tuple(t_start + k * step for k in (1, 2, 2, 3, 3, 4, 5))
+
+
+def test_absent_marks_stay_zero():
+    stream, _, clock, resolver, sink = make()
+    run_call(clock, resolver, 0, Mode.ALL_GATHER)
+    stream.advance()
+    resolver.poll()
+    (call,) = sink.calls
+    assert call[8:10] == (0, 0)  # no broadcast in all_gather mode
+
+
+def test_never_synchronizes_and_reuses_events():
+    stream, created, clock, resolver, sink = make()
+    for i in range(200):
+        run_call(clock, resolver, i, Mode.GATHER if i % 2 else Mode.ALL_GATHER)
+        stream.advance()  # the GPU keeps up: each call resolves on the next
+    resolver.flush()
+    assert len(sink.calls) == 200 and resolver.dropped == 0
+    assert all(e.synchronize_calls == 0 for e in created)
+    assert len(created) <= 12  # a bounded pool, not one event per mark
+    assert clock.outstanding == 0
+
+
+def test_a_far_behind_gpu_drops_the_oldest_calls_instead_of_waiting():
+    stream, created, clock, resolver, sink = make(max_pending=8)
+    for i in range(20):
+        run_call(clock, resolver, i, Mode.ALL_GATHER)
+    assert resolver.pending == 8 and resolver.dropped == 12 and sink.calls == []
+    assert all(e.synchronize_calls == 0 for e in created)
+    stream.advance()
+    resolver.poll()
+    assert [c[0] for c in sink.calls] == list(range(12, 20))
+    assert clock.outstanding == 0
+
+
+def test_marks_of_a_call_that_never_recorded_are_released():
+    stream, _, clock, resolver, sink = make()
+    clock(), clock()  # a call that raised before record()
+    run_call(clock, resolver, 1, Mode.ALL_GATHER)
+    stream.advance()
+    resolver.poll()
+    assert len(sink.calls) == 1 and clock.outstanding == 0
+
+
+def test_flush_with_wait_is_explicit_and_close_forwards_what_completed():
+    stream, created, clock, resolver, sink = make()
+    run_call(clock, resolver, 0, Mode.ALL_GATHER)
+    assert resolver.flush(wait_for=FakeCudaEvent.synchronize) == 1
+    run_call(clock, resolver, 1, Mode.ALL_GATHER)
+    resolver.close()
+    assert sink.closed and len(sink.calls) == 1  # close never waits for the GPU
+
+
+def test_max_pending_must_be_positive():
+    with pytest.raises(ValueError):
+        EventResolver(EventClock(lambda: None), ListRecorder(), max_pending=0)

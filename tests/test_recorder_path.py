@@ -1,0 +1,114 @@
+"""The ring recorder behind the real LogitsPath: one record per call on every rank, counters that match."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from engine_hooks.modes import Mode
+from engine_hooks.shm_format import ring as fmt
+from sidecar.ring_reader import RingReader
+from tests._dist import run_ranks
+
+VOCAB = 1001
+BATCHES = [1, 4, 2, 1, 3, 8]  # rows 1 -> all_gather, more -> gather (table below)
+
+
+def _rows(step: int, batch: int):
+    from engine_hooks.sampling import SamplingParams, SamplingRow
+
+    return [SamplingRow(SamplingParams(), request_id=i, position=step) for i in range(batch)]
+
+
+def _table():
+    from engine_hooks.modes import ModeTable
+
+    return ModeTable.uniform(Mode.GATHER).with_buckets(Mode.ALL_GATHER, [0])
+
+
+def _run_recorded(rank, world, shm_dir, engine_id):
+    from engine_hooks.comm import default_communicator
+    from engine_hooks.logits_path import LogitsPath
+    from engine_hooks.recorder import RingRecorder
+
+    recorder = RingRecorder(fmt.ring_path(shm_dir, engine_id, rank), engine_id=engine_id, rank=rank, tp_size=world,
+                            vocab=VOCAB, dtype=torch.float32, capacity=64)
+    path = LogitsPath(default_communicator(), VOCAB, initial_table=_table(), recorder=recorder)
+    gen = torch.Generator().manual_seed(3)
+    for step, batch in enumerate(BATCHES):
+        full = torch.randn(batch, VOCAB, generator=gen)
+        buf = path.logits_buffer(batch)
+        part = full[:, rank * path.width: (rank + 1) * path.width]
+        buf[:, : part.shape[1]] = part
+        path.run(_rows(step, batch))
+    recorder.close()
+    return path.width
+
+
+@pytest.mark.timeout(180)
+def test_every_rank_records_every_call_with_exact_counters(tmp_path):
+    engine_id = 0x0123456789ABCDEF
+    os.makedirs(fmt.engine_dir(tmp_path, engine_id))
+    width = run_ranks(_run_recorded, 2, str(tmp_path), engine_id, timeout=150)[0]
+    for rank in (0, 1):
+        reader = RingReader(fmt.ring_path(tmp_path, engine_id, rank))
+        records, missed = reader.read_new()
+        h = reader.header()
+        assert missed == 0 and h.closed and (h.engine_id, h.rank, h.tp_size) == (engine_id, rank, 2)
+        assert [r.call_index for r in records] == list(range(len(BATCHES)))
+        assert [r.rows for r in records] == BATCHES
+        modes = [Mode.ALL_GATHER if b == 1 else Mode.GATHER for b in BATCHES]
+        assert [r.mode for r in records] == modes
+        for r in records:
+            assert r.start_ns <= r.collective_start_ns <= r.collective_start_ns + r.collective_ns <= r.end_ns
+            chunk_bytes = (r.rows * width + 2) * 4  # shard + one 8-byte control word slot, float32
+            if r.mode == Mode.ALL_GATHER:
+                assert r.broadcast_start_ns == r.broadcast_ns == 0 and r.nbytes == 2 * chunk_bytes
+            else:
+                assert r.broadcast_start_ns >= r.sample_start_ns + r.sample_ns
+                assert r.nbytes == (2 * chunk_bytes if rank == 0 else chunk_bytes)
+                if rank == 1:
+                    assert r.sample_ns == 0  # only the root samples in gather mode
+        for mode in (Mode.ALL_GATHER, Mode.GATHER):
+            mine = [r for r in records if r.mode == mode]
+            row = h.counters[mode]
+            coll = "all_gather" if mode == Mode.ALL_GATHER else "gather"
+            assert row.calls == len(mine)
+            assert row.ops[coll] == fmt.OpCounters(sum(r.collective_ns for r in mine), sum(r.nbytes for r in mine))
+            assert row.ops["sample"].ns == sum(r.sample_ns for r in mine)
+            assert row.ops["path"].ns == sum(r.path_ns for r in mine)
+            bcast = sum(fmt.broadcast_bytes(r.rows) for r in mine) if mode == Mode.GATHER else 0
+            assert row.ops["broadcast"] == fmt.OpCounters(sum(r.broadcast_ns for r in mine), bcast)
+            assert row.ops["path"].bytes == row.ops[coll].bytes + bcast
+
+
+def test_event_clock_through_the_real_path_into_a_ring(tmp_path):
+    """LogitsPath with the CUDA clock design (fake events on CPU): tokens flow through, records land in the ring."""
+    from engine_hooks.comm import SingleRankCommunicator
+    from engine_hooks.cuda_timing import EventClock, EventResolver
+    from engine_hooks.logits_path import LogitsPath
+    from engine_hooks.recorder import RingRecorder
+    from tests.test_cuda_timing import FakeCudaEvent, FakeGpuStream
+
+    stream = FakeGpuStream()
+    clock = EventClock(lambda: FakeCudaEvent(stream))
+    recorder = RingRecorder(tmp_path / "rank-0", engine_id=1, rank=0, tp_size=1, vocab=VOCAB, dtype="float32",
+                            capacity=16)
+    resolver = EventResolver(clock, recorder)
+    path = LogitsPath(SingleRankCommunicator(), VOCAB, initial_table=_table(), recorder=resolver, clock=clock)
+    for step, batch in enumerate(BATCHES):
+        path.logits_buffer(batch).normal_()
+        path.run(_rows(step, batch))
+    reader = RingReader(recorder.path)
+    assert reader.read_new() == ([], 0)  # nothing completed on the fake GPU yet
+    stream.advance()
+    resolver.poll()
+    records, missed = reader.read_new()
+    assert missed == 0 and [r.rows for r in records] == BATCHES
+    step = 250_000  # the fake GPU's 0.25 ms between events
+    assert all(r.collective_ns == step and r.path_ns % step == 0 for r in records)
+    assert [r.broadcast_ns for r in records] == [0 if b == 1 else step for b in BATCHES]
+    resolver.close()
+    assert reader.header().closed
