@@ -138,3 +138,9 @@ def test_every_dashboard_and_rule_query_parses_in_prometheus(tmp_path):
             assert answer["status"] == "success", f"{query.source}: {answer.get('error')}\n{query.expr}"
     finally:
         server.stop()
+
+
+def test_every_panel_is_explained_in_the_docs():
+    text = (ROOT / "docs" / "dashboards.md").read_text()
+    for panel in panels():
+        assert f"**{panel['title']}**" in text, f"docs/dashboards.md does not explain {panel['title']!r}"
