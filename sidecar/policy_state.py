@@ -1,0 +1,83 @@
+"""The sidecar's durable decision state: an AutoPolicy <-> JSON, and an atomic file next to the control block.
+
+Why a JSON file and not a fixed area in the control block: the engine never reads this state, it is variable in
+size (decision log, sample windows), and only the sidecar writes it. Keeping it out of the block keeps the
+block's ABI small and the engine's hot path oblivious. The file lives in the engine's directory
+(`<shm_dir>/<engine id>/sidecar-state.json`), so an engine restart (new id, new directory) starts fresh and old
+state is never mixed in, and rank 0 removes it with the directory. It is written to a temporary file and renamed,
+so a sidecar killed mid-write leaves the previous complete file. What the engine is really running (active
+table, epoch, last command) is always taken from the control block itself, never from this file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+from engine_hooks.modes import Mode, ModeTable
+from sidecar.policy import AutoPolicy, Decision, PolicyParams, Probe
+
+STATE_VERSION = 1
+
+
+def policy_to_json(policy: AutoPolicy, extra: dict[str, Any] | None = None) -> str:
+    doc = {
+        "version": STATE_VERSION,
+        "params": dataclasses.asdict(policy.params),
+        "choice": [m.label for m in policy.choice],
+        "pins": {str(b): m.label for b, m in policy.pins.items()},
+        "last_switch": {str(b): t for b, t in policy.last_switch.items()},
+        "last_probe": {str(b): t for b, t in policy.last_probe.items()},
+        "probe": None if policy.probe is None else {"bucket": policy.probe.bucket, "mode": policy.probe.mode.label,
+                                                    "started": policy.probe.started, "calls": policy.probe.calls},
+        "calls_total": policy.calls_total,
+        "probe_calls_used": policy.probe_calls_used,
+        "next_decision_id": policy.next_decision_id,
+        "decisions": [dataclasses.asdict(d) for d in policy.decisions],
+        "estimates": policy.estimates.to_json(),
+        "extra": extra or {},
+    }
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def policy_from_json(text: str) -> AutoPolicy:
+    """Rebuild a policy; any problem is a ValueError (the caller then starts from the control block alone)."""
+    try:
+        doc = json.loads(text)
+        if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
+            raise ValueError(f"state version {doc.get('version') if isinstance(doc, dict) else None!r}, "
+                             f"expected {STATE_VERSION}")
+        params = PolicyParams(**doc["params"])
+        choice = ModeTable(tuple(Mode.parse(m) for m in doc["choice"]))
+        policy = AutoPolicy(params, choice, auto=True)
+        policy.pins = {int(b): Mode.parse(m) for b, m in doc["pins"].items()}
+        policy.last_switch = {int(b): float(t) for b, t in doc["last_switch"].items()}
+        policy.last_probe = {int(b): float(t) for b, t in doc["last_probe"].items()}
+        probe = doc["probe"]
+        policy.probe = None if probe is None else Probe(int(probe["bucket"]), Mode.parse(probe["mode"]),
+                                                        float(probe["started"]), int(probe["calls"]))
+        policy.calls_total, policy.probe_calls_used = int(doc["calls_total"]), int(doc["probe_calls_used"])
+        policy.next_decision_id = int(doc["next_decision_id"])
+        policy.decisions.extend(Decision(**d) for d in doc["decisions"])
+        policy.estimates.load_json(doc["estimates"])
+        policy.restored_extra = doc.get("extra") or {}
+        return policy
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"unreadable sidecar state: {exc!r}") from None
+
+
+def save_state(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def load_state(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,138 @@
+"""Auto policy logic fed synthetic costs: switching, hysteresis, dwell, probes and their budget, pins."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine_hooks.modes import NUM_BUCKETS, Mode, ModeTable
+from sidecar.estimates import Estimate, WindowEstimates, summarize
+from sidecar.policy import AutoPolicy, PolicyParams, should_switch
+from sidecar.policy_state import policy_from_json, policy_to_json
+
+A, G = Mode.ALL_GATHER, Mode.GATHER
+FAST = dict(margin=0.05, min_samples=10, window=64, dwell_seconds=0.5, probe_interval_seconds=0.2, probe_calls=8,
+            probe_budget=0.1, max_sample_age_seconds=3.0)
+
+
+def est(p50: float, samples: int = 50) -> Estimate:
+    return Estimate(samples, p50, p50, p50, 0.0)
+
+
+def test_should_switch_needs_margin_and_samples_on_both_sides():
+    params = PolicyParams(margin=0.1, min_samples=30)
+    assert should_switch(est(1.0), est(0.85), params)
+    assert not should_switch(est(1.0), est(0.95), params)  # inside the margin: hysteresis
+    assert not should_switch(est(1.0), est(0.5, samples=29), params)
+    assert not should_switch(est(1.0, samples=29), est(0.5), params)
+    assert not should_switch(None, est(0.5), params) and not should_switch(est(1.0), None, params)
+
+
+def test_summarize_and_window_age_out():
+    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0], 0.5)
+    assert (s.samples, s.p50, s.mean, s.age_seconds) == (5, 3.0, 3.0, 0.5)
+    assert math.isclose(s.p90, 4.6)
+    w = WindowEstimates(window=4, max_age_seconds=10.0)
+    for i in range(6):
+        w.add(0, A, float(i), now=float(i))
+    assert w.get(0, A, now=5.0).samples == 4  # window
+    assert w.get(0, A, now=13.5).samples == 2  # samples from t=4 and t=5 are younger than 10 s
+    assert w.get(0, G, now=5.0) is None
+
+
+def simulate(policy: AutoPolicy, cost, seconds: float, now: float, rows=(1,), calls_per_second=1000,
+             step_every=20) -> tuple[float, list]:
+    """Run calls at a fixed rate; each call's cost = cost(bucket_mode, now); step the policy like a sidecar."""
+    decisions = []
+    dt = 1.0 / calls_per_second
+    for i in range(int(seconds * calls_per_second)):
+        r = rows[i % len(rows)]
+        mode = policy.desired_table().mode_for_rows(r)
+        policy.observe(mode, r, cost(r, mode, now), now)
+        if i % step_every == 0:
+            decisions += policy.step(now)
+        now += dt
+    return now, decisions
+
+
+def delay_on(slow: Mode):
+    return lambda rows, mode, now: 0.002 if mode == slow else 0.001
+
+
+def test_auto_converges_and_moves_back_when_the_delay_moves():
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True)
+    now, decisions = simulate(policy, delay_on(G), 4.0, 0.0, rows=(1, 8))
+    assert policy.choice[0] == A and policy.choice[3] == A
+    auto = [d for d in decisions if d.reason == "auto"]
+    assert {tuple(d.buckets) for d in auto} == {("1",), ("8",)}
+    ev = auto[0].evidence["estimates"]
+    assert ev["all_gather"]["p50"] < ev["gather"]["p50"] and ev["all_gather"]["samples"] >= 10
+    now, decisions = simulate(policy, delay_on(A), 6.0, now, rows=(1, 8))
+    assert policy.choice[0] == G and policy.choice[3] == G
+    assert policy.probe_calls_used <= FAST["probe_budget"] * policy.calls_total + FAST["probe_calls"]
+    assert all(policy.choice[b] == G for b in range(NUM_BUCKETS) if b not in (0, 3))  # untouched buckets
+
+
+def test_probes_respect_budget_and_interval():
+    params = PolicyParams(**{**FAST, "probe_budget": 0.02})
+    policy = AutoPolicy(params, ModeTable.uniform(A), auto=True)
+    _, decisions = simulate(policy, delay_on(G), 10.0, 0.0)
+    starts = [d for d in decisions if d.reason == "probe" and d.evidence["phase"] == "start"]
+    assert starts and policy.choice[0] == A
+    assert policy.probe_share <= 0.02 + params.probe_calls / policy.calls_total
+    assert all(d.evidence["probe_calls"] == params.probe_calls for d in starts)
+
+
+def test_no_budget_means_no_probes_and_no_switch_without_evidence():
+    policy = AutoPolicy(PolicyParams(**{**FAST, "probe_budget": 0.0}), ModeTable.uniform(G), auto=True)
+    _, decisions = simulate(policy, delay_on(G), 2.0, 0.0)
+    assert decisions == [] and policy.choice[0] == G and policy.probe_calls_used == 0
+
+
+def test_dwell_blocks_a_second_switch():
+    params = PolicyParams(**{**FAST, "dwell_seconds": 100.0})
+    policy = AutoPolicy(params, ModeTable.uniform(G), auto=True)
+    now, _ = simulate(policy, delay_on(G), 3.0, 0.0)
+    assert policy.choice[0] == A
+    now, decisions = simulate(policy, delay_on(A), 5.0, now)
+    assert policy.choice[0] == A and not [d for d in decisions if d.reason == "auto"]
+
+
+def test_pins_override_auto_and_release_resumes():
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True)
+    d = policy.pin(G, [0], now=0.0)
+    assert (d.reason, d.mode, d.buckets, d.previous) == ("manual", "gather", ["1"], {"1": "all_gather"})
+    assert policy.policy_label == "mixed" and policy.desired_table().modes[0] == G
+    now, decisions = simulate(policy, delay_on(G), 3.0, 0.0)
+    assert policy.desired_table().modes[0] == G and not [x for x in decisions if "1" in x.buckets]
+    policy.release([0], now)
+    assert policy.policy_label == "auto"
+    simulate(policy, delay_on(G), 3.0, now)
+    assert policy.desired_table().modes[0] == A
+
+
+def test_manual_policy_pins_everything():
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=False)
+    assert policy.policy_label == "manual"
+    _, decisions = simulate(policy, delay_on(G), 2.0, 0.0)
+    assert decisions == [] and policy.desired_table() == ModeTable.uniform(G)
+
+
+def test_state_round_trips_through_json():
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True)
+    simulate(policy, delay_on(G), 3.0, 0.0, rows=(1, 8))
+    policy.pin(G, [4], 3.0)
+    restored = policy_from_json(policy_to_json(policy))
+    assert restored.learned_table() == policy.learned_table()
+    assert restored.pins == policy.pins and restored.params == policy.params
+    assert (restored.calls_total, restored.probe_calls_used) == (policy.calls_total, policy.probe_calls_used)
+    assert [d.id for d in restored.decisions] == [d.id for d in policy.decisions]
+    assert restored.estimates.get(0, A, 3.0) == policy.estimates.get(0, A, 3.0)
+    assert restored.next_decision_id == policy.next_decision_id
+
+
+@pytest.mark.parametrize("bad", ["{", "[]", '{"version": 99}'])
+def test_bad_state_json_is_rejected(bad):
+    with pytest.raises(ValueError):
+        policy_from_json(bad)
