@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import socket
 import sys
 
@@ -64,5 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     url_host = f"[{host}]" if ":" in host else host
     print(f"gatherwise sidecar listening on http://{url_host}:{port} (engines in {cfg.engine.shm_dir})", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal into the handler it found:
+    # make that a no-op so a requested stop exits 0 instead of dying by the signal.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
     server.run(sockets=[sock])
+    print("gatherwise sidecar stopped", flush=True)
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
@@ -90,6 +90,7 @@ class SidecarMetrics:
     """The registry and its histograms. Label children are cached: `.labels()` costs 1 µs per call."""
 
     def __init__(self, snapshot: Callable[[], EngineCounters | None] = lambda: None) -> None:
+        disable_created_metrics()  # no *_created series: noise for dashboards (process-wide; the sidecar owns it)
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.collective = Histogram(COLLECTIVE_SECONDS, "Duration of each logits collective, per rank.",
