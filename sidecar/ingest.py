@@ -92,6 +92,8 @@ class Ingest:
         self.engine: AttachedEngine | None = None
         self.engines_seen = 0
         self.listeners: list[Callable[[AttachedEngine | None, AttachedEngine], None]] = []  # on engine switch
+        # per joined call: (engine, call_index, mode, rows, critical-path seconds); the control policy's input
+        self.call_listeners: list[Callable[[AttachedEngine, int, int, int, float], None]] = []
         self._next_discover_ns = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -178,8 +180,10 @@ class Ingest:
         eng.last_record_end_ns = max(eng.last_record_end_ns, max_end)
         if complete:
             eng.calls_joined += 1
-            m.observe_cross_rank(engine, mode, bucket, (max_end - max_start) * 1e-9,
-                                 (max_start - min_start) * 1e-9, exemplar)
+            critical = (max_end - max_start) * 1e-9
+            m.observe_cross_rank(engine, mode, bucket, critical, (max_start - min_start) * 1e-9, exemplar)
+            for listener in self.call_listeners:
+                listener(eng, call_index, first.mode, first.rows, critical)
         else:
             eng.calls_incomplete += 1
 
