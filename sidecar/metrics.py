@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
@@ -27,8 +27,10 @@ CALLS = "gatherwise_calls"  # exposed as ..._total
 RECORDS_DROPPED = "gatherwise_records_dropped"  # exposed as ..._total
 ENGINE_UP = "gatherwise_engine_up"
 ENGINE_HEARTBEAT_AGE_SECONDS = "gatherwise_engine_heartbeat_age_seconds"
-# Control families (issue 4) are defined below, in "control metrics": gatherwise_mode_switches_total,
-# gatherwise_active_mode, gatherwise_policy_estimate_seconds.
+# Control families (issue 4), fed by sidecar.controller:
+MODE_SWITCHES = "gatherwise_mode_switches"  # exposed as ..._total
+ACTIVE_MODE = "gatherwise_active_mode"
+POLICY_ESTIMATE_SECONDS = "gatherwise_policy_estimate_seconds"
 
 OPS = ("all_gather", "gather", "broadcast")
 # 10 µs .. 1.3 s: collectives on one host are tens of µs (GPU) to tens of ms (gloo, big vocab).
@@ -111,8 +113,19 @@ class SidecarMetrics:
 
     # -- control metrics (issue 4) ----------------------------------------------------------------------
     def _register_control_metrics(self) -> None:
-        """The control engineer defines gatherwise_mode_switches_total, gatherwise_active_mode and
-        gatherwise_policy_estimate_seconds here, on self.registry, labelled {engine, ...} like the rest."""
+        r = self.registry
+        self.mode_switches = Counter(MODE_SWITCHES, "Buckets switched from one mode to another, by reason "
+                                     "(manual, auto, probe, table_file).", ["engine", "from", "to", "reason"],
+                                     registry=r)
+        self.active_mode = Gauge(ACTIVE_MODE, "1 for the mode each bucket runs now (control block status), else 0.",
+                                 ["engine", "bucket", "mode"], registry=r)
+        self.policy_estimate = Gauge(POLICY_ESTIMATE_SECONDS, "The auto policy's windowed median critical path "
+                                     "per bucket and mode.", ["engine", "bucket", "mode"], unit="seconds", registry=r)
+
+    def forget_control(self) -> None:
+        """Drop every control series (the attached engine changed: its series must not mix with the next)."""
+        for family in (self.mode_switches, self.active_mode, self.policy_estimate):
+            family.clear()
 
     # -- observations -----------------------------------------------------------------------------------
     def _child(self, hist: Histogram, labels: tuple[str, ...]):
