@@ -19,6 +19,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanProcessor
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from engine_hooks.modes import Mode
 
@@ -34,6 +35,28 @@ _OTLP_ENV = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"
 def monotonic_to_epoch_offset_ns() -> int:
     """epoch ns - monotonic ns, measured once (both clocks read back to back)."""
     return time.time_ns() - time.monotonic_ns()
+
+
+class ProcessRandomIdGenerator(IdGenerator):
+    """Trace and span ids from a private RNG seeded from os.urandom: random per process even when someone
+    seeds the global `random` module (TP ranks and tests do; the SDK default draws from it)."""
+
+    def __init__(self) -> None:
+        self._rng = random.Random(os.urandom(32))
+
+    def generate_span_id(self) -> int:
+        return self._rng.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        return self._rng.getrandbits(128) or 1
+
+
+def new_provider(service_name: str, processor: SpanProcessor) -> TracerProvider:
+    """A tracer provider of our own (never installed globally) sending every span to `processor`."""
+    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service_name}),
+                              id_generator=ProcessRandomIdGenerator(), shutdown_on_exit=False)
+    provider.add_span_processor(processor)
+    return provider
 
 
 class CallTracer:
@@ -133,9 +156,7 @@ def build_tracer(traces_cfg: Any, *, env: Mapping[str, str] | None = None,
         if endpoint is None and not any(env.get(k) for k in _OTLP_ENV):
             return None
         processor = BatchSpanProcessor(_otlp_exporter(endpoint, env))
-    resource = Resource.create({SERVICE_NAME: env.get("OTEL_SERVICE_NAME") or traces_cfg.service_name})
-    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    provider.add_span_processor(processor)
+    provider = new_provider(env.get("OTEL_SERVICE_NAME") or traces_cfg.service_name, processor)
     return CallTracer(provider, sample_ratio=traces_cfg.sample_ratio, every_nth=traces_cfg.every_nth)
 
 
