@@ -56,12 +56,14 @@ class LogitsPath:
         self.table, self.epoch, self.call_index = initial_table, 0, 0
         self.table_source = table_source if self.rank == 0 else None
         self.recorder, self.clock = recorder, clock
-        self._word_elems = 8 // torch.empty((), dtype=dtype).element_size()
+        self._elem_size = torch.empty((), dtype=dtype).element_size()
+        self._word_elems = 8 // self._elem_size
         self._valid = max(0, min(self.width, vocab - self.rank * self.width))  # real columns of this rank
         self._applied_seq = 0
         self._word = ControlWord(initial_table).pack_signed()  # the word of the current (table, epoch)
         self._capacity = 0
         self._rows = 0
+        self._call: tuple | None = None  # (mode, rows, word, t_start, coll_start, coll_end) in flight
         self.mode_log: list[Mode] | None = [] if keep_log else None
         self.collective_log: list[int] | None = [] if keep_log else None
 
@@ -87,12 +89,31 @@ class LogitsPath:
     # -- the call --------------------------------------------------------------------------------------
     def run(self, rows: list[SamplingRow]) -> torch.Tensor:
         """Combine shards in this call's mode, sample, and return int64 tokens [B] on every rank."""
+        t_start = self.clock()
+        if self._rows != len(rows) or self._rows == 0:
+            raise ValueError(f"logits_buffer({self._rows}) was filled but run() got {len(rows)} rows")
+        mode, shards = self.exchange(t_start=t_start)
+        if mode == Mode.ALL_GATHER or self.rank == 0:
+            sample_start = self._call[5]  # sampling starts as the collective ends: one clock read for both
+            tokens = sample(shards, self.vocab, rows)
+            return self.complete(tokens, sample_start=sample_start, sample_end=self.clock())
+        return self.complete(None)
+
+    def exchange(self, *, mode: Mode | None = None, t_start: int | None = None) -> tuple[Mode, torch.Tensor]:
+        """First half of a call, for engines that sample with their own sampler (vLLM): the collective only.
+
+        Returns (mode, shards [P, B, width]); in gather mode the shards are valid on rank 0 only. `mode`
+        overrides the table for this call and must then be the same on every rank. Finish the call with
+        complete(): it carries the control word to the other ranks in gather mode and records the call.
+        """
         clock = self.clock
-        t_start = clock()
+        t_start = clock() if t_start is None else t_start
         batch = self._rows
-        if batch != len(rows) or batch == 0:
-            raise ValueError(f"logits_buffer({batch}) was filled but run() got {len(rows)} rows")
-        mode = self.table.mode_for_rows(batch)
+        if batch == 0:
+            raise ValueError("exchange() needs logits_buffer(rows) filled first")
+        if self._call is not None:
+            raise RuntimeError("exchange() called again before complete() finished the previous call")
+        mode = self.table.mode_for_rows(batch) if mode is None else mode
         word = self._word_to_send() if self.rank == 0 else None
         n = batch * self.width
         chunk = n + self._word_elems
@@ -102,34 +123,44 @@ class LogitsPath:
         if word is not None:
             send[n:].view(torch.int64).fill_(word)
         recv = self._recv[: self.world_size * chunk].view(self.world_size, chunk)
-        shards = recv[:, :n].view(self.world_size, batch, self.width)
-        tokens_buf = self._tokens[: batch + 1]
-        bcast_start = bcast_end = 0
         coll_start = clock()
         if mode == Mode.ALL_GATHER:
             self.comm.all_gather(recv, send)
-            coll_end = sample_start = clock()
-            tokens = sample(shards, self.vocab, rows)
-            sample_end = clock()
-            word_slot = recv[0, n:].view(torch.int64)
+            self._adopt(int(recv[0, n:].view(torch.int64).item()))
         else:
             self.comm.gather(recv if self.rank == 0 else None, send)
-            coll_end = sample_start = clock()
+        self._call = (mode, batch, word, t_start, coll_start, clock())
+        return mode, recv[:, :n].view(self.world_size, batch, self.width)
+
+    def complete(self, tokens: torch.Tensor | None, *, sample_start: int | None = None,
+                 sample_end: int | None = None) -> torch.Tensor | None:
+        """Second half of a call. In gather mode rank 0 passes the sampled int64 tokens [B]; they reach every
+        rank by one broadcast that also carries the control word, and are returned. In all_gather mode every
+        rank sampled for itself: `tokens` is returned as given. Sample marks are `clock` values (None: this
+        rank did not sample).
+        """
+        if self._call is None:
+            raise RuntimeError("complete() without exchange()")
+        clock = self.clock
+        mode, batch, word, t_start, coll_start, coll_end = self._call
+        self._call = None
+        if sample_start is None or sample_end is None:
+            sample_start = sample_end = coll_end  # this rank did not sample
+        bcast_start = bcast_end = 0
+        if mode != Mode.ALL_GATHER:
+            tokens_buf = self._tokens[: batch + 1]
             if self.rank == 0:
-                tokens_buf[:batch] = sample(shards, self.vocab, rows)
+                tokens_buf[:batch] = tokens
                 tokens_buf[batch] = word
-            sample_end = bcast_start = clock()
+            bcast_start = clock()
             self.comm.broadcast(tokens_buf)
             bcast_end = clock()
             tokens = tokens_buf[:batch].clone()
-            word_slot = tokens_buf[batch:]
-            if self.rank != 0:
-                sample_start = sample_end = coll_end  # non-root ranks do not sample
-        self._adopt(int(word_slot.item()))
+            self._adopt(int(tokens_buf[batch].item()))
         t_end = clock()
         if self.recorder is not None:
-            nbytes = recv.numel() * recv.element_size() if mode == Mode.ALL_GATHER or self.rank == 0 \
-                else chunk * recv.element_size()
+            chunk = batch * self.width + self._word_elems
+            nbytes = (self.world_size if mode == Mode.ALL_GATHER or self.rank == 0 else 1) * chunk * self._elem_size
             self.recorder.record(self.call_index, mode, batch, self.epoch, nbytes, t_start, coll_start, coll_end,
                                  bcast_start, bcast_end, sample_start, sample_end, t_end)
         if self.mode_log is not None:
