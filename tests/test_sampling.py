@@ -1,0 +1,97 @@
+"""Sampling semantics of engine_hooks.sampling: exact, layout-independent, randomness a pure function."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_hooks.logits_path import shard_width
+from engine_hooks.sampling import SamplingParams, SamplingRow, row_uniform, sample
+
+PARAMS = [
+    SamplingParams(),
+    SamplingParams(temperature=0.8, seed=1),
+    SamplingParams(temperature=1.0, top_k=7, seed=2),
+    SamplingParams(temperature=0.6, top_p=0.85, seed=3),
+    SamplingParams(temperature=1.5, top_k=30, top_p=0.7, seed=4),
+]
+
+
+def sharded(full: torch.Tensor, world: int) -> torch.Tensor:
+    """[B, V] -> the received layout [P, B, width] with padding columns at -inf."""
+    batch, vocab = full.shape
+    width = shard_width(vocab, world)
+    padded = full.new_full((batch, world * width), float("-inf"))
+    padded[:, :vocab] = full
+    return padded.view(batch, world, width).permute(1, 0, 2).contiguous()
+
+
+def rows_for(params: SamplingParams, batch: int, position: int = 0) -> list[SamplingRow]:
+    return [SamplingRow(params, request_id=i, position=position + i) for i in range(batch)]
+
+
+def test_greedy_ties_go_to_the_lowest_index_in_every_layout():
+    vocab = 37
+    full = torch.zeros(4, vocab)
+    full[0, [5, 20, 36]] = 3.0  # ties in different shards
+    full[1, [19, 18]] = 2.0  # ties next to a shard border
+    full[2, :] = 1.0  # everything tied
+    full[3, [36, 0]] = 4.0
+    for world in (1, 2, 3, 4):
+        tokens = sample(sharded(full, world), vocab, rows_for(PARAMS[0], 4))
+        assert tokens.tolist() == [5, 18, 0, 0], f"P={world}"
+
+
+def test_top_k_keeps_exactly_the_k_largest_with_ties_by_index():
+    vocab = 41
+    full = torch.zeros(1, vocab)
+    full[0, [3, 9, 17, 25, 33, 40]] = 5.0  # six tied at the top, spread over shards
+    params = SamplingParams(temperature=1.0, top_k=4, seed=9)
+    for world in (1, 2, 3):
+        seen = set()
+        for position in range(300):
+            row = [SamplingRow(params, request_id=0, position=position)]
+            seen.add(int(sample(sharded(full, world), vocab, row)))
+        assert seen == {3, 9, 17, 25}, f"P={world}"
+
+
+def test_top_p_keeps_the_shortest_prefix_reaching_p():
+    probs = torch.tensor([[0.05, 0.5, 0.15, 0.3]], dtype=torch.float64)
+    full = probs.log().to(torch.float32)
+    params = SamplingParams(temperature=1.0, top_p=0.7, seed=4)
+    seen = {int(sample(sharded(full, 2), 4, [SamplingRow(params, 0, p)])) for p in range(200)}
+    assert seen == {1, 3}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_same_tokens_for_every_layout(dtype):
+    gen = torch.Generator().manual_seed(0)
+    vocab, batch = 1001, 16
+    full = (torch.randn(batch, vocab, generator=gen) * 3).to(dtype)
+    for params in PARAMS:
+        want = sample(sharded(full, 1), vocab, rows_for(params, batch))
+        assert 0 <= int(want.min()) and int(want.max()) < vocab
+        for world in (2, 3, 4, 5):
+            got = sample(sharded(full, world), vocab, rows_for(params, batch))
+            assert torch.equal(got, want), f"{params} P={world}"
+
+
+def test_a_rows_token_does_not_depend_on_the_rest_of_the_batch():
+    gen = torch.Generator().manual_seed(1)
+    vocab = 300
+    full = torch.randn(8, vocab, generator=gen) * 2
+    rows = [SamplingRow(PARAMS[i % len(PARAMS)], request_id=10 + i, position=i) for i in range(8)]
+    together = sample(sharded(full, 3), vocab, rows)
+    alone = [int(sample(sharded(full[i: i + 1], 3), vocab, [rows[i]])) for i in range(8)]
+    assert together.tolist() == alone
+
+
+def test_row_uniform_is_a_pure_function_of_seed_request_position():
+    first = [row_uniform(s, r, p) for s in range(3) for r in range(3) for p in range(3)]
+    row_uniform(123, 456, 789)  # no hidden state: other draws in between change nothing
+    again = [row_uniform(s, r, p) for s in range(3) for r in range(3) for p in range(3)]
+    assert first == again
+    assert all(0.0 <= u < 1.0 for u in first)
+    assert len(set(first)) == len(first)  # each of seed, request, position changes the draw
+    many = [row_uniform(7, r, 0) for r in range(4000)]
+    assert abs(sum(many) / len(many) - 0.5) < 0.02
