@@ -1,0 +1,190 @@
+"""Hook overhead per logits call: the path with recording on vs off vs the bare collective.
+
+    python -m bench.hook_overhead [--tp 2] [--iters 300] [--warmup 30] [--out bench/out/hook_overhead]
+
+Variants, interleaved call by call (a rotating order, so drift of the machine hits all alike), on TP ranks:
+  bare — all_gather_into_tensor of the shard + greedy argmax over the gathered shards (no hooks at all)
+  off  — LogitsPath in all_gather mode, greedy rows, no recorder (telemetry.enabled=false)
+  on   — the same LogitsPath with a RingRecorder writing to shared memory
+Each call is timed as max(end over ranks) - min(start over ranks) after a barrier. gloo on this CPU is noisy
+(±40 % run to run), far more than the ~1 µs recording adds, so record() is also timed in isolation: a tight
+loop of calls with realistic arguments, minus the empty loop. Writes results.json and hook_overhead.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+SHAPES = ((1, 32000), (16, 152064))  # (rows, vocab)
+VARIANTS = ("bare", "off", "on")
+
+
+def _rank_bench(rank: int, world: int, shapes, iters: int, warmup: int, shm_dir: str):
+    from engine_hooks.comm import TorchDistCommunicator
+
+    comm = TorchDistCommunicator()
+    return {f"{rows}x{vocab}": _measure_shape(comm, rank, world, rows, vocab, iters, warmup, shm_dir)
+            for rows, vocab in shapes}
+
+
+def _measure_shape(comm, rank: int, world: int, rows: int, vocab: int, iters: int, warmup: int, shm_dir: str):
+    """(start, end) ns per timed call of each variant on this rank."""
+    import torch
+    import torch.distributed as dist
+
+    from engine_hooks.logits_path import LogitsPath
+    from engine_hooks.modes import Mode, ModeTable
+    from engine_hooks.recorder import RingRecorder
+    from engine_hooks.sampling import SamplingParams, SamplingRow
+    from engine_hooks.shm_format.ring import ring_path
+
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    table = ModeTable.uniform(Mode.ALL_GATHER)
+    recorder = RingRecorder(ring_path(shm_dir, rows, rank), engine_id=rows, rank=rank, tp_size=world,
+                            vocab=vocab, dtype="float32", capacity=8192)
+    paths = {"off": LogitsPath(comm, vocab, initial_table=table),
+             "on": LogitsPath(comm, vocab, initial_table=table, recorder=recorder)}
+    width = paths["off"].width
+    shard = torch.randn(rows, width, generator=torch.Generator().manual_seed(rank))
+    send = shard.clone()
+    recv = torch.empty(world * rows * width)
+    sampling = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
+
+    def bare():  # greedy over shards without copying them: per-shard max, then the best shard per row
+        gather(recv, send.view(-1))
+        values, index = recv.view(world, rows, width).max(dim=-1)
+        best = values.argmax(dim=0)
+        return best * width + index.gather(0, best.unsqueeze(0))[0]
+
+    def hooked(path):
+        path.logits_buffer(rows).copy_(shard)  # the LM head's write; timed in both hooked variants
+        return path.run(sampling)
+
+    calls = {"bare": bare, "off": lambda: hooked(paths["off"]), "on": lambda: hooked(paths["on"])}
+    marks = {v: [] for v in VARIANTS}
+    for i in range(warmup + iters):
+        for variant in VARIANTS[i % 3:] + VARIANTS[: i % 3]:
+            dist.barrier()
+            t0 = time.perf_counter_ns()
+            calls[variant]()
+            t1 = time.perf_counter_ns()
+            if i >= warmup:
+                marks[variant].append((t0, t1))
+    recorder.close(unlink=True)
+    return marks
+
+
+def record_cost_us(calls: int = 200_000, repeats: int = 7) -> list[float]:
+    """µs per RingRecorder.record() call in a tight loop (empty loop subtracted), one value per repeat."""
+    from engine_hooks.recorder import RingRecorder
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as d:
+        rec = RingRecorder(os.path.join(d, "rank-0"), engine_id=1, rank=0, tp_size=2, vocab=32000, dtype="float32",
+                           capacity=8192)
+        record = rec.record
+        out = []
+        for r in range(repeats):
+            gathering = r % 2  # alternate modes: gather mode also fills the broadcast counters
+            b0, b1 = (1_300, 1_900) if gathering else (0, 0)
+            t = time.perf_counter_ns()
+            for i in range(calls):
+                record(i, gathering, 16, 0, 9_732_608, 1_000, 1_100, 1_200, b0, b1, 1_200, 1_300, 2_000)
+            loop = time.perf_counter_ns() - t
+            t = time.perf_counter_ns()
+            for _ in range(calls):
+                pass
+            empty = time.perf_counter_ns() - t
+            out.append((loop - empty) / calls / 1000)
+        rec.close()
+    return out
+
+
+def summarize(per_rank: list[dict], shape: str) -> dict:
+    spans = {}
+    for variant in VARIANTS:
+        per_call = zip(*(r[shape][variant] for r in per_rank), strict=True)
+        spans[variant] = [(max(e for _, e in c) - min(s for s, _ in c)) / 1000 for c in per_call]
+
+    def stats(xs):
+        q = statistics.quantiles(xs, n=10)
+        return {"median_us": statistics.median(xs), "p10_us": q[0], "p90_us": q[-1], "n": len(xs)}
+
+    med = {v: statistics.median(spans[v]) for v in VARIANTS}
+    paired = [on - off for on, off in zip(spans["on"], spans["off"], strict=True)]
+    return {"variants": {v: stats(spans[v]) for v in VARIANTS},
+            "ratio_on_off": med["on"] / med["off"], "ratio_off_bare": med["off"] / med["bare"],
+            "ratio_on_bare": med["on"] / med["bare"],
+            "added_by_recording_us": med["on"] - med["off"], "paired_median_on_minus_off_us": statistics.median(paired),
+            "spans_us": spans}
+
+
+def plot(path: Path, result: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(result["shapes"])
+    fig, axes = plt.subplots(1, len(shapes) + 1, figsize=(4.6 * (len(shapes) + 1), 3.8))
+    for ax, shape in zip(axes[:-1], shapes, strict=True):
+        s = result["shapes"][shape]
+        ax.boxplot([s["spans_us"][v] for v in VARIANTS], showfliers=False)
+        ax.set_xticks(range(1, len(VARIANTS) + 1), VARIANTS)
+        ax.set_ylabel("µs per call (cross-rank span)")
+        ax.set_title(f"B×V = {shape}, TP={result['tp']}\non/off {s['ratio_on_off']:.3f}, "
+                     f"off/bare {s['ratio_off_bare']:.3f}", fontsize=9)
+    ax = axes[-1]
+    ax.bar(range(len(result["record_us"])), result["record_us"], color="tab:green")
+    ax.axhline(2.0, color="red", linestyle="--", linewidth=1, label="target 2 µs")
+    ax.set_xlabel("repeat")
+    ax.set_ylabel("µs per record()")
+    ax.set_title(f"record() in isolation: median {result['record_us_median']:.2f} µs", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.hook_overhead", description=__doc__.split("\n")[0])
+    parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=Path("bench/out/hook_overhead"))
+    args = parser.parse_args(argv)
+    from bench.launch import run_ranks
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as shm_dir:
+        for rows, _ in SHAPES:
+            os.makedirs(os.path.join(shm_dir, f"{rows:016x}"))
+        per_rank = run_ranks(_rank_bench, args.tp, SHAPES, args.iters, args.warmup, shm_dir)
+    record_us = record_cost_us()
+    result = {"tp": args.tp, "backend": "gloo", "iters": args.iters, "warmup": args.warmup,
+              "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+              "record_us": record_us, "record_us_median": statistics.median(record_us),
+              "shapes": {f"{r}x{v}": summarize(per_rank, f"{r}x{v}") for r, v in SHAPES}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(result, indent=1))
+    plot(args.out / "hook_overhead.png", result)
+    print(f"record() in isolation: median {result['record_us_median']:.2f} µs per call "
+          f"(repeats: {', '.join(f'{x:.2f}' for x in record_us)})")
+    print(f"{'shape':>10} {'bare µs':>9} {'off µs':>9} {'on µs':>9} {'on/off':>7} {'off/bare':>8} "
+          f"{'on-off µs':>9} {'paired':>7}")
+    for shape, s in result["shapes"].items():
+        v = s["variants"]
+        print(f"{shape:>10} {v['bare']['median_us']:9.1f} {v['off']['median_us']:9.1f} {v['on']['median_us']:9.1f} "
+              f"{s['ratio_on_off']:7.3f} {s['ratio_off_bare']:8.3f} {s['added_by_recording_us']:9.1f} "
+              f"{s['paired_median_on_minus_off_us']:7.1f}")
+    print(f"wrote {args.out / 'results.json'} and {args.out / 'hook_overhead.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
