@@ -74,3 +74,11 @@ def rule_queries(files: tuple[Path, ...] = RULE_FILES) -> list[Query]:
 
 def all_queries() -> list[Query]:
     return dashboard_queries() + rule_queries()
+
+
+SELECTOR = re.compile(r"\b(?:up|(?:[a-z_]+:)?gatherwise_[a-z_]+(?::[a-z0-9_]+)?)(?:\{[^}]*\})?")
+
+
+def selectors(expr: str) -> list[str]:
+    """The series selectors in an expression: an alert's expression is empty while all is well, its inputs are not."""
+    return sorted(set(SELECTOR.findall(expr)))
