@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import pickle
 import queue as queue_mod
 import socket
 import time
@@ -40,7 +41,8 @@ def _rank_main(fn: Callable, rank: int, world: int, port: int, backend: str, thr
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout))
-        results.put((rank, "ok", fn(rank, world, *args)))
+        # plain pickle, not the queue's: torch would pass tensors as shared-memory handles that die with this process
+        results.put((rank, "ok", pickle.dumps(fn(rank, world, *args))))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, raised there
         results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
@@ -72,7 +74,10 @@ def launch(fn: Callable, world: int, *args: Any, device: str = "cpu", timeout: f
         while len(done) + len(errors) < world:
             try:
                 rank, status, value = results.get(timeout=0.2)
-                (done if status == "ok" else errors)[rank] = value
+                if status == "ok":
+                    done[rank] = pickle.loads(value)
+                else:
+                    errors[rank] = value
                 if errors:  # the others usually fail alike within moments; don't wait out the full timeout
                     deadline = min(deadline, time.monotonic() + 10.0)
                 continue
