@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from engine_hooks import HOOKS_VERSION
-from sidecar import routes_engine, routes_health, routes_metrics
+from sidecar import routes_control, routes_engine, routes_health, routes_metrics
 from sidecar.state import SidecarState
 
 # Routers and their prefixes; the control issue appends (routes_control.router, "/v1").
@@ -20,6 +20,7 @@ ROUTERS = [
     (routes_health.router, ""),
     (routes_metrics.router, ""),
     (routes_engine.router, "/v1"),
+    (routes_control.router, "/v1"),
 ]
 
 

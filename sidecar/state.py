@@ -6,7 +6,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
 
@@ -32,7 +32,7 @@ class SidecarState:
     tracer: CallTracer | None = None
     services: list[Service] = field(default_factory=list)  # started after ingest, stopped before it
     started_at: float = field(default_factory=time.time)
-    # Control (issue 4) adds its own fields here, e.g. `control: ControlState | None = None`.
+    control: Any = None  # sidecar.controller.Controller: the control API and the auto policy
 
 
 def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = None,
@@ -44,7 +44,11 @@ def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = Non
     poll = config.sidecar.poll_interval_seconds
     ingest = Ingest(config.engine.shm_dir, metrics, tracer, poll_interval=poll, join_timeout=max(0.25, 10 * poll),
                     heartbeat_stale=config.sidecar.heartbeat_stale_seconds)
-    return SidecarState(config, metrics, ingest, tracer)
+    from sidecar.controller import Controller
+    from sidecar.decision_events import DecisionEvents
+
+    control = Controller(config, ingest, DecisionEvents(metrics, tracer), env=env)
+    return SidecarState(config, metrics, ingest, tracer, services=[control], control=control)
 
 
 def get_state(request: Request) -> SidecarState:

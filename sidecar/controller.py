@@ -1,0 +1,279 @@
+"""The sidecar's control loop: follows the attached engine, feeds the policy, writes commands, keeps state.
+
+Threads: the ingest thread calls `_on_call` for every joined call; this controller's own thread runs `tick()`
+every poll interval; API handlers call the public methods. One lock guards it all (every section is short).
+What the engine runs is read from the control block (status area), never assumed. The decision state is saved
+next to the block (sidecar.policy_state), so a restarted sidecar continues where the killed one stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine_hooks.config import GatherwiseConfig
+from engine_hooks.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable
+from engine_hooks.shm_format.control import CONTROL_NAME, FLAG_AUTO, ControlFormatError, sidecar_state_path
+from sidecar.control_client import ControlClient, ControlSnapshot
+from sidecar.decision_events import DecisionEvents
+from sidecar.policy import AutoPolicy, Decision, PolicyParams
+from sidecar.policy_state import load_state, policy_from_json, policy_to_json, save_state
+
+log = logging.getLogger("gatherwise.sidecar.control")
+SAVE_INTERVAL_S = 1.0
+
+
+class NotAttached(RuntimeError):
+    """No engine with a control block is attached."""
+
+
+@dataclass
+class Attached:
+    engine_id: int
+    label: str
+    client: ControlClient
+    policy: AutoPolicy
+    state_path: str
+    requested: tuple[ModeTable, int]  # (table, flags) last written (or found) in the command area
+    last_call_index: int = -1  # newest call fed to the policy (ring records re-read after a restart are skipped)
+    switch_counts: dict[str, int] = field(default_factory=dict)  # "from|to|reason" -> n, survives restarts
+    dirty: bool = False
+    saved_at: float = 0.0
+
+
+class Controller:
+    def __init__(self, config: GatherwiseConfig, ingest: Any, events: DecisionEvents, *,
+                 env: Mapping[str, str] | None = None) -> None:
+        env = os.environ if env is None else env
+        self.config, self.ingest, self.events = config, ingest, events
+        self.params = PolicyParams.from_config(config.policy)
+        self.api_token: str | None = config.sidecar.api_token or env.get("GATHERWISE_API_TOKEN") or None
+        self.interval = config.sidecar.poll_interval_seconds
+        self.lock = threading.RLock()
+        self.attached: Attached | None = None
+        self._warned: set[int] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        ingest.call_listeners.append(self._on_call)
+
+    # -- service --------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="gatherwise-control", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        with self.lock:
+            if self.attached is not None:
+                self._save(self.attached)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.tick()
+            except Exception:  # a vanished block or a full disk must not stop the loop
+                log.exception("control tick failed")
+
+    def tick(self) -> None:
+        with self.lock:
+            self._follow_engine()
+            att = self.attached
+            if att is None:
+                return
+            now = time.monotonic()
+            att.policy.clock_wall = time.time()
+            self._publish(att, att.policy.step(now))
+            snap = att.client.snapshot()
+            self.events.gauges(att.label, snap.active_table, att.policy, now)
+            if att.dirty and now - att.saved_at >= SAVE_INTERVAL_S:
+                self._save(att)
+
+    # -- engine attach / detach ----------------------------------------------------------------------------
+    def _follow_engine(self) -> None:
+        eng = self.ingest.engine
+        att = self.attached
+        if att is not None and (eng is None or eng.engine_id == att.engine_id):
+            return
+        if att is not None:
+            log.info("engine %s replaced by %s: control state of the old instance dropped", att.label,
+                     eng.label if eng else None)
+            self._save(att)
+            att.client.close()
+            self.attached = None
+            self.events.forget()
+        if eng is not None:
+            self._attach(eng.engine_id, Path(eng.dir) / CONTROL_NAME)
+
+    def _attach(self, engine_id: int, path: Path) -> None:
+        try:
+            client = ControlClient(path)
+            snap = client.snapshot()
+        except FileNotFoundError:
+            return  # control disabled, or rank 0 has not created it yet
+        except (ControlFormatError, OSError) as exc:
+            if engine_id not in self._warned:
+                self._warned.add(engine_id)
+                log.warning("engine %016x: control block unusable, control API disabled for it: %s", engine_id, exc)
+            return
+        if snap.header.engine_id != engine_id:
+            client.close()
+            return
+        label = f"{engine_id:016x}"
+        state_path = sidecar_state_path(path)
+        policy, extra = self._recover(state_path, snap)
+        requested = (snap.requested_table, snap.command.flags if snap.command.seq else -1)
+        att = Attached(engine_id, label, client, policy, state_path, requested,
+                       int(extra.get("last_call_index", -1)), dict(extra.get("switch_counts", {})))
+        self.attached = att
+        self.events.restore_switch_counts(label, att.switch_counts)
+        if not extra and policy.policy_label != "manual" and self.config.policy.table_file and not snap.command.seq:
+            self._adopt_table_file(att)
+        self._sync(att)
+        log.info("control attached to engine %s (policy %s, active %s)", label, policy.policy_label,
+                 snap.active_table)
+
+    def _recover(self, state_path: str, snap: ControlSnapshot) -> tuple[AutoPolicy, dict[str, Any]]:
+        text = load_state(state_path)
+        if text is not None:
+            try:
+                policy = policy_from_json(text)
+                log.info("recovered decision state from %s (%d decisions)", state_path, len(policy.decisions))
+                return policy, policy.restored_extra or {"recovered": True}
+            except ValueError as exc:
+                log.warning("%s: %s; starting from the control block alone", state_path, exc)
+        if snap.command.seq:  # a sidecar ran before us without saving state: trust the block
+            auto = bool(snap.command.flags & FLAG_AUTO)
+            return AutoPolicy(self.params, snap.requested_table, auto=auto), {}
+        return AutoPolicy(self.params, snap.active_table, auto=self.config.policy.mode == "auto"), {}
+
+    def _adopt_table_file(self, att: Attached) -> None:
+        from engine_hooks.table_file import load_table_file
+
+        path = self.config.policy.table_file
+        try:
+            table = load_table_file(path)
+        except (OSError, ValueError) as exc:
+            log.warning("policy.table_file %s not loaded: %s", path, exc)
+            return
+        decision = att.policy.adopt_table(table, time.monotonic(), str(path))
+        self._publish(att, [decision] if decision else [])
+
+    # -- commands -------------------------------------------------------------------------------------------
+    def _flags(self, policy: AutoPolicy) -> int:
+        return FLAG_AUTO if policy.policy_label != "manual" else 0
+
+    def _sync(self, att: Attached, force: bool = False) -> int | None:
+        """Write the policy's desired table if it differs from the last command (or when forced)."""
+        wanted = (att.policy.desired_table(), self._flags(att.policy))
+        if not force and wanted == att.requested:
+            return None
+        seq = att.client.write_command(*wanted)
+        att.requested = wanted
+        att.dirty = True
+        return seq
+
+    def _publish(self, att: Attached, decisions: list[Decision]) -> None:
+        if not decisions:
+            self._sync(att)
+            return
+        seq = self._sync(att, force=True)
+        call = att.client.heartbeat().call_index
+        for d in decisions:
+            d.command_seq = seq
+            self.events.decision(att.label, d, call, att.switch_counts)
+            log.info("decision %d: %s %s -> %s (%s) evidence=%s", d.id, d.reason, ",".join(d.buckets), d.mode,
+                     d.previous, d.evidence)
+        self._save(att)
+
+    def _save(self, att: Attached) -> None:
+        try:
+            save_state(att.state_path, policy_to_json(att.policy, {"last_call_index": att.last_call_index,
+                                                                    "switch_counts": att.switch_counts}))
+            att.dirty, att.saved_at = False, time.monotonic()
+        except OSError as exc:  # the engine directory vanished (engine exited): nothing to keep
+            log.debug("sidecar state not saved: %s", exc)
+
+    def _on_call(self, eng: Any, call_index: int, mode: int, rows: int, seconds: float) -> None:
+        with self.lock:
+            att = self.attached
+            if att is None or eng.engine_id != att.engine_id or call_index <= att.last_call_index:
+                return
+            att.last_call_index = call_index
+            att.policy.observe(Mode(mode), rows, seconds, time.monotonic())
+            att.dirty = True
+
+    # -- API ------------------------------------------------------------------------------------------------
+    def require(self) -> Attached:
+        att = self.attached
+        if att is None:
+            raise NotAttached("no engine with a control block is attached to this sidecar (is an engine running "
+                              f"with control.enabled and engine.shm_dir={self.config.engine.shm_dir}?)")
+        return att
+
+    def snapshot(self) -> tuple[Attached, ControlSnapshot]:
+        with self.lock:
+            att = self.require()
+            return att, att.client.snapshot()
+
+    def set_mode(self, mode: str, buckets: list[int] | None) -> tuple[int, Decision]:
+        """Pin buckets to a mode, or release them to the auto policy; returns (command seq, decision)."""
+        with self.lock:
+            att = self.require()
+            att.policy.clock_wall = time.time()
+            now = time.monotonic()
+            if mode == "auto":
+                decision = att.policy.release(buckets, now)
+            else:
+                decision = att.policy.pin(Mode.parse(mode), buckets, now)
+            self._publish(att, [decision])
+            return int(decision.command_seq), decision
+
+    def set_params(self, changes: dict[str, Any]) -> PolicyParams:
+        with self.lock:
+            base = self.attached.policy.params if self.attached else self.params
+            params = PolicyParams(**{**base.__dict__, **changes})
+            self.params = params
+            if self.attached is not None:
+                self.attached.policy.set_params(params)
+                self._save(self.attached)
+            return params
+
+    def current_params(self) -> PolicyParams:
+        with self.lock:
+            return self.attached.policy.params if self.attached else self.params
+
+    def stats(self) -> tuple[Attached | None, list[tuple[int, Mode, Any]]]:
+        with self.lock:
+            att = self.attached
+            if att is None:
+                return None, []
+            now = time.monotonic()
+            rows = []
+            for b in range(NUM_BUCKETS):
+                for m in IMPLEMENTED:
+                    est = att.policy.estimates.get(b, m, now)
+                    if est is not None:
+                        rows.append((b, m, est))
+            return att, rows
+
+    def learned_table(self) -> tuple[ModeTable, dict[str, Any]]:
+        with self.lock:
+            att = self.require()
+            eng = self.ingest.engine
+            meta = {"tp": att.client.tp_size, "source": f"gatherwise sidecar auto policy, engine {att.label}",
+                    "policy": att.policy.policy_label}
+            if eng is not None and eng.engine_id == att.engine_id:
+                meta.update(vocab=eng.vocab, dtype=eng.dtype)
+            return att.policy.learned_table(), meta
+

@@ -1,0 +1,172 @@
+"""The control API under /v1: mode (get, set with wait), stats, decisions, policy parameters, learned table.
+
+Mutations need `Authorization: Bearer <token>` (sidecar.api_token or env GATHERWISE_API_TOKEN). Secure by
+default: with no token configured, every mutation answers 403 saying how to set one. Invalid input is a 4xx
+and changes nothing: bodies are validated completely before any state is touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from engine_hooks.modes import parse_buckets
+from engine_hooks.shm_format.control import ControlFormatError
+from sidecar.control_client import ControlSnapshot
+from sidecar.control_models import (
+    BucketModeStats,
+    DecisionModel,
+    DecisionsResponse,
+    ErrorResponse,
+    ModeState,
+    PolicyParamsModel,
+    PolicyResponse,
+    PolicyUpdate,
+    SetModeRequest,
+    SetModeResult,
+    StatsResponse,
+    TableFileModel,
+)
+from sidecar.controller import Attached, Controller, NotAttached
+from sidecar.state import StateDep
+
+router = APIRouter(tags=["control"])
+bearer = HTTPBearer(auto_error=False, description="the sidecar's API token (sidecar.api_token or "
+                                                  "GATHERWISE_API_TOKEN)")
+NO_ENGINE = {409: {"model": ErrorResponse, "description": "no engine with a control block is attached"}}
+AUTH = {401: {"model": ErrorResponse, "description": "missing or wrong bearer token"},
+        403: {"model": ErrorResponse, "description": "no API token configured: mutations are disabled"}}
+WAIT_STEP_S = 0.002
+
+
+def controller(state: StateDep) -> Controller:
+    return state.control
+
+
+ControllerDep = Annotated[Controller, Depends(controller)]
+
+
+def require_token(ctl: ControllerDep,
+                  creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+    token = ctl.api_token
+    if token is None:
+        raise HTTPException(403, "mutations are disabled because no API token is configured: set sidecar.api_token "
+                                 "in the config or GATHERWISE_API_TOKEN in the sidecar's environment, then send "
+                                 "'Authorization: Bearer <token>'")
+    if creds is None or not hmac.compare_digest(creds.credentials.encode(), token.encode()):
+        raise HTTPException(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+Authorized = Depends(require_token)
+
+
+def conflict(exc: Exception) -> HTTPException:
+    return HTTPException(409, str(exc))
+
+
+def mode_state(att: Attached, snap: ControlSnapshot, now_ns: int | None = None) -> ModeState:
+    hb = snap.heartbeat
+    age = None if hb.monotonic_ns == 0 else max(0.0, ((now_ns or time.monotonic_ns()) - hb.monotonic_ns) * 1e-9)
+    return ModeState(
+        engine=att.label, policy=att.policy.policy_label, active=snap.active_table.as_labels(),
+        requested=snap.requested_table.as_labels(),
+        pinned={k: v for k, v in att.policy.learned_table().as_labels().items()
+                if int(k).bit_length() - 1 in att.policy.pins},
+        epoch=snap.status.epoch, call_index=hb.call_index, heartbeat_age_seconds=age,
+        requested_seq=snap.command.seq, applied_seq=snap.status.applied_seq, apply_call=snap.status.apply_call,
+        pending=snap.command.seq > snap.status.applied_seq)
+
+
+@router.get("/mode", response_model=ModeState, responses=NO_ENGINE, summary="Active and requested mode table")
+def get_mode(ctl: ControllerDep) -> ModeState:
+    try:
+        return mode_state(*ctl.snapshot())
+    except (NotAttached, ControlFormatError) as exc:
+        raise conflict(exc) from None
+
+
+@router.put("/mode", response_model=SetModeResult, dependencies=[Authorized],
+            responses={202: {"model": SetModeResult, "description": "not applied when the wait ran out"},
+                       **NO_ENGINE, **AUTH}, summary="Pin buckets to a mode, or release them to the auto policy")
+async def put_mode(body: SetModeRequest, ctl: ControllerDep,
+                   wait: Annotated[float, Query(ge=0.0, le=600.0, allow_inf_nan=False,
+                                                description="seconds to wait until every rank switched")] = 5.0):
+    buckets = parse_buckets(body.buckets)
+    try:
+        seq, decision = ctl.set_mode(body.mode, buckets)
+        deadline = time.monotonic() + wait
+        while True:
+            att, snap = ctl.snapshot()
+            if snap.status.applied_seq >= seq or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(WAIT_STEP_S)
+    except (NotAttached, ControlFormatError) as exc:
+        raise conflict(exc) from None
+    applied = snap.status.applied_seq >= seq
+    result = SetModeResult(applied=applied, seq=seq, apply_call=snap.status.apply_call if applied else None,
+                           decision=decision.id, state=mode_state(att, snap))
+    return result if applied else JSONResponse(result.model_dump(), status_code=202)
+
+
+@router.get("/stats", response_model=StatsResponse, summary="Per bucket x mode critical-path estimates")
+def get_stats(ctl: ControllerDep) -> StatsResponse:
+    att, rows = ctl.stats()
+    stats = [BucketModeStats(bucket=str(1 << b), mode=m.label, samples=e.samples, mean_seconds=e.mean,
+                             p50_seconds=e.p50, p90_seconds=e.p90, age_seconds=e.age_seconds) for b, m, e in rows]
+    if att is None:
+        return StatsResponse(engine=None, stats=[], calls_observed=0, probe_calls=0, probe_share=0.0)
+    p = att.policy
+    return StatsResponse(engine=att.label, stats=stats, calls_observed=p.calls_total, probe_calls=p.probe_calls_used,
+                         probe_share=p.probe_share)
+
+
+@router.get("/decisions", response_model=DecisionsResponse, summary="Recent decisions with their evidence")
+def get_decisions(ctl: ControllerDep,
+                  limit: Annotated[int, Query(ge=1, le=256, description="newest N decisions")] = 50
+                  ) -> DecisionsResponse:
+    with ctl.lock:
+        att = ctl.attached
+        if att is None:
+            return DecisionsResponse(engine=None, decisions=[])
+        recent = list(att.policy.decisions)[-limit:]
+        return DecisionsResponse(engine=att.label, decisions=[DecisionModel(**d.__dict__) for d in recent])
+
+
+def policy_response(ctl: Controller) -> PolicyResponse:
+    with ctl.lock:
+        att = ctl.attached
+        params = PolicyParamsModel(**ctl.current_params().__dict__)
+        if att is None:
+            return PolicyResponse(policy=None, pinned={}, params=params)
+        table = att.policy.learned_table().as_labels()
+        pinned = {k: v for k, v in table.items() if int(k).bit_length() - 1 in att.policy.pins}
+        return PolicyResponse(policy=att.policy.policy_label, pinned=pinned, params=params)
+
+
+@router.get("/policy", response_model=PolicyResponse, summary="Auto policy parameters")
+def get_policy(ctl: ControllerDep) -> PolicyResponse:
+    return policy_response(ctl)
+
+
+@router.put("/policy", response_model=PolicyResponse, dependencies=[Authorized], responses=AUTH,
+            summary="Change auto policy parameters (any subset)")
+def put_policy(body: PolicyUpdate, ctl: ControllerDep) -> PolicyResponse:
+    ctl.set_params(body.model_dump(exclude_none=True))
+    return policy_response(ctl)
+
+
+@router.get("/policy/table", response_model=TableFileModel, responses=NO_ENGINE,
+            summary="The learned table, in the table-file format (load it with policy.table_file)")
+def get_policy_table(ctl: ControllerDep) -> TableFileModel:
+    try:
+        table, meta = ctl.learned_table()
+    except NotAttached as exc:
+        raise conflict(exc) from None
+    return TableFileModel(table=table.as_labels(), **meta)

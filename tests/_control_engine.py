@@ -1,0 +1,136 @@
+"""A real TP engine loop for control tests: gloo ranks (tests._dist.run_ranks) + install_hooks + fixed logits.
+
+Every call's logits come from a generator seeded by the call index (identical on every rank, and in every run),
+each rank writes its own vocab shard, and LogitsPath samples (greedy and seeded temperature rows). Each rank
+returns its mode log and tokens, so a test can check that ranks agree on every call and that tokens do not
+depend on the switch schedule. Rank 0 stops the loop (for every rank, at the same call) when `stop_file` exists.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests._dist import run_ranks
+
+CHECK_EVERY = 8
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    config_path: str | None
+    stop_file: str
+    rows_cycle: tuple[int, ...] = (1, 2, 3, 5, 8, 13)
+    vocab: int = 1000
+    pace_seconds: float = 0.001  # sleep between calls: leaves CPU to the sidecar and other tests
+    max_calls: int | None = None  # stop after this many calls (a reference run) instead of on the stop file
+    control: bool = True
+
+
+@dataclass
+class RankResult:
+    rank: int
+    engine_id: int
+    modes: list[int]
+    tokens: list[list[int]]
+    control_disabled: bool | None = None
+    ignored_commands: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def logits_for(call: int, rows: int, vocab: int):
+    import torch
+
+    gen = torch.Generator().manual_seed(1_000_003 * call + 17)
+    return torch.randn(rows, vocab, generator=gen)
+
+
+def rows_for(spec: LoopSpec, call: int) -> int:
+    return spec.rows_cycle[call % len(spec.rows_cycle)]
+
+
+def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
+    import dataclasses
+
+    import torch
+
+    from engine_hooks.comm import default_communicator
+    from engine_hooks.config import load_config
+    from engine_hooks.install import install_hooks
+    from engine_hooks.sampling import SamplingParams, SamplingRow
+
+    cfg = load_config(spec.config_path)
+    if not spec.control:
+        cfg = dataclasses.replace(cfg, control=dataclasses.replace(cfg.control, enabled=False),
+                                  telemetry=dataclasses.replace(cfg.telemetry, enabled=False))
+    comm = default_communicator()
+    hooks = install_hooks(comm, vocab=spec.vocab, config=cfg, keep_log=True)
+    path = hooks.path
+    width = path.width
+    lo, hi = rank * width, min(spec.vocab, (rank + 1) * width)
+    greedy, seeded = SamplingParams(), SamplingParams(temperature=0.8, top_k=50, seed=11)
+    flag = torch.zeros(1, dtype=torch.int64)
+    tokens: list[list[int]] = []
+    call = 0
+    try:
+        while True:
+            rows = rows_for(spec, call)
+            full = logits_for(call, rows, spec.vocab)
+            buf = path.logits_buffer(rows)
+            buf[:, : hi - lo] = full[:, lo:hi]
+            batch = [SamplingRow(seeded if r % 2 else greedy, request_id=r, position=call) for r in range(rows)]
+            tokens.append(path.run(batch).tolist())
+            call += 1
+            if spec.pace_seconds:
+                time.sleep(spec.pace_seconds)
+            if call % CHECK_EVERY == 0:
+                if rank == 0:
+                    done = os.path.exists(spec.stop_file) if spec.max_calls is None else call >= spec.max_calls
+                    flag.fill_(int(done))
+                comm.broadcast(flag)
+                if int(flag.item()):
+                    break
+        source = next((c for c in hooks._closables if hasattr(c, "ignored_commands")), None)
+        return RankResult(rank, hooks.engine_id, [int(m) for m in path.mode_log], tokens,
+                          None if source is None else source.disabled,
+                          None if source is None else source.ignored_commands)
+    finally:
+        hooks.close()
+
+
+class BackgroundEngine:
+    """Run the TP loop in a thread (run_ranks blocks) so the test can drive the sidecar meanwhile."""
+
+    def __init__(self, spec: LoopSpec, world: int = 2, timeout: float = 240.0) -> None:
+        self.spec = spec
+        self.results: list[RankResult] | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(world, timeout), daemon=True)
+        self._thread.start()
+
+    def _run(self, world: int, timeout: float) -> None:
+        try:
+            self.results = run_ranks(loop_rank, world, self.spec, timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by stop()
+            self.error = exc
+
+    def stop(self, timeout: float = 120.0) -> list[RankResult]:
+        with open(self.spec.stop_file, "w"):
+            pass
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"engine did not stop within {timeout}s (deadlock?)")
+        if self.error is not None:
+            raise self.error
+        return self.results
+
+
+def reference_tokens(spec: LoopSpec, calls: int, world: int = 2) -> list[list[int]]:
+    """Tokens of a run with no control at all (the initial table throughout) for the same calls."""
+    ref = LoopSpec(spec.config_path, spec.stop_file + ".ref", spec.rows_cycle, spec.vocab, 0.0,
+                   max_calls=calls, control=False)
+    results = run_ranks(loop_rank, world, ref, timeout=240)
+    return results[0].tokens[:calls]
