@@ -2,7 +2,7 @@
 #   sidecar     - no torch: the sidecar imports none (small image)
 #   engine      - CPU torch from the PyTorch CPU index, pinned by constraints.txt (gloo, TP on CPU)
 #   engine-gpu  - CUDA torch from PyPI (its wheels carry the CUDA runtime; the host provides the driver), NCCL
-FROM python:3.11-slim AS sidecar
+FROM python:3.11.11-slim-bookworm AS sidecar
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md gatherwise_cli.py ./
@@ -12,7 +12,7 @@ COPY tp_engine tp_engine
 COPY bench bench
 COPY config config
 RUN pip install -c constraints.txt . \
-    && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin gatherwise
+    && useradd --uid 10001 --create-home --shell /usr/sbin/nologin gatherwise
 USER gatherwise
 EXPOSE 9400
 CMD ["gatherwise", "sidecar", "--host", "0.0.0.0", "--port", "9400"]

@@ -78,6 +78,12 @@ def test_images_pinned_and_every_service_has_a_healthcheck():
         if "build" not in service:
             assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+", service["image"]), f"{name}: unpinned {service['image']}"
     assert services()["grafana"]["image"].startswith("grafana/grafana:11.6."), "dashboards target Grafana 11.6"
+    stages: set[str] = set()
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("FROM "):
+            _, base, _, stage = line.split()
+            assert base in stages or re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+[\w.-]*", base), f"unpinned base {base}"
+            stages.add(stage)
 
 
 def test_prometheus_scrapes_the_sidecar_on_its_port_with_exemplars():
