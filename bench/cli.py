@@ -13,8 +13,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine_hooks.modes import IMPLEMENTED_LABELS, Mode
+
+if TYPE_CHECKING:  # torch-free at import: argument errors come before any heavy import
+    from bench.report import SweepResult
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 DEFAULT_ROWS = "1,2,4,8,16,32,64,128,256"
@@ -101,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output directory, default bench/out/logits_sweep")
     p.add_argument("--seed", type=int, default=0, help="seed of the random logits")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the sweep is abandoned")
+    p.add_argument("--from-results", type=Path, metavar="RESULTS_JSON",
+                   help="measure nothing: re-render the table, plot and table files of an earlier results.json")
     return p
 
 
@@ -118,21 +124,23 @@ def _pick_device(requested: str, tp: int, parser: argparse.ArgumentParser) -> st
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.from_results is not None:
+        if not args.from_results.is_file():
+            parser.error(f"--from-results: no such file {args.from_results}")
+        from bench.report import load_results
+
+        return _write_outputs(load_results(args.from_results), args.out)
     device = _pick_device(args.device, args.tp, parser)
 
     # heavy imports only once the arguments are known to be good
     import torch
 
     from bench.launch import run_ranks
-    from bench.plot import plot_crossover
-    from bench.report import SweepResult, find_crossovers, format_table, summarize, write_results_json
-    from bench.starting_table import write_starting_tables
+    from bench.report import SweepResult, find_crossovers, summarize
     from bench.sweep import SweepConfig, sweep_rank
 
     cfg = SweepConfig(tp=args.tp, vocabs=args.vocab, rows=args.rows, dtypes=args.dtype, modes=args.modes,
                       iters=args.iters, warmup=args.warmup, device=device, seed=args.seed)
-    out_dir: Path = args.out
-    out_dir.mkdir(parents=True, exist_ok=True)
     print(f"[bench] tp={cfg.tp} {cfg.backend} on {device}: {len(cfg.vocabs)} vocab x {len(cfg.dtypes)} dtype x "
           f"{len(cfg.rows)} rows x {len(cfg.modes)} modes, {cfg.warmup}+{cfg.iters} calls each", file=sys.stderr)
     t0 = time.perf_counter()
@@ -145,11 +153,19 @@ def main(argv: list[str] | None = None) -> int:
            "command": "gatherwise bench " + " ".join(sys.argv[2:] if argv is None else argv)}
     if device == "cuda":
         env["gpu"] = torch.cuda.get_device_name(0)
-    result = SweepResult(cfg, shapes, find_crossovers(shapes), env)
-    tables = write_starting_tables(out_dir, cfg, shapes)
+    print(f"# sweep took {elapsed:.1f} s", file=sys.stderr)
+    return _write_outputs(SweepResult(cfg, shapes, find_crossovers(shapes), env), args.out)
+
+
+def _write_outputs(result: SweepResult, out_dir: Path) -> int:
+    from bench.plot import plot_crossover
+    from bench.report import format_table, write_results_json
+    from bench.starting_table import write_starting_tables
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables = write_starting_tables(out_dir, result.config, result.shapes)
     write_results_json(out_dir / "results.json", result, tables)
     plot_crossover(out_dir / "crossover.png", result)
     print(format_table(result))
-    print(f"# sweep took {elapsed:.1f} s; wrote {out_dir}/results.json, crossover.png, "
-          f"{len(tables)} table file(s)")
+    print(f"# wrote {out_dir}/results.json, crossover.png, {len(tables)} table file(s)")
     return 0

@@ -189,7 +189,7 @@ def format_table(result: SweepResult) -> str:
         lines.append("#   none")
     lines.append("# clear winner per rows:")
     lines += [f"#   {key}: {line}" for key, line in verdicts(result.shapes).items()]
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def write_results_json(path: Path, result: SweepResult, tables: dict[str, str]) -> Path:
@@ -208,3 +208,13 @@ def write_results_json(path: Path, result: SweepResult, tables: dict[str, str]) 
     }
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
+
+
+def load_results(path: Path) -> SweepResult:
+    """A SweepResult back from results.json (to re-render the table, plot and table files without re-running)."""
+    doc = json.loads(Path(path).read_text())
+    cfg = SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc["config"].items()})
+    shapes = [ShapeResult(s["vocab"], s["dtype"], s["rows"], s["bytes"],
+                          {m: ModeStats(**st) for m, st in s["modes"].items()}, s["winner"], s["ratio"],
+                          s["paired_win_share"]) for s in doc["results"]]
+    return SweepResult(cfg, shapes, find_crossovers(shapes), doc["env"])

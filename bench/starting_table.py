@@ -1,7 +1,10 @@
 """The measured winners as a starting table for the auto policy (one file per vocab and dtype).
 
-Per bucket with measured rows, the mode with the smallest summed median over those rows wins; buckets
-beyond (or between) the measured rows take the nearest measured bucket (engine_hooks.table_file).
+A bucket is decided when every measured rows value in it has the same clear winner (bench.report: the
+winner won >= CLEAR_WIN_SHARE of the interleaved pairs). Every other bucket — ties, and buckets beyond or
+between the measured rows — takes the mode of the nearest decided bucket (engine_hooks.table_file), so noise
+between two equal modes does not make the table flip back and forth. With no decided bucket at all, each
+measured bucket takes the mode with the smallest summed median.
 """
 
 from __future__ import annotations
@@ -16,13 +19,18 @@ from engine_hooks.table_file import fill_nearest, save_table_file
 
 def best_table(shapes: list[ShapeResult]) -> ModeTable:
     """Mode per bucket from the shapes of one (vocab, dtype)."""
+    winners: dict[int, set[str]] = {}
     cost: dict[int, dict[str, float]] = {}
     for s in shapes:
-        per_mode = cost.setdefault(bucket_of(s.rows), {})
+        bucket = bucket_of(s.rows)
+        winners.setdefault(bucket, set()).add(s.winner if s.clear else "tie")
+        per_mode = cost.setdefault(bucket, {})
         for mode, st in s.modes.items():
             per_mode[mode] = per_mode.get(mode, 0.0) + st.median_us
-    known = {b: Mode.parse(min(per_mode, key=per_mode.__getitem__)) for b, per_mode in cost.items()}
-    return fill_nearest(known)
+    decided = {b: Mode.parse(next(iter(w))) for b, w in winners.items() if len(w) == 1 and "tie" not in w}
+    if not decided:
+        decided = {b: Mode.parse(min(per_mode, key=per_mode.__getitem__)) for b, per_mode in cost.items()}
+    return fill_nearest(decided)
 
 
 def table_file_name(tp: int, vocab: int, dtype: str) -> str:

@@ -27,6 +27,7 @@ from engine_hooks.table_file import load_table_file, read_table_file, save_table
         (["--tp", "0"], "--tp must be >= 1, got 0"),
         (["--iters", "0"], "--iters must be >= 1, got 0"),
         (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+        (["--from-results", "/nonexistent/results.json"], "--from-results: no such file"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_clear_message_and_run_nothing(argv, message, capsys, tmp_path):
@@ -85,14 +86,24 @@ def test_tiny_sweep_end_to_end(tmp_path, capsys):
     png = (out / "crossover.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 1000
 
-    # one starting table per (vocab, dtype); buckets beyond the measured rows copy the nearest (rows=2)
+    # one starting table per (vocab, dtype)
     for dtype in ("float32", "bfloat16"):
         name = doc["table_files"][f"1000/{dtype}"]
         loaded = read_table_file(out / name)
         assert loaded.meta["tp"] == 2 and loaded.meta["vocab"] == 1000 and loaded.meta["dtype"] == dtype
-        by_rows = {s["rows"]: s["winner"] for s in doc["results"] if s["dtype"] == dtype}
-        assert loaded.table.mode_for_rows(1).label == by_rows[1]
-        assert all(loaded.table.mode_for_rows(r).label == by_rows[2] for r in (2, 3, 256, 100_000))
+        clear = {s["rows"]: s["winner"] for s in doc["results"] if s["dtype"] == dtype and s["clear"]}
+        beyond = {loaded.table.mode_for_rows(r).label for r in (2, 3, 256, 100_000)}
+        assert len(beyond) == 1  # everything past the last measured bucket copies it
+        for rows, winner in clear.items():  # clear winners are kept (ties take a decided neighbour)
+            assert loaded.table.mode_for_rows(rows).label == winner
+
+    # re-rendering from results.json measures nothing and reproduces the same outputs
+    again = tmp_path / "again"
+    assert main(["--from-results", str(out / "results.json"), "--out", str(again)]) == 0
+    assert json.loads((again / "results.json").read_text())["results"] == doc["results"]
+    for name in doc["table_files"].values():
+        assert load_table_file(again / name) == load_table_file(out / name)
+    assert (again / "crossover.png").is_file()
 
 
 def test_table_file_round_trips_into_a_mode_table(tmp_path):
@@ -153,14 +164,20 @@ def test_bench_table_file_is_the_engines_starting_table(tmp_path):
     from engine_hooks.config import EngineSection, GatherwiseConfig
     from engine_hooks.install import initial_table
 
-    def shape(rows: int, ag: float, g: float) -> ShapeResult:
+    def shape(rows: int, ag: float, g: float, wins: float = 1.0) -> ShapeResult:
         st = lambda t: ModeStats(t, t, t, 0.0, 0.0, 0.0, 0.0, 0.0)  # noqa: E731
         return ShapeResult(32000, "float32", rows, 0, {"all_gather": st(ag), "gather": st(g)},
-                           "all_gather" if ag <= g else "gather", 1.0, 1.0)
+                           "all_gather" if ag <= g else "gather", 1.0, wins)
 
     measured = best_table([shape(1, 1.0, 2.0), shape(2, 1.0, 2.0), shape(8, 3.0, 2.0), shape(64, 9.0, 4.0)])
     assert [measured.mode_for_rows(r).label for r in (1, 2, 4, 8, 16, 64, 4096)] == [
         "all_gather", "all_gather", "all_gather", "gather", "gather", "gather", "gather"]
+    # a tie (rows 16: all_gather by the median, but only 55% of pairs) takes the nearest decided bucket
+    with_tie = best_table([shape(1, 1.0, 2.0), shape(16, 1.0, 1.1, wins=0.55), shape(32, 3.0, 2.0)])
+    assert [with_tie.mode_for_rows(r).label for r in (1, 2, 4, 8, 16, 32, 4096)] == [
+        "all_gather", "all_gather", "all_gather", "gather", "gather", "gather", "gather"]
+    # nothing decided at all: the medians pick
+    assert best_table([shape(4, 1.0, 1.1, wins=0.5)]) == ModeTable.uniform(Mode.ALL_GATHER)
     path = save_table_file(tmp_path / "t.yaml", measured, {"tp": 2, "vocab": 32000, "dtype": "float32"})
     config = GatherwiseConfig(engine=EngineSection(initial_table_file=str(path)))
     assert initial_table(config) == measured
