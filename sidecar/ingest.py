@@ -19,14 +19,13 @@ from typing import Any
 
 from engine_hooks.modes import Mode, bucket_label, bucket_of
 from sidecar.header_counters import rank_counters
-from sidecar.metrics import EngineCounters, SidecarMetrics
+from sidecar.metrics import CallSeries, EngineCounters, RankSeries, SidecarMetrics
 from sidecar.ring_reader import EngineFiles, RingFormatError, RingReader, discover_engines
 from sidecar.traces import CallTracer
 
 log = logging.getLogger("gatherwise.sidecar.ingest")
 
 _MODE_LABEL = {int(m): m.label for m in Mode}
-_COLLECTIVE_OP = {int(Mode.ALL_GATHER): "all_gather", int(Mode.GATHER): "gather"}
 _BUCKET_LABEL = [bucket_label(bucket_of(rows)) for rows in range(1, 1 << 15)]
 
 
@@ -56,6 +55,8 @@ class AttachedEngine:
     dropped: list[int] = field(default_factory=list)
     last_record_end_ns: int = 0
     pending: dict[int, _Pending] = field(default_factory=dict)
+    rank_series: dict[tuple[int, int, int], RankSeries] = field(default_factory=dict)  # (rank, mode, rows)
+    call_series: dict[tuple[int, int], CallSeries] = field(default_factory=dict)  # (mode, rows)
     records: int = 0
     calls_joined: int = 0
     calls_incomplete: int = 0
@@ -92,6 +93,8 @@ class Ingest:
         self.engine: AttachedEngine | None = None
         self.engines_seen = 0
         self.listeners: list[Callable[[AttachedEngine | None, AttachedEngine], None]] = []  # on engine switch
+        # every joined (complete) call: (engine, call_index, mode, rows, critical path seconds); ingest thread
+        self.call_listeners: list[Callable[[AttachedEngine, int, int, int, float], None]] = []
         # per joined call: (engine, call_index, mode, rows, critical-path seconds); the control policy's input
         self.call_listeners: list[Callable[[AttachedEngine, int, int, int, float], None]] = []
         self._next_discover_ns = 0
@@ -155,37 +158,47 @@ class Ingest:
 
     def _emit(self, eng: AttachedEngine, call_index: int, by_rank: dict[int, Any], complete: bool) -> None:
         first = next(iter(by_rank.values()))
-        mode = _MODE_LABEL[first.mode]
-        bucket = rows_bucket_label(first.rows)
+        mode, rows = first.mode, first.rows
         exemplar = None
         tracer = self.tracer
         if tracer is not None and tracer.should_sample(call_index):
             exemplar = {"trace_id": tracer.trace_call(eng.label, eng.tp_size, call_index, by_rank, complete)}
-        m, engine = self.metrics, eng.label
-        op = _COLLECTIVE_OP[first.mode]
-        gather_mode = first.mode == Mode.GATHER
+        cache = eng.rank_series
         max_start = max_end = 0
         min_start = None
         for rank, rec in by_rank.items():
-            r = str(rank)
-            m.observe_collective(engine, r, op, mode, bucket, rec.collective_ns * 1e-9, exemplar)
-            if gather_mode:
-                m.observe_collective(engine, r, "broadcast", mode, bucket, rec.broadcast_ns * 1e-9, exemplar)
-            if rank == 0 or not gather_mode:  # in gather mode only rank 0 samples
-                m.observe_sample(engine, r, mode, bucket, rec.sample_ns * 1e-9, exemplar)
-            m.observe_logits_path(engine, r, mode, bucket, (rec.end_ns - rec.start_ns) * 1e-9, exemplar)
-            max_start = max(max_start, rec.start_ns)
-            max_end = max(max_end, rec.end_ns)
-            min_start = rec.start_ns if min_start is None else min(min_start, rec.start_ns)
-        eng.last_record_end_ns = max(eng.last_record_end_ns, max_end)
-        if complete:
-            eng.calls_joined += 1
-            critical = (max_end - max_start) * 1e-9
-            m.observe_cross_rank(engine, mode, bucket, critical, (max_start - min_start) * 1e-9, exemplar)
-            for listener in self.call_listeners:
-                listener(eng, call_index, first.mode, first.rows, critical)
-        else:
+            series = cache.get((rank, mode, rows))
+            if series is None:
+                series = cache[(rank, mode, rows)] = self.metrics.rank_series(
+                    eng.label, str(rank), _MODE_LABEL[mode], rows_bucket_label(rows))
+            series.collective.observe(rec.collective_ns * 1e-9, exemplar)
+            if series.broadcast is not None:
+                series.broadcast.observe(rec.broadcast_ns * 1e-9, exemplar)
+            if series.sample is not None:
+                series.sample.observe(rec.sample_ns * 1e-9, exemplar)
+            start, end = rec.start_ns, rec.end_ns
+            series.logits_path.observe((end - start) * 1e-9, exemplar)
+            if start > max_start:
+                max_start = start
+            if end > max_end:
+                max_end = end
+            if min_start is None or start < min_start:
+                min_start = start
+        if max_end > eng.last_record_end_ns:
+            eng.last_record_end_ns = max_end
+        if not complete:
             eng.calls_incomplete += 1
+            return
+        eng.calls_joined += 1
+        calls = eng.call_series.get((mode, rows))
+        if calls is None:
+            calls = eng.call_series[(mode, rows)] = self.metrics.call_series(
+                eng.label, _MODE_LABEL[mode], rows_bucket_label(rows))
+        critical = (max_end - max_start) * 1e-9
+        calls.critical_path.observe(critical, exemplar)
+        calls.skew.observe((max_start - min_start) * 1e-9, exemplar)
+        for listener in self.call_listeners:
+            listener(eng, call_index, mode, rows, critical)
 
     # -- discovery and engine restarts ------------------------------------------------------------------
     def _discover(self, now: int) -> None:

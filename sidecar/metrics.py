@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+
+from sidecar.histograms import HistogramFamily, HistogramsCollector, Series
 
 # -- family names (the dashboards, alerts and checks use exactly these) ------------------------------------
 COLLECTIVE_SECONDS = "gatherwise_collective_seconds"
@@ -88,27 +90,46 @@ class HeaderCountersCollector(Collector):
         yield from (calls, nbytes, dropped, up, age)
 
 
+@dataclass
+class RankSeries:
+    """The histogram series one rank's record of one (mode, bucket) feeds; None where the op did not run."""
+
+    collective: Series
+    broadcast: Series | None
+    sample: Series | None
+    logits_path: Series
+
+
+@dataclass
+class CallSeries:
+    """The cross-rank series of one (mode, bucket)."""
+
+    critical_path: Series
+    skew: Series
+
+
 class SidecarMetrics:
-    """The registry and its histograms. Label children are cached: `.labels()` costs 1 µs per call."""
+    """The registry: record histograms (sidecar.histograms), header counters, and the control families."""
 
     def __init__(self, snapshot: Callable[[], EngineCounters | None] = lambda: None) -> None:
         disable_created_metrics()  # no *_created series: noise for dashboards (process-wide; the sidecar owns it)
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.collective = Histogram(COLLECTIVE_SECONDS, "Duration of each logits collective, per rank.",
-                                    ["engine", "rank", "op", "mode", "bucket"], buckets=BUCKETS, registry=r)
-        self.sample = Histogram(SAMPLE_SECONDS, "Duration of sampling on the ranks that sample.",
-                                ["engine", "rank", "mode", "bucket"], buckets=BUCKETS, registry=r)
-        self.logits_path = Histogram(LOGITS_PATH_SECONDS, "Logits ready to tokens ready, per rank.",
-                                     ["engine", "rank", "mode", "bucket"], buckets=BUCKETS, registry=r)
-        self.critical_path = Histogram(
+        self.collective = HistogramFamily(COLLECTIVE_SECONDS, "Duration of each logits collective, per rank.",
+                                          ["engine", "rank", "op", "mode", "bucket"], BUCKETS)
+        self.sample = HistogramFamily(SAMPLE_SECONDS, "Duration of sampling on the ranks that sample.",
+                                      ["engine", "rank", "mode", "bucket"], BUCKETS)
+        self.logits_path = HistogramFamily(LOGITS_PATH_SECONDS, "Logits ready to tokens ready, per rank.",
+                                           ["engine", "rank", "mode", "bucket"], BUCKETS)
+        self.critical_path = HistogramFamily(
             STEP_CRITICAL_PATH_SECONDS, "Per call: last rank to arrive to last rank holding its tokens.",
-            ["engine", "mode", "bucket"], buckets=BUCKETS, registry=r)
-        self.skew = Histogram(RANK_SKEW_SECONDS, "Per call: latest minus earliest rank arrival.",
-                              ["engine", "mode", "bucket"], buckets=BUCKETS, registry=r)
+            ["engine", "mode", "bucket"], BUCKETS)
+        self.skew = HistogramFamily(RANK_SKEW_SECONDS, "Per call: latest minus earliest rank arrival.",
+                                    ["engine", "mode", "bucket"], BUCKETS)
+        self.histograms = (self.collective, self.sample, self.logits_path, self.critical_path, self.skew)
+        r.register(HistogramsCollector(self.histograms))
         self.header_collector = HeaderCountersCollector(snapshot)
         r.register(self.header_collector)
-        self._children: dict[tuple, object] = {}
         self._register_control_metrics()
 
     # -- control metrics (issue 4) ----------------------------------------------------------------------
@@ -127,37 +148,25 @@ class SidecarMetrics:
         for family in (self.mode_switches, self.active_mode, self.policy_estimate):
             family.clear()
 
-    # -- observations -----------------------------------------------------------------------------------
-    def _child(self, hist: Histogram, labels: tuple[str, ...]):
-        key = (hist, labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = hist.labels(*labels)
-        return child
+    # -- record histograms ----------------------------------------------------------------------------
+    def rank_series(self, engine: str, rank: str, mode: str, bucket: str) -> RankSeries:
+        """Series of one rank's calls in `mode` and `bucket`. In gather mode only rank 0 samples, and the
+        tokens are broadcast; in all_gather mode every rank samples and nothing is broadcast."""
+        gather = mode != "all_gather"
+        op = "gather" if gather else "all_gather"
+        return RankSeries(
+            self.collective.series(engine, rank, op, mode, bucket),
+            self.collective.series(engine, rank, "broadcast", mode, bucket) if gather else None,
+            self.sample.series(engine, rank, mode, bucket) if rank == "0" or not gather else None,
+            self.logits_path.series(engine, rank, mode, bucket))
 
-    def observe_collective(self, engine: str, rank: str, op: str, mode: str, bucket: str, seconds: float,
-                           exemplar: dict[str, str] | None = None) -> None:
-        self._child(self.collective, (engine, rank, op, mode, bucket)).observe(seconds, exemplar)
-
-    def observe_sample(self, engine: str, rank: str, mode: str, bucket: str, seconds: float,
-                       exemplar: dict[str, str] | None = None) -> None:
-        self._child(self.sample, (engine, rank, mode, bucket)).observe(seconds, exemplar)
-
-    def observe_logits_path(self, engine: str, rank: str, mode: str, bucket: str, seconds: float,
-                            exemplar: dict[str, str] | None = None) -> None:
-        self._child(self.logits_path, (engine, rank, mode, bucket)).observe(seconds, exemplar)
-
-    def observe_cross_rank(self, engine: str, mode: str, bucket: str, critical_seconds: float, skew_seconds: float,
-                           exemplar: dict[str, str] | None = None) -> None:
-        self._child(self.critical_path, (engine, mode, bucket)).observe(critical_seconds, exemplar)
-        self._child(self.skew, (engine, mode, bucket)).observe(skew_seconds, exemplar)
+    def call_series(self, engine: str, mode: str, bucket: str) -> CallSeries:
+        return CallSeries(self.critical_path.series(engine, mode, bucket), self.skew.series(engine, mode, bucket))
 
     def forget_engine(self, engine: str) -> None:
         """Drop every histogram series of a previous engine instance (after an engine restart)."""
-        for key in [k for k in self._children if k[1][0] == engine]:
-            hist, labels = key
-            hist.remove(*labels)
-            del self._children[key]
+        for family in self.histograms:
+            family.remove_where("engine", engine)
 
     # -- exposition -------------------------------------------------------------------------------------
     def exposition(self, accept_header: str | None) -> tuple[bytes, str]:

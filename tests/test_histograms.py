@@ -1,0 +1,47 @@
+"""sidecar.histograms agrees with prometheus_client's Histogram, sample for sample, exemplars included."""
+
+from __future__ import annotations
+
+import random
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+
+from sidecar.histograms import HistogramFamily, HistogramsCollector
+from sidecar.metrics import BUCKETS
+
+
+def _samples(registry: CollectorRegistry) -> dict:
+    text = openmetrics(registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples if not s.name.endswith("_created")}
+
+
+def test_same_buckets_counts_and_sums_as_prometheus_client() -> None:
+    rng = random.Random(7)
+    values = [rng.choice(BUCKETS) for _ in range(50)] + [rng.uniform(0, 3.0) for _ in range(500)] + [0.0, 5.0]
+    ours_reg, ref_reg = CollectorRegistry(), CollectorRegistry()
+    ours = HistogramFamily("x_seconds", "x", ["rank"], BUCKETS)
+    ours_reg.register(HistogramsCollector([ours]))
+    ref = Histogram("x_seconds", "x", ["rank"], buckets=BUCKETS, registry=ref_reg)
+    for i, v in enumerate(values):
+        ours.series(str(i % 2)).observe(v)
+        ref.labels(str(i % 2)).observe(v)
+    got, want = _samples(ours_reg), _samples(ref_reg)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert abs(got[key] - value) < 1e-9, key
+
+
+def test_exemplar_lands_in_the_bucket_of_its_value_and_series_can_be_removed() -> None:
+    reg = CollectorRegistry()
+    fam = HistogramFamily("y_seconds", "y", ["engine"], BUCKETS)
+    reg.register(HistogramsCollector([fam]))
+    fam.series("a").observe(3e-5, {"trace_id": "ab" * 16})
+    fam.series("b").observe(1.0)
+    text = openmetrics(reg).decode()
+    (line,) = [ln for ln in text.splitlines() if "trace_id" in ln]
+    assert line.startswith('y_seconds_bucket{engine="a",le="4e-05"} 1.0 # {trace_id="' + "ab" * 16 + '"} 3e-05')
+    fam.remove_where("engine", "a")
+    assert 'engine="a"' not in openmetrics(reg).decode()
