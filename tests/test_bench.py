@@ -197,3 +197,36 @@ def test_crossovers_skip_ties_and_interpolate_log_log():
     assert (c.before, c.after, c.rows_below, c.rows_above) == ("all_gather", "gather", 1, 4)
     assert c.rows_estimate == pytest.approx(2.0)  # log(t_ag/t_g) goes -log2 -> +log2 over rows 1 -> 4
     assert not shapes[1].clear and shapes[0].clear
+
+
+def test_bench_table_file_round_trips_through_the_auto_policy(tmp_path):
+    """bench table file -> policy.table_file load -> AutoPolicy starts from it -> exported -> loads back equal."""
+    from sidecar.control_models import TableFileModel
+    from sidecar.policy import AutoPolicy, PolicyParams
+
+    measured = ModeTable.uniform(Mode.GATHER).with_buckets(Mode.ALL_GATHER, [0, 1])
+    path = save_table_file(tmp_path / "table_tp2_v32000_float32.yaml", measured,
+                           {"tp": 2, "vocab": 32000, "dtype": "float32", "source": "gatherwise bench"})
+    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(Mode.ALL_GATHER), auto=True)
+    decision = policy.adopt_table(load_table_file(path), now=0.0, source=str(path))
+    assert decision is not None and decision.reason == "table_file"
+    assert policy.learned_table() == measured and policy.desired_table() == measured
+
+    # GET /v1/policy/table returns this model; saved as JSON it is a valid table file again
+    exported = TableFileModel(tp=2, vocab=32000, dtype="float32", source="sidecar", policy=policy.policy_label,
+                              table=policy.learned_table().as_labels())
+    again = tmp_path / "exported.json"
+    again.write_text(exported.model_dump_json())
+    assert load_table_file(again) == measured
+
+
+@pytest.mark.timeout(60)
+def test_table_file_module_never_imports_torch():
+    """The sidecar's policy loads table files: engine_hooks.table_file must stay stdlib + yaml."""
+    import subprocess
+    import sys
+
+    code = ("import sys, engine_hooks.table_file, bench.cli\n"
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
