@@ -35,6 +35,7 @@ SAMPLING = (
 )
 NUM_SCHEDULES = 50
 SPAWN_TIMEOUT = 240
+SYNTHETIC_SIZES = [1, 64, 17, 2, 33, 8, 64, 1, 5, 40, 3, 16]
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,9 @@ def run_suite(rank: int, world: int, models: list[ModelSpec], cases: list[Case])
         run = Engine(model, path, case.max_batch).generate(requests, on_step)
         results.append(dict(tokens=run.tokens, modes=run.modes, collectives=run.collectives, counted=counted,
                             batch_sizes=run.batch_sizes))
-    return {"probes": probes, "cases": results}
+    synthetic = Engine(loaded[1], lambda: make_path(comm, VOCABS[1], "schedule:21", torch.float32, torch.device("cpu")),
+                       max_batch=64).synthetic(SYNTHETIC_SIZES)
+    return {"probes": probes, "cases": results, "synthetic": [m.label for m in synthetic.mode_log]}
 
 
 # -- tiny HF checkpoints written by the test ---------------------------------------------------------------
@@ -256,6 +259,14 @@ def test_schedules_really_switch(suite, runs):
     assert both >= 25, f"only {both} of {len(cases)} schedules ran both modes"
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("world", [2, 3])
+def test_synthetic_load_up_to_64_rows_agrees_on_modes(world, runs):
+    want = runs(1)[0]["synthetic"]
+    assert len(want) == len(SYNTHETIC_SIZES) and set(want) == {"all_gather", "gather"}
+    assert all(r["synthetic"] == want for r in runs(world))
+
+
 def test_batch_sizes_move_between_1_and_16(suite, runs):
     sizes = runs(1)[0]["cases"][case_index(suite, "1001 batches 1..16")]["batch_sizes"]
     assert min(sizes) == 1 and max(sizes) == 16
@@ -363,6 +374,8 @@ def test_cli_tp2_prints_tp1_tokens():
     (["--temperature", "-1"], "must be >= 0.0"),
     (["--dtype", "float64"], "invalid choice"),
     (["--checkpoint", "x", "--vocab", "7"], "--vocab applies to the random model only"),
+    (["--tp", "5"], "--tp 5 exceeds the model's 4 attention heads"),
+    (["--checkpoint", "/nonexistent"], "no config.json in checkpoint directory /nonexistent"),
 ])
 def test_cli_rejects_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as info:

@@ -72,6 +72,7 @@ def generate_main(argv: list[str] | None = None) -> int:
     import torch
 
     from engine_hooks.sampling import SamplingParams
+    from tp_engine.config import load_hf_config
     from tp_engine.launch import LaunchError, launch
     from tp_engine.runner import GenerateSpec, ModelSpec, generate_rank
 
@@ -80,6 +81,14 @@ def generate_main(argv: list[str] | None = None) -> int:
     spec = GenerateSpec(model=model, mode=args.mode, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                         seed=args.seed, params=SamplingParams(args.temperature, args.top_k, args.top_p, args.seed),
                         logits_dtype=args.dtype, max_batch=args.max_batch)
+    try:
+        config = model.config_and_source()[0] if args.checkpoint is None else load_hf_config(args.checkpoint)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        parser.error(f"--checkpoint {args.checkpoint}: {exc}")
+    if args.tp > config.num_heads:
+        parser.error(f"--tp {args.tp} exceeds the model's {config.num_heads} attention heads")
+    if args.device == "cuda" and args.tp > torch.cuda.device_count():
+        parser.error(f"--tp {args.tp} needs {args.tp} GPUs, {torch.cuda.device_count()} visible")
     try:
         if args.tp == 1 and args.device == "cpu":
             torch.set_num_threads(args.threads)
