@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 SHAPES = ((1, 32000), (16, 152064))  # (rows, vocab)
+SMALL_SHAPE_ITERS_FACTOR = 8  # B=1 calls cost < 1 ms: give that shape 8x the calls to tame the noise
 VARIANTS = ("bare", "off", "on")
 
 
@@ -30,7 +31,9 @@ def _rank_bench(rank: int, world: int, shapes, iters: int, warmup: int, shm_dir:
     from engine_hooks.comm import TorchDistCommunicator
 
     comm = TorchDistCommunicator()
-    return {f"{rows}x{vocab}": _measure_shape(comm, rank, world, rows, vocab, iters, warmup, shm_dir)
+    return {f"{rows}x{vocab}": _measure_shape(comm, rank, world, rows, vocab,
+                                              iters * (SMALL_SHAPE_ITERS_FACTOR if rows * vocab <= 32000 else 1),
+                                              warmup, shm_dir)
             for rows, vocab in shapes}
 
 
@@ -106,6 +109,49 @@ def record_cost_us(calls: int = 200_000, repeats: int = 7) -> list[float]:
     return out
 
 
+class _NoopRecorder:
+    def record(self, *marks: int) -> None:
+        pass
+
+
+def single_rank_path_us(rounds: int = 60, block: int = 100) -> dict:
+    """The recording cost as the path sees it (cold caches between calls), without gloo's noise: a TP=1
+    LogitsPath (B=1, V=32000) with no recorder, a no-op recorder (the hook's own plumbing) and the RingRecorder,
+    in interleaved blocks of calls; per-call medians in µs."""
+    import torch
+
+    from engine_hooks.comm import SingleRankCommunicator
+    from engine_hooks.logits_path import LogitsPath
+    from engine_hooks.modes import Mode, ModeTable
+    from engine_hooks.recorder import RingRecorder
+    from engine_hooks.sampling import SamplingParams, SamplingRow
+
+    torch.set_num_threads(1)
+    table = ModeTable.uniform(Mode.ALL_GATHER)
+    sampling = [SamplingRow(SamplingParams(), request_id=0, position=0)]
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as d:
+        rec = RingRecorder(os.path.join(d, "rank-0"), engine_id=3, rank=0, tp_size=1, vocab=32000, dtype="float32",
+                           capacity=8192)
+        recorders = {"off": None, "noop": _NoopRecorder(), "on": rec}
+        paths = {k: LogitsPath(SingleRankCommunicator(), 32000, initial_table=table, recorder=r)
+                 for k, r in recorders.items()}
+        logits = torch.randn(1, paths["off"].width)
+        times: dict[str, list[int]] = {k: [] for k in paths}
+        for r in range(rounds + 2):  # the first two rounds warm up
+            for variant in list(paths)[r % 3:] + list(paths)[: r % 3]:
+                path, out = paths[variant], times[variant]
+                for _ in range(block):
+                    t = time.perf_counter_ns()
+                    path.logits_buffer(1).copy_(logits)
+                    path.run(sampling)
+                    if r >= 2:
+                        out.append(time.perf_counter_ns() - t)
+        rec.close()
+    med = {k: statistics.median(v) / 1000 for k, v in times.items()}
+    return {"median_us": med, "added_on_minus_off_us": med["on"] - med["off"],
+            "added_on_minus_noop_us": med["on"] - med["noop"], "calls_per_variant": rounds * block}
+
+
 def summarize(per_rank: list[dict], shape: str) -> dict:
     spans = {}
     for variant in VARIANTS:
@@ -166,15 +212,21 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(os.path.join(shm_dir, f"{rows:016x}"))
         per_rank = run_ranks(_rank_bench, args.tp, SHAPES, args.iters, args.warmup, shm_dir)
     record_us = record_cost_us()
+    single = single_rank_path_us()
     result = {"tp": args.tp, "backend": "gloo", "iters": args.iters, "warmup": args.warmup,
               "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
               "record_us": record_us, "record_us_median": statistics.median(record_us),
+              "record_us_min": min(record_us), "single_rank_path": single, "loadavg": os.getloadavg(),
               "shapes": {f"{r}x{v}": summarize(per_rank, f"{r}x{v}") for r, v in SHAPES}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
     plot(args.out / "hook_overhead.png", result)
     print(f"record() in isolation: median {result['record_us_median']:.2f} µs per call "
           f"(repeats: {', '.join(f'{x:.2f}' for x in record_us)})")
+    m = single["median_us"]
+    print(f"TP=1 path B=1 V=32000 (per-call medians): off {m['off']:.1f} µs, no-op recorder {m['noop']:.1f} µs, "
+          f"RingRecorder {m['on']:.1f} µs -> recording adds {single['added_on_minus_off_us']:.2f} µs "
+          f"({single['added_on_minus_noop_us']:.2f} µs beyond the hook call itself)")
     print(f"{'shape':>10} {'bare µs':>9} {'off µs':>9} {'on µs':>9} {'on/off':>7} {'off/bare':>8} "
           f"{'on-off µs':>9} {'paired':>7}")
     for shape, s in result["shapes"].items():
