@@ -76,7 +76,7 @@ def sample(shards: torch.Tensor, vocab: int, rows: list[SamplingRow]) -> torch.T
     for params, idx in groups.items():
         sel = shards[:, idx, :] if len(idx) < batch else shards
         u = torch.tensor([row_uniform(params.seed, rows[i].request_id, rows[i].position) for i in idx],
-                         dtype=torch.float64)
+                         dtype=torch.float64, device=shards.device)
         tokens[idx] = _sample_group(sel, params, u, shard_width)
     return tokens
 
@@ -132,7 +132,7 @@ def _sample_full(shards: torch.Tensor, temperature: float, u: torch.Tensor, widt
     shard = torch.searchsorted(cum_shard, target.unsqueeze(1), right=True).clamp_(max=shards.shape[0] - 1)
     zero = torch.zeros_like(shard, dtype=e.dtype)
     before = torch.where(shard > 0, cum_shard.gather(1, (shard - 1).clamp(min=0)), zero)  # mass of earlier shards
-    rows = torch.arange(e.shape[1])
+    rows = torch.arange(e.shape[1], device=e.device)
     within = e[shard.squeeze(1), rows, :].cumsum(dim=1)  # [B, Vs]
     local = torch.searchsorted(within, (target.unsqueeze(1) - before), right=True).clamp_(max=width - 1)
     return shard.squeeze(1) * width + local.squeeze(1)
@@ -143,7 +143,7 @@ def _top_candidates(x: torch.Tensor, k: int, width: int) -> tuple[torch.Tensor, 
     num_shards, batch, _ = x.shape
     k_shard = min(k, width)
     shard_vals, local = x.topk(k_shard, dim=2)  # [P, B, ks], each shard sorted descending
-    ids = local + (torch.arange(num_shards) * width)[:, None, None]
+    ids = local + (torch.arange(num_shards, device=x.device) * width)[:, None, None]
     vals = shard_vals.permute(1, 0, 2).reshape(batch, -1)
     ids = ids.permute(1, 0, 2).reshape(batch, -1)
     # canonical order: by index, then stably by value descending
