@@ -25,6 +25,7 @@ from engine_hooks.modes import Mode, ModeTable
 from engine_hooks.sampling import SamplingParams, SamplingRow
 from engine_hooks.table_source import ScheduleTableSource, TableSource, initial_schedule_table
 from tp_engine.config import ModelConfig, load_hf_config, tiny_config
+from tp_engine.kv_cache import KVCache
 from tp_engine.layers import TPGroup
 from tp_engine.model import TPModel
 from tp_engine.scheduler import Request, Scheduler, StepBatch, make_requests, max_sequence_length
@@ -120,7 +121,8 @@ class Engine:
         colls = list(path.collective_log[calls_before:]) if path.collective_log is not None else []
         return RunResult(dict(sorted(scheduler.finished.items())), modes, colls, sizes)
 
-    def step(self, path: LogitsPath, batch: StepBatch, cache) -> torch.Tensor:
+    def step(self, path: LogitsPath, batch: StepBatch, cache: KVCache) -> torch.Tensor:
+        """One forward writing straight into the path's send buffer, then one logits call: tokens [B]."""
         dev = self.model.device
         out = path.logits_buffer(len(batch.rows))
         self.model.forward(torch.tensor(batch.tokens, device=dev), torch.tensor(batch.positions, device=dev),
