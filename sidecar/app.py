@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from engine_hooks import HOOKS_VERSION
-from sidecar import routes_control, routes_engine, routes_health, routes_metrics
+from sidecar import routes_control, routes_engine, routes_health, routes_metrics, validation_errors
 from sidecar.state import SidecarState
 
 # Routers and their prefixes; the control issue appends (routes_control.router, "/v1").
@@ -44,4 +44,5 @@ def create_app(state: SidecarState) -> FastAPI:
     app.state.gatherwise = state
     for router, prefix in ROUTERS:
         app.include_router(router, prefix=prefix)
+    validation_errors.install(app)
     return app
