@@ -8,7 +8,8 @@ Variants, interleaved call by call (a rotating order, so drift of the machine hi
   on   — the same LogitsPath with a RingRecorder writing to shared memory
 Each call is timed as max(end over ranks) - min(start over ranks) after a barrier. gloo on this CPU is noisy
 (±40 % run to run), far more than the ~1 µs recording adds, so record() is also timed in isolation: a tight
-loop of calls with realistic arguments, minus the empty loop. Writes results.json and hook_overhead.png.
+loop of calls with realistic arguments, minus the empty loop, and in a TP=1 path (no gloo) A/B against no
+recorder and a no-op recorder; both in thread CPU time. Writes results.json and hook_overhead.png.
 """
 
 from __future__ import annotations
@@ -85,7 +86,10 @@ def _measure_shape(comm, rank: int, world: int, rows: int, vocab: int, iters: in
 
 
 def record_cost_us(calls: int = 200_000, repeats: int = 7) -> list[float]:
-    """µs per RingRecorder.record() call in a tight loop (empty loop subtracted), one value per repeat."""
+    """µs per RingRecorder.record() call in a tight loop (empty loop subtracted), one value per repeat.
+
+    Thread CPU time, not wall time: on a shared machine the wall clock also counts time the thread was not
+    running at all."""
     from engine_hooks.recorder import RingRecorder
 
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as d:
@@ -96,14 +100,14 @@ def record_cost_us(calls: int = 200_000, repeats: int = 7) -> list[float]:
         for r in range(repeats):
             gathering = r % 2  # alternate modes: gather mode also fills the broadcast counters
             b0, b1 = (1_300, 1_900) if gathering else (0, 0)
-            t = time.perf_counter_ns()
+            t = time.thread_time_ns()
             for i in range(calls):
                 record(i, gathering, 16, 0, 9_732_608, 1_000, 1_100, 1_200, b0, b1, 1_200, 1_300, 2_000)
-            loop = time.perf_counter_ns() - t
-            t = time.perf_counter_ns()
+            loop = time.thread_time_ns() - t
+            t = time.thread_time_ns()
             for _ in range(calls):
                 pass
-            empty = time.perf_counter_ns() - t
+            empty = time.thread_time_ns() - t
             out.append((loop - empty) / calls / 1000)
         rec.close()
     return out
@@ -117,7 +121,7 @@ class _NoopRecorder:
 def single_rank_path_us(rounds: int = 60, block: int = 100) -> dict:
     """The recording cost as the path sees it (cold caches between calls), without gloo's noise: a TP=1
     LogitsPath (B=1, V=32000) with no recorder, a no-op recorder (the hook's own plumbing) and the RingRecorder,
-    in interleaved blocks of calls; per-call medians in µs."""
+    in interleaved blocks of calls; per-call medians of thread CPU time in µs."""
     import torch
 
     from engine_hooks.comm import SingleRankCommunicator
@@ -141,11 +145,11 @@ def single_rank_path_us(rounds: int = 60, block: int = 100) -> dict:
             for variant in list(paths)[r % 3:] + list(paths)[: r % 3]:
                 path, out = paths[variant], times[variant]
                 for _ in range(block):
-                    t = time.perf_counter_ns()
+                    t = time.thread_time_ns()
                     path.logits_buffer(1).copy_(logits)
                     path.run(sampling)
                     if r >= 2:
-                        out.append(time.perf_counter_ns() - t)
+                        out.append(time.thread_time_ns() - t)
         rec.close()
     med = {k: statistics.median(v) / 1000 for k, v in times.items()}
     return {"median_us": med, "added_on_minus_off_us": med["on"] - med["off"],
