@@ -4,7 +4,8 @@
 
 Runs until the duration ends or the parent gets SIGINT/SIGTERM. Ranks must stop at the same call (a rank that
 stops alone leaves the others blocked in a collective), so rank 0 decides and broadcasts "go on / stop" every
-few calls; the ranks themselves ignore SIGINT (a terminal's Ctrl-C reaches the whole process group).
+few calls; the ranks themselves ignore SIGINT and SIGTERM (Ctrl-C and `timeout` signal the whole process group); a
+rank whose parent died stops by itself.
 On exit rank 0 removes the engine's shared-memory directory (install_hooks' close()).
 """
 
@@ -79,7 +80,9 @@ def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: in
     from tp_engine.layers import TPGroup
     from tp_engine.runner import Engine, ModelSpec
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us, at a call every rank agrees on
+    # The parent stops us at a call every rank agrees on; Ctrl-C, `timeout` and systemd signal the whole group.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     tp = TPGroup.from_dist()
     model = ModelSpec(vocab=spec.vocab, compute_dtype="float32", device=spec.device).load(tp)
     comm = default_communicator()
