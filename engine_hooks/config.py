@@ -130,8 +130,9 @@ _RULES: dict[tuple[str, str], Any] = {
 
 
 def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> GatherwiseConfig:
-    """Defaults, then the YAML file (if any), then GATHERWISE_<SECTION>_<KEY> environment overrides."""
+    """Defaults, then the YAML file (`path`, else env GATHERWISE_CONFIG), then GATHERWISE_<SECTION>_<KEY> overrides."""
     env = os.environ if env is None else env
+    path = path if path is not None else env.get("GATHERWISE_CONFIG") or None
     source = str(path) if path is not None else "<defaults>"
     raw: dict[str, Any] = {}
     if path is not None:
