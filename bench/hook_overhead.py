@@ -182,14 +182,22 @@ def plot(path: Path, result: dict) -> None:
     import matplotlib.pyplot as plt
 
     shapes = list(result["shapes"])
-    fig, axes = plt.subplots(1, len(shapes) + 1, figsize=(4.6 * (len(shapes) + 1), 3.8))
-    for ax, shape in zip(axes[:-1], shapes, strict=True):
+    fig, axes = plt.subplots(1, len(shapes) + 2, figsize=(4.6 * (len(shapes) + 2), 3.8))
+    for ax, shape in zip(axes[:-2], shapes, strict=True):
         s = result["shapes"][shape]
         ax.boxplot([s["spans_us"][v] for v in VARIANTS], showfliers=False)
         ax.set_xticks(range(1, len(VARIANTS) + 1), VARIANTS)
         ax.set_ylabel("µs per call (cross-rank span)")
         ax.set_title(f"B×V = {shape}, TP={result['tp']}\non/off {s['ratio_on_off']:.3f}, "
                      f"off/bare {s['ratio_off_bare']:.3f}", fontsize=9)
+    ax = axes[-2]
+    med = result["single_rank_path"]["median_us"]
+    bars = ax.bar(list(med), list(med.values()), color=["tab:grey", "tab:blue", "tab:green"])
+    ax.bar_label(bars, fmt="%.1f", fontsize=8)
+    ax.set_ylim(min(med.values()) * 0.95, max(med.values()) * 1.03)
+    ax.set_ylabel("µs per call (thread CPU, median)")
+    ax.set_title(f"TP=1 path B=1 V=32000: recording adds "
+                 f"{result['single_rank_path']['added_on_minus_off_us']:.1f} µs", fontsize=9)
     ax = axes[-1]
     ax.bar(range(len(result["record_us"])), result["record_us"], color="tab:green")
     ax.axhline(2.0, color="red", linestyle="--", linewidth=1, label="target 2 µs")
