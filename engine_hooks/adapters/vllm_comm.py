@@ -1,0 +1,48 @@
+"""vLLM's tensor-parallel GroupCoordinator as an engine_hooks Communicator.
+
+The logits collectives go through the same transport vLLM uses for its own logits all_gather: on CPU that is
+the device communicator's shared-memory ops (`torch.ops._C.shm_all_gather` / `shm_gather`, reached through
+`CpuCommunicator.dist_module`), elsewhere torch.distributed on the group's device group (NCCL on CUDA). They
+write straight into the logits path's preallocated buffers, so nothing is copied after the collective.
+
+vLLM's shared-memory ops take floating-point tensors only; the int64 tensors of the one-time handshake and the
+token broadcast go through torch.distributed on the device group (gloo on CPU), as GroupCoordinator.broadcast
+does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_SHM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class VllmGroupCommunicator:
+    """Communicator over a vLLM GroupCoordinator (duck-typed: rank_in_group, world_size, ranks, device_group,
+    device_communicator, broadcast). All collectives are rooted at group rank 0."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.rank = int(group.rank_in_group)
+        self.world_size = int(group.world_size)
+        self._root = group.ranks[0]  # global rank of group rank 0
+        self._device_group = group.device_group
+        # CpuCommunicator keeps its transport in `dist_module`: vLLM's shared-memory ops, or torch.distributed
+        # when those are unavailable. Both take torch.distributed's argument conventions.
+        self._fast = getattr(group.device_communicator, "dist_module", None) or dist
+
+    def _transport(self, t: torch.Tensor):
+        return self._fast if t.dtype in _SHM_DTYPES else dist
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        self._transport(inp).all_gather_into_tensor(out.view(-1), inp.view(-1), group=self._device_group)
+
+    def gather(self, out: torch.Tensor | None, inp: torch.Tensor) -> None:
+        gather_list = list(out.unbind(0)) if out is not None else None
+        self._transport(inp).gather(inp, gather_list, dst=self._root, group=self._device_group)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        self.group.broadcast(tensor, src=0)

@@ -1,0 +1,144 @@
+"""Every place gatherwise touches vLLM, in one list, with the check that they are what the adapter expects.
+
+Three functions are wrapped (nothing else is replaced):
+- `LogitsProcessor._gather_logits(self, logits)`: the TP logits collective -> engine_hooks' collective.
+- `GPUModelRunner.execute_model(self, scheduler_output, intermediate_tensors)`: marks the step's logits call.
+- `Sampler.forward(self, logits, sampling_metadata, ...)`: in gather mode rank 0 samples, the others receive.
+
+Before patching, the installed vLLM version must be one the adapter was written and tested against, and each
+target must exist with the expected parameters. Otherwise vLLM is left untouched and ONE warning says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("gatherwise.vllm")
+
+SUPPORTED_VERSIONS = ("0.32",)  # major.minor of the vLLM releases this adapter was written and tested against
+
+
+@dataclass(frozen=True)
+class Target:
+    module: str
+    cls: str
+    attr: str
+    params: tuple[str, ...]  # leading parameter names the wrapper relies on
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.cls}.{self.attr}"
+
+
+GATHER_LOGITS = Target("vllm.model_executor.layers.logits_processor", "LogitsProcessor", "_gather_logits",
+                       ("self", "logits"))
+EXECUTE_MODEL = Target("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model",
+                       ("self", "scheduler_output"))
+SAMPLER_FORWARD = Target("vllm.v1.sample.sampler", "Sampler", "forward", ("self", "logits", "sampling_metadata"))
+TARGETS = (GATHER_LOGITS, EXECUTE_MODEL, SAMPLER_FORWARD)
+# Other vLLM names the hooks use at run time (checked here too, so a missing one also refuses up front).
+USED_NAMES = (("vllm.distributed.parallel_state", "get_tp_group"), ("vllm.distributed.parallel_state", "get_pp_group"),
+              ("vllm.v1.outputs", "SamplerOutput"))
+
+_originals: dict[Target, Any] = {}
+
+
+def installed_vllm_version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def version_supported(version: str) -> bool:
+    release = version.split("+")[0]
+    return any(release == v or release.startswith(v + ".") for v in SUPPORTED_VERSIONS)
+
+
+def target_problems(classes: dict[Target, Any]) -> list[str]:
+    """What differs from the expected shape, for {target: the class that should own it}."""
+    problems = []
+    for target, owner in classes.items():
+        fn = getattr(owner, target.attr, None)
+        if not callable(fn):
+            problems.append(f"{target.name} is missing")
+            continue
+        try:
+            params = tuple(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            problems.append(f"{target.name} has no readable signature")
+            continue
+        if params[: len(target.params)] != target.params:
+            problems.append(f"{target.name}{params} does not start with {target.params}")
+    return problems
+
+
+def compatibility_problems() -> list[str]:
+    """Empty when the adapter may patch this vLLM; else the reasons it must not. Imports vLLM modules only
+    after the version is known to be supported."""
+    try:
+        version = installed_vllm_version()
+    except ImportError as exc:
+        return [f"vLLM is not importable ({exc})"]
+    if not version_supported(version):
+        return [f"vLLM {version} is not a version this adapter knows (supported: "
+                f"{', '.join(v + '.x' for v in SUPPORTED_VERSIONS)})"]
+    classes, problems = {}, []
+    for target in TARGETS:
+        try:
+            classes[target] = getattr(importlib.import_module(target.module), target.cls)
+        except (ImportError, AttributeError) as exc:
+            problems.append(f"{target.module}.{target.cls} is not importable ({exc})")
+    for module, name in USED_NAMES:
+        try:
+            getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            problems.append(f"{module}.{name} is not importable ({exc})")
+    return problems + target_problems(classes)
+
+
+def applied() -> bool:
+    return bool(_originals)
+
+
+def apply(hooks: Any) -> None:
+    """Wrap the three targets so they call into `hooks` (a VllmStepHooks). Idempotent."""
+    if _originals:
+        return
+    owners = {t: getattr(importlib.import_module(t.module), t.cls) for t in TARGETS}
+    originals = {t: owners[t].__dict__[t.attr] for t in TARGETS}
+
+    gather_orig = originals[GATHER_LOGITS]
+
+    @functools.wraps(gather_orig)
+    def _gather_logits(self, logits):
+        return hooks.gather_logits(self, logits, gather_orig)
+
+    execute_orig = originals[EXECUTE_MODEL]
+
+    @functools.wraps(execute_orig)
+    def execute_model(self, *args, **kwargs):
+        with hooks.step(self):
+            return execute_orig(self, *args, **kwargs)
+
+    forward_orig = originals[SAMPLER_FORWARD]
+
+    @functools.wraps(forward_orig)
+    def forward(self, logits, *args, **kwargs):
+        return hooks.sample(self, forward_orig, logits, *args, **kwargs)
+
+    for target, wrapper in ((GATHER_LOGITS, _gather_logits), (EXECUTE_MODEL, execute_model),
+                            (SAMPLER_FORWARD, forward)):
+        setattr(owners[target], target.attr, wrapper)
+    _originals.update(originals)
+
+
+def remove() -> None:
+    """Put the original functions back (tests)."""
+    for target, fn in _originals.items():
+        setattr(getattr(importlib.import_module(target.module), target.cls), target.attr, fn)
+    _originals.clear()

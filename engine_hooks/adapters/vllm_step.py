@@ -1,0 +1,132 @@
+"""What the vLLM patches do inside one worker (one TP rank): the logits collective of a step, and its sampling.
+
+A step's logits call is the `compute_logits` inside `GPUModelRunner.execute_model` (CPUModelRunner inherits
+it); vLLM's sampler consumes it in the following `sample_tokens`. Only that call goes through gatherwise:
+other logits calls (warm-up sampler run, prompt logprobs) keep vLLM's own all_gather, so the sequence of
+hooked calls is the same on every rank and each one is followed by exactly one sampler call.
+
+- all_gather mode: the hooked collective returns the full logits to vLLM as usual; every rank samples with
+  vLLM's sampler, as vLLM does without the plugin.
+- gather mode: rank 0 gets the full logits and samples with vLLM's sampler; the other ranks get placeholder
+  logits, skip the sampler and receive rank 0's token ids (plus the control word) by one broadcast, then go on
+  as if they had sampled.
+- vLLM keeps its TP ranks in step by giving every rank the same random stream. A rank that skips a random
+  sample would fall out of that stream, so a batch that is not all-greedy always runs all_gather (recorded as
+  such); gather mode applies to all-greedy batches.
+
+The hooks are installed lazily at the first hooked call (torch.distributed and vLLM's TP group exist by then):
+handshake, engine id, ring recorder and control block come from engine_hooks.install.install_hooks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from engine_hooks.config import GatherwiseConfig
+from engine_hooks.modes import Mode
+
+log = logging.getLogger("gatherwise.vllm")
+
+
+class VllmStepHooks:
+    def __init__(self, config: GatherwiseConfig) -> None:
+        self.config = config
+        self.installed: Any = None  # engine_hooks.install.InstalledHooks once the first hooked call ran
+        self.disabled: str | None = None  # why the hooks stay off in this worker
+        self._runner: Any = None  # the model runner inside execute_model, else None
+        self._pending: Mode | None = None  # mode of the hooked call whose sampling is still to come
+        self._placeholder = torch.empty(0)
+
+    # -- scope: the step's logits call --------------------------------------------------------------------
+    @contextmanager
+    def step(self, runner: Any) -> Iterator[None]:
+        self._runner = runner
+        try:
+            yield
+        finally:
+            self._runner = None
+
+    def _disable(self, reason: str) -> None:
+        self.disabled = reason
+        log.warning("gatherwise: hooks stay off in this vLLM worker: %s; vLLM's own logits path runs", reason)
+
+    def _path(self, runner: Any, logits: torch.Tensor):
+        if self.installed is not None:
+            return self.installed.path
+        if self.disabled is not None:
+            return None
+        # Every rank reaches the same decision here from the same config, so no rank waits alone.
+        if getattr(runner, "speculative_config", None) is not None:
+            self._disable("speculative decoding is not supported")
+            return None
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        if get_pp_group().world_size > 1:
+            self._disable("pipeline parallelism is not supported")
+            return None
+        if logits.dim() != 2 or logits.shape[-1] % 4:
+            self._disable(f"unexpected logits shard shape {tuple(logits.shape)}")
+            return None
+        from engine_hooks.adapters.vllm_comm import VllmGroupCommunicator
+        from engine_hooks.install import install_hooks
+
+        comm = VllmGroupCommunicator(get_tp_group())
+        self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
+                                       device=logits.device, config=self.config)
+        atexit.register(self.close)
+        log.info("gatherwise: hooks installed on TP rank %d/%d, engine %016x, table %s", comm.rank,
+                 comm.world_size, self.installed.engine_id, self.installed.path.table.as_labels())
+        return self.installed.path
+
+    def close(self) -> None:
+        if self.installed is not None:
+            self.installed.close()
+            self.installed = None
+
+    # -- LogitsProcessor._gather_logits ---------------------------------------------------------------------
+    def gather_logits(self, processor: Any, logits: torch.Tensor, original: Callable) -> torch.Tensor:
+        runner = self._runner
+        path = self._path(runner, logits) if runner is not None else None
+        if path is None:
+            return original(processor, logits)
+        rows = logits.shape[0]
+        path.logits_buffer(rows).copy_(logits)  # the one copy vLLM's own all_gather does not make
+        all_greedy = runner.input_batch.sampling_metadata.all_greedy
+        mode, shards = path.exchange(mode=None if all_greedy else Mode.ALL_GATHER)
+        self._pending = mode
+        if mode == Mode.ALL_GATHER or path.rank == 0:
+            return shards.permute(1, 0, 2).reshape(rows, -1)  # [B, P*Vs], the layout vLLM's all_gather gives
+        return self._placeholder_logits(rows, path.world_size * path.width, logits.dtype, logits.device)
+
+    def _placeholder_logits(self, rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Zeros for ranks that will not sample: vLLM may still scale, mask or count NaNs in them."""
+        p = self._placeholder
+        if p.shape[0] < rows or p.shape[1:] != (cols,) or p.dtype != dtype or p.device != device:
+            self._placeholder = p = torch.zeros(max(rows, 2 * p.shape[0]), cols, dtype=dtype, device=device)
+        return p[:rows]
+
+    # -- Sampler.forward ------------------------------------------------------------------------------------
+    def sample(self, sampler: Any, original: Callable, logits: torch.Tensor, *args: Any, **kwargs: Any):
+        mode, self._pending = self._pending, None
+        if mode is None:
+            return original(sampler, logits, *args, **kwargs)
+        path = self.installed.path
+        clock = getattr(path, "clock", time.perf_counter_ns)
+        if mode == Mode.ALL_GATHER or path.rank == 0:
+            start = clock()
+            out = original(sampler, logits, *args, **kwargs)
+            end = clock()
+            tokens = out.sampled_token_ids.view(-1) if mode != Mode.ALL_GATHER else None
+            path.complete(tokens, sample_start=start, sample_end=end)
+            return out
+        tokens = path.complete(None)
+        from vllm.v1.outputs import SamplerOutput
+
+        return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1), logprobs_tensors=None)
