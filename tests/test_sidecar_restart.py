@@ -14,7 +14,7 @@ import pytest
 from engine_hooks.shm_format.ring import engine_dir, ring_path
 from sidecar.header_counters import total_calls
 from sidecar.ring_reader import RingReader
-from tests._sidecar import scrape, start_engine, start_sidecar, total, wait_for
+from tests._sidecar import samples, scrape, start_engine, start_sidecar, total, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -90,3 +90,29 @@ def test_sidecar_without_engine_is_alive_but_not_ready(tmp_path: Path) -> None:
     finally:
         if sidecar.popen.poll() is None:
             sidecar.popen.kill()
+
+
+def exposition_with_calls(url: str, calls: int) -> str | None:
+    text = scrape(url)
+    return text if total(text, "gatherwise_calls_total", rank="0") == calls else None
+
+
+def test_engine_restart_under_a_running_sidecar_switches_without_mixing(tmp_path: Path) -> None:
+    shm = tmp_path / "shm"
+    sidecar, url = start_sidecar(str(shm))
+    try:
+        labels = []
+        for _ in range(2):
+            engine = start_engine(str(shm), duration=2, workload="fixed:1")
+            labels.append(engine.wait_line(r"gatherwise engine ([0-9a-f]{16}): tp=2", 120).group(1))
+            calls = int(engine.wait_line(r"(\d+) logits calls per rank", 120).group(1))
+            assert engine.popen.wait(30) == 0
+            wait_for(lambda: httpx.get(f"{url}/v1/engine", timeout=5).json()["engine_id"] == labels[-1], 30,
+                     "the sidecar to follow the newest engine")
+            text = wait_for(lambda n=calls: exposition_with_calls(url, n), 30, "the new engine's counts")
+            engines = {lab["engine"] for _, lab, _ in samples(text) if "engine" in lab}
+            assert engines == {labels[-1]}, engines  # the previous instance's series are gone
+        assert labels[0] != labels[1]
+        assert httpx.get(f"{url}/v1/engine", timeout=5).json()["engines_seen"] == 2
+    finally:
+        assert sidecar.stop() == 0, "".join(sidecar.output)
