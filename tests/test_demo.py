@@ -1,0 +1,53 @@
+"""`gatherwise demo`: the live view shows real numbers, and Ctrl-C stops everything it started and leaves no
+shared-memory files behind."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in args:
+            found.append(args)
+    return found
+
+
+def test_demo_shows_live_numbers_and_ctrl_c_cleans_up():
+    proc = subprocess.Popen([sys.executable, "-m", "gatherwise_cli", "demo", "--interval", "1"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    output: list[str] = []
+    deadline = time.monotonic() + 240
+    seen_numbers = False
+    try:
+        for line in proc.stdout:  # read until one whole screen with a latency row has been printed
+            output.append(line)
+            seen_numbers = seen_numbers or bool(re.match(r"\s+\d+\s+(all_gather|gather)\s+\d+\.\d+", line))
+            if (seen_numbers and line.startswith("flip by hand")) or time.monotonic() > deadline:
+                break
+        text = "".join(output)
+        assert re.search(r"engine [0-9a-f]{16}\s+tp=2", text), text[-3000:]
+        assert "API docs http://127.0.0.1:" in text
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text += rest
+    assert proc.returncode == 0, text[-3000:]
+    shm_dir = re.search(r"shared-memory dir (\S+) removed", text)
+    assert shm_dir, text[-3000:]
+    assert not Path(shm_dir.group(1)).exists()
+    assert _processes_mentioning(shm_dir.group(1)) == []
