@@ -191,7 +191,7 @@ def suite(checkpoints) -> tuple[list[ModelSpec], list[Case]]:
         cases.append(Case(f"32000 {mode} sampled", 0, mode, SAMPLING, seed=2))
     for s in range(NUM_SCHEDULES):
         cases.append(Case(f"1001 schedule:{s}", 1, f"schedule:{1000 + s}", SAMPLING[s % 5:] + SAMPLING[: s % 5],
-                          num=7, max_new_tokens=6, seed=100 + s))
+                          num=6, max_new_tokens=4, seed=100 + s))
     cases.append(Case("1001 batches 1..16", 1, "schedule:3", SAMPLING, num=40, max_new_tokens=10, seed=9,
                       max_gap=1))
     cases.append(Case("1001 bfloat16 gather", 1, "gather", SAMPLING, seed=10, logits_dtype="bfloat16"))
