@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,8 +91,16 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
         source = ControlBlockSource(control_path(cfg.engine.shm_dir, engine_id), engine_id=engine_id,
                                     tp_size=comm.world_size, table=table)
         closables.append(source)
+    clock = time.perf_counter_ns
+    if recorder is not None and torch.device(device).type == "cuda":
+        from engine_hooks.cuda_timing import cuda_recording
+
+        # event pairs on the stream, resolved calls later by query(): no synchronize on the hot path
+        ring = recorder
+        clock, recorder = cuda_recording(ring)
+        closables[closables.index(ring)] = recorder  # closing the resolver flushes, then closes the ring
     if cfg.control.inject_delay:
         comm = DelayedCommunicator(comm, cfg.control.inject_delay)
     path = LogitsPath(comm, vocab, dtype=dtype, device=device, initial_table=table, table_source=source,
-                      recorder=recorder, keep_log=keep_log)
+                      recorder=recorder, clock=clock, keep_log=keep_log)
     return InstalledHooks(path, engine_id, engine_dir, cfg, closables)
