@@ -93,8 +93,12 @@ class Controller:
                 return
             now = time.monotonic()
             att.policy.clock_wall = time.time()
-            self._publish(att, att.policy.step(now))
-            snap = att.client.snapshot()
+            try:
+                self._publish(att, att.policy.step(now))
+                snap = att.client.snapshot()
+            except ControlFormatError as exc:
+                self._give_up(att, exc)
+                return
             self.events.gauges(att.label, snap.active_table, att.policy, now)
             if att.dirty and now - att.saved_at >= SAVE_INTERVAL_S:
                 self._save(att)
@@ -115,7 +119,17 @@ class Controller:
         if eng is not None:
             self._attach(eng.engine_id, Path(eng.dir) / CONTROL_NAME)
 
+    def _give_up(self, att: Attached, exc: Exception) -> None:
+        """The block was overwritten under us: stop controlling this engine (it keeps its last good table)."""
+        log.warning("engine %s: control block became unusable, control API disabled for it: %s", att.label, exc)
+        self._warned.add(att.engine_id)
+        att.client.close()
+        self.attached = None
+        self.events.forget()
+
     def _attach(self, engine_id: int, path: Path) -> None:
+        if engine_id in self._warned:
+            return
         try:
             client = ControlClient(path)
             snap = client.snapshot()

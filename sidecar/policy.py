@@ -45,7 +45,7 @@ class PolicyParams:
     @property
     def probe_timeout_seconds(self) -> float:
         """A probe of a bucket whose traffic stopped ends after this long anyway."""
-        return max(1.0, self.probe_interval_seconds)
+        return max(2.0, 2.0 * self.probe_interval_seconds)
 
 
 @dataclass
