@@ -227,7 +227,9 @@ def test_concurrent_writer_process_and_reader_never_misparse(tmp_path):
     try:
         assert ready.wait(60)
         reader = RingReader(path)
+        # the writer may already have lapped the ring before we attached: those seqs are before our cursor
         got, missed, reads_while_writing = 0, 0, 0
+        start = reader.cursor
         while True:
             alive = proc.is_alive()
             records, m = reader.read_new(max_records=48)
@@ -248,7 +250,7 @@ def test_concurrent_writer_process_and_reader_never_misparse(tmp_path):
         h = reader.header()
         assert h.closed and h.write_index == n
         assert h.counters[0].calls + h.counters[1].calls == n
-        assert got + missed == n and reader.cursor == n  # every seq either returned or counted missed
+        assert got + missed == n - start and reader.cursor == n  # every later seq returned or counted missed
         assert reads_while_writing > 0
     finally:
         if proc.is_alive():
