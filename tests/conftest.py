@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# tests/vllm/ needs vLLM and runs in its own venv (`make test-vllm`); elsewhere the directory is not collected.
+collect_ignore = [] if importlib.util.find_spec("vllm") or os.environ.get("GATHERWISE_VLLM_TESTS") == "1" else ["vllm"]
 
 
 def require_tool(name: str) -> str:

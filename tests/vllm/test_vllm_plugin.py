@@ -1,0 +1,106 @@
+"""vLLM TP=2 on CPU with the gatherwise plugin: same greedy tokens as plain vLLM in every mode and across switches
+made through the sidecar's HTTP API; per-rank timings reach /metrics; every rank runs the same mode per call.
+
+Three engines, each its own process, one at a time: plain vLLM; the plugin starting in gather mode; the plugin
+starting in all_gather mode with a real `gatherwise sidecar` that flips the mode mid-generation.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from engine_hooks.modes import Mode
+from tests.vllm.harness import base_env, build_model, metric_samples, mode_runs, run_engine, start_sidecar
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+@pytest.fixture(scope="session")
+def model(tmp_path_factory) -> str:
+    given = os.environ.get("GATHERWISE_VLLM_MODEL")
+    return given if given else build_model(str(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="module")
+def shm_root():
+    path = f"/dev/shm/gatherwise-vllm-test-{os.getpid()}"
+    os.makedirs(path, exist_ok=True)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def plain(model) -> dict:
+    return run_engine(model, base_env())
+
+
+@pytest.fixture(scope="module")
+def gather_run(model, shm_root) -> dict:
+    shm = os.path.join(shm_root, "gather")
+    env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, GATHERWISE_ENGINE_INITIAL_MODE="gather")
+    return run_engine(model, env, "--shm-dir", shm)
+
+
+@pytest.fixture(scope="module")
+def switched_run(model, shm_root) -> dict:
+    shm = os.path.join(shm_root, "switched")
+    os.makedirs(shm, exist_ok=True)
+    sidecar = start_sidecar(shm)
+    try:
+        # In-process engine core: each LLMEngine.step() is one model step, so the switches land mid-generation.
+        env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        return run_engine(model, env, "--shm-dir", shm, "--sidecar", sidecar.url, "--token", sidecar.token)
+    finally:
+        sidecar.stop()
+
+
+def test_plain_vllm_generates(plain):
+    assert len(plain["greedy"]) == 6 and all(plain["greedy"]) and "rings" not in plain
+
+
+def test_gather_mode_gives_vllms_greedy_tokens(plain, gather_run):
+    assert gather_run["greedy"] == plain["greedy"]
+    rings = gather_run["rings"]
+    assert sorted(rings) == ["0", "1"]
+    # greedy phase in gather mode; the seeded phase is not all-greedy, so it runs all_gather
+    assert mode_runs(rings["0"]["calls"]) == [Mode.GATHER, Mode.ALL_GATHER]
+
+
+def test_seeded_sampling_unchanged_by_the_plugin(plain, gather_run, switched_run):
+    assert gather_run["seeded"] == plain["seeded"]
+    assert switched_run["seeded"] == plain["seeded"]
+
+
+def test_all_gather_mode_gives_vllms_greedy_tokens(plain, switched_run):
+    assert switched_run["greedy"] == plain["greedy"]
+
+
+def test_switch_through_sidecar_api_mid_generation(plain, switched_run):
+    sw = switched_run["switched"]
+    assert [p["mode"] for p in sw["puts"]] == ["gather", "all_gather", "gather"]
+    assert all(p["status"] in (200, 202) for p in sw["puts"]), sw["puts"]
+    assert sw["tokens"] == plain["greedy"]  # the same prompts and lengths, greedy
+    assert sw["mode"]["active"]["1"] == "gather"
+    # all_gather for the greedy and seeded phases, then the three switches, each within one generation
+    assert mode_runs(switched_run["rings"]["0"]["calls"]) == [Mode.ALL_GATHER, Mode.GATHER, Mode.ALL_GATHER,
+                                                              Mode.GATHER]
+
+
+@pytest.mark.parametrize("run", ["gather_run", "switched_run"])
+def test_every_rank_runs_the_same_mode_per_call(run, request):
+    rings = request.getfixturevalue(run)["rings"]
+    assert all(r["missed"] == 0 for r in rings.values())
+    per_rank = {rank: {c[0]: (c[1], c[2]) for c in r["calls"]} for rank, r in rings.items()}
+    assert per_rank["0"] and per_rank["0"] == per_rank["1"]  # same call indices, same (mode, rows)
+    assert sorted(per_rank["0"]) == list(range(len(per_rank["0"])))
+
+
+def test_sidecar_metrics_show_per_rank_collective_timings(switched_run):
+    samples = metric_samples(switched_run["switched"]["metrics"], "gatherwise_collective_seconds_count")
+    counted = {(labels["rank"], labels["op"]) for labels, value in samples if value > 0}
+    assert {"0", "1"} <= {rank for rank, _ in counted}, samples
+    ops = {op for _, op in counted}
+    assert {"all_gather", "gather"} <= ops, ops
