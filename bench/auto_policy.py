@@ -1,0 +1,275 @@
+"""Auto policy vs static modes on a mixed workload that crosses the gather/all_gather crossover (TP=2, gloo).
+
+    .venv/bin/python -m bench.auto_policy [--rounds 4] [--segment 4] [--cold 90] [--out bench/out/auto_policy]
+
+One real TP=2 engine (install_hooks: rings + control block) and one real sidecar subprocess. Phase 1 interleaves
+segments of static all_gather, static gather and auto (PUT /v1/mode) in rotating order, so slow drifts of this
+shared machine hit every variant alike; auto there is *warm*: its estimates include the static segments'
+samples. Phase 2 starts a fresh engine instance (fresh policy state) and runs auto *cold* for --cold seconds,
+probes and learning included (auto_cold), and reports its last third separately (auto_cold_tail). The cost of
+a call is its cross-rank critical path from the ring records; a variant's total is the sum over batch sizes
+of (calls of that size in the workload) x (its mean cost at that size), so every variant is charged for the
+same workload. The oracle takes, per size, the faster static mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import httpx
+import yaml
+
+SIZES = (1, 2, 4, 8, 16, 32)
+CALLS_PER_SIZE = 8
+VOCAB = 32000
+TOKEN = "bench-auto-policy"
+POLICY = {"margin": 0.05, "min_samples": 10, "window": 64, "dwell_seconds": 2.0, "probe_interval_seconds": 1.0,
+          "probe_calls": 8, "probe_budget": 0.05, "max_sample_age_seconds": 30.0}
+
+
+def engine_rank(rank: int, world: int, config_path: str, stop_file: str) -> int:
+    import torch
+
+    from engine_hooks.comm import default_communicator
+    from engine_hooks.config import load_config
+    from engine_hooks.install import install_hooks
+    from engine_hooks.sampling import SamplingParams, SamplingRow
+
+    comm = default_communicator()
+    hooks = install_hooks(comm, vocab=VOCAB, config=load_config(config_path))
+    path = hooks.path
+    gen = torch.Generator().manual_seed(rank)
+    logits = {b: torch.randn(b, path.width, generator=gen) for b in SIZES}
+    rows = {b: [SamplingRow(SamplingParams(), r, 0) for r in range(b)] for b in SIZES}
+    flag = torch.zeros(1, dtype=torch.int64)
+    try:
+        while True:
+            for b in SIZES:
+                for _ in range(CALLS_PER_SIZE):
+                    path.logits_buffer(b).copy_(logits[b])
+                    path.run(rows[b])
+            if rank == 0:
+                flag.fill_(int(os.path.exists(stop_file)))
+            comm.broadcast(flag)
+            if flag.item():
+                return path.call_index
+    finally:
+        hooks.close()
+
+
+class Engine:
+    """The TP=2 engine in a thread (bench.launch.run_ranks blocks), plus readers of its rings."""
+
+    def __init__(self, config_path: str, shm: str, stop_file: str) -> None:
+        from bench.launch import run_ranks
+
+        self.stop_file = stop_file
+        known = {e.engine_id for e in _engines(shm)}
+        self.thread = threading.Thread(target=run_ranks, args=(engine_rank, 2, config_path, stop_file), daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while True:
+            fresh = [e for e in _engines(shm) if e.engine_id not in known and len(e.rings) == 2]
+            if fresh:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("engine did not start")
+            time.sleep(0.2)
+        time.sleep(0.5)
+        from sidecar.ring_reader import RingReader
+
+        self.engine_id = fresh[0].engine_id
+        self.readers = [RingReader(p) for p in fresh[0].rings.values()]
+        self.by_call: dict[int, dict[int, object]] = defaultdict(dict)
+
+    def drain(self) -> None:
+        for rank, reader in enumerate(self.readers):
+            records, missed = reader.read_new()
+            if missed:
+                print(f"warning: {missed} records missed on rank {rank}", file=sys.stderr)
+            for rec in records:
+                self.by_call[rec.call_index][rank] = rec
+
+    def stop(self) -> None:
+        Path(self.stop_file).touch()
+        while self.thread.is_alive():
+            self.drain()
+            self.thread.join(0.2)
+        self.drain()
+
+    def calls(self) -> list[tuple[int, int, int, float]]:
+        """(call_index, rows, mode, critical-path seconds) of every call both ranks recorded."""
+        out = []
+        for ci, recs in sorted(self.by_call.items()):
+            if len(recs) == 2:
+                r = list(recs.values())
+                out.append((ci, r[0].rows, r[0].mode, (max(x.end_ns for x in r) - max(x.start_ns for x in r)) * 1e-9))
+        return out
+
+
+def _engines(shm: str):
+    from sidecar.ring_reader import discover_engines
+
+    try:
+        return discover_engines(shm)
+    except OSError:
+        return []
+
+
+def put_mode(url: str, mode: str) -> int:
+    r = httpx.put(f"{url}/v1/mode", json={"mode": mode}, params={"wait": 60},
+                  headers={"Authorization": f"Bearer {TOKEN}"}, timeout=90)
+    if r.status_code != 200:
+        raise RuntimeError(f"PUT /v1/mode {mode}: {r.status_code} {r.text}")
+    return int(r.json()["apply_call"])
+
+
+def wait_attached(url: str, engine_id: int) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{url}/v1/mode", timeout=10)
+        if r.status_code == 200 and r.json()["engine"] == f"{engine_id:016x}":
+            return
+        time.sleep(0.2)
+    raise RuntimeError("sidecar did not attach the engine")
+
+
+def segment_costs(calls, segments, end_call: int) -> dict[str, dict[int, list[float]]]:
+    """variant -> rows -> critical paths of the calls in that variant's segments."""
+    out: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    bounds = [*segments, (None, end_call)]
+    for (variant, start), (_, stop) in zip(bounds, bounds[1:], strict=False):
+        for ci, rows, _mode, cost in calls:
+            if start <= ci < stop:
+                out[variant][rows].append(cost)
+    return out
+
+
+def summarize(costs: dict[str, dict[int, list[float]]]) -> dict:
+    mean = {v: {b: sum(c) / len(c) for b, c in per.items() if c} for v, per in costs.items()}
+    oracle = {b: min(mean["all_gather"][b], mean["gather"][b]) for b in SIZES}
+    mean["oracle"] = oracle
+    totals = {v: CALLS_PER_SIZE * sum(m[b] for b in SIZES) for v, m in mean.items() if all(b in m for b in SIZES)}
+    return {"mean_seconds": {v: {str(b): s for b, s in m.items()} for v, m in mean.items()},
+            "samples": {v: {str(b): len(c) for b, c in per.items()} for v, per in costs.items()},
+            "total_seconds_per_cycle": totals,
+            "ratio_to_oracle": {v: t / totals["oracle"] for v, t in totals.items()}}
+
+
+def plot(path: Path, result: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    ratios = result["ratio_to_oracle"]
+    names = list(ratios)
+    left.bar(names, [ratios[n] for n in names], color=[f"C{i}" for i in range(len(names))])
+    left.axhline(1.03, color="grey", ls="--", lw=1, label="1.03x oracle")
+    left.set_ylabel("total logits-path time / oracle")
+    left.tick_params(axis="x", rotation=30)
+    left.set_title("mixed workload, TP=2 gloo, V=32000 f32")
+    left.legend()
+    for name in ("all_gather", "gather", "auto_warm", "auto_cold_tail"):
+        m = result["mean_seconds"].get(name)
+        if m:
+            right.plot(SIZES, [m[str(b)] * 1e3 for b in SIZES], marker="o", label=name)
+    right.set_xscale("log", base=2)
+    right.set_xlabel("batch size (rows)")
+    right.set_ylabel("mean critical path (ms)")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def run(rounds: int, segment: float, cold: float, workdir: str) -> dict:
+    shm = os.path.join(workdir, "shm")
+    os.makedirs(shm)
+    config = os.path.join(workdir, "gatherwise.yaml")
+    Path(config).write_text(yaml.safe_dump({
+        "engine": {"shm_dir": shm, "initial_mode": "all_gather"}, "telemetry": {"ring_capacity": 1 << 17},
+        "sidecar": {"poll_interval_seconds": 0.01}, "traces": {"enabled": False},
+        "policy": {"mode": "manual", **POLICY}}))
+    env = {**os.environ, "GATHERWISE_API_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
+    sidecar = subprocess.Popen([sys.executable, "-m", "gatherwise_cli", "sidecar", "--port", "0", "--config", config],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        url = re.search(r"(http://127\.0\.0\.1:\d+)", sidecar.stdout.readline()).group(1)
+        variants = ["all_gather", "gather", "auto"]
+        engine = Engine(config, shm, os.path.join(workdir, "stop1"))
+        wait_attached(url, engine.engine_id)
+        segments = []
+        for r in range(rounds):
+            for variant in variants[r % 3:] + variants[: r % 3]:
+                segments.append(("auto_warm" if variant == "auto" else variant, put_mode(url, variant)))
+                t_end = time.monotonic() + segment
+                while time.monotonic() < t_end:
+                    engine.drain()
+                    time.sleep(0.2)
+        engine.stop()
+        calls = engine.calls()
+        costs = segment_costs(calls, segments, calls[-1][0] + 1)
+        decisions_warm = httpx.get(f"{url}/v1/decisions", params={"limit": 256}).json()["decisions"]
+        cold_engine = Engine(config, shm, os.path.join(workdir, "stop2"))
+        wait_attached(url, cold_engine.engine_id)
+        start = put_mode(url, "auto")
+        t_end = time.monotonic() + cold
+        while time.monotonic() < t_end:
+            cold_engine.drain()
+            time.sleep(0.2)
+        stats = httpx.get(f"{url}/v1/stats").json()
+        learned = httpx.get(f"{url}/v1/policy/table").json()
+        cold_engine.stop()
+        cold_calls = cold_engine.calls()
+        end = cold_calls[-1][0] + 1
+        costs.update(segment_costs(cold_calls, [("auto_cold", start)], end))
+        # the last third of the cold run: what auto costs once it has learned (probes still included)
+        costs.update(segment_costs(cold_calls, [("auto_cold_tail", start + 2 * (end - start) // 3)], end))
+    finally:
+        sidecar.terminate()
+        sidecar.wait(30)
+    result = summarize(costs)
+    result.update(config={"sizes": SIZES, "calls_per_size": CALLS_PER_SIZE, "vocab": VOCAB, "dtype": "float32",
+                          "tp": 2, "rounds": rounds, "segment_seconds": segment, "cold_seconds": cold,
+                          "policy": POLICY},
+                  cold_probe_share=stats["probe_share"], cold_learned_table=learned["table"],
+                  warm_auto_decisions=len([d for d in decisions_warm if d["reason"] == "auto"]),
+                  load_average=os.getloadavg())
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.auto_policy", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds of the three variants")
+    p.add_argument("--segment", type=float, default=4.0, help="seconds per variant segment")
+    p.add_argument("--cold", type=float, default=90.0, help="seconds of the cold-start auto run")
+    p.add_argument("--out", default="bench/out/auto_policy", help="directory for auto_policy.json and .png")
+    args = p.parse_args(argv)
+    workdir = tempfile.mkdtemp(prefix="gw-bench-auto-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        result = run(args.rounds, args.segment, args.cold, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "auto_policy.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(out / "auto_policy.png", result)
+    print(json.dumps({k: result[k] for k in ("ratio_to_oracle", "total_seconds_per_cycle", "cold_probe_share")},
+                     indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
