@@ -8,7 +8,7 @@ shared machine hit every variant alike; auto there is *warm*: its estimates incl
 samples. Phase 2 starts a fresh engine instance (fresh policy state) and runs auto *cold* for --cold seconds,
 probes and learning included (auto_cold), and reports its last third separately (auto_cold_tail). The cost of
 a call is its cross-rank critical path from the ring records; a variant's total is the sum over batch sizes
-of (calls of that size in the workload) x (its mean cost at that size), so every variant is charged for the
+of (calls of that size in the workload) x (its 5%-trimmed mean cost at that size), so every variant is charged for the
 same workload. The oracle takes, per size, the faster static mode.
 """
 
@@ -135,6 +135,17 @@ def put_mode(url: str, mode: str) -> int:
     return int(r.json()["apply_call"])
 
 
+def current_call(url: str) -> int:
+    return int(httpx.get(f"{url}/v1/mode", timeout=10).json()["call_index"])
+
+
+def drain_for(engine: Engine, seconds: float) -> None:
+    t_end = time.monotonic() + seconds
+    while time.monotonic() < t_end:
+        engine.drain()
+        time.sleep(0.2)
+
+
 def wait_attached(url: str, engine_id: int) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -145,19 +156,27 @@ def wait_attached(url: str, engine_id: int) -> None:
     raise RuntimeError("sidecar did not attach the engine")
 
 
-def segment_costs(calls, segments, end_call: int) -> dict[str, dict[int, list[float]]]:
-    """variant -> rows -> critical paths of the calls in that variant's segments."""
+def segment_costs(calls, segments) -> dict[str, dict[int, list[float]]]:
+    """variant -> rows -> critical paths of the calls in that variant's (variant, first call, end call) segments."""
     out: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    bounds = [*segments, (None, end_call)]
-    for (variant, start), (_, stop) in zip(bounds, bounds[1:], strict=False):
+    for variant, start, stop in segments:
         for ci, rows, _mode, cost in calls:
             if start <= ci < stop:
                 out[variant][rows].append(cost)
     return out
 
 
+def trimmed_mean(values: list[float], trim: float = 0.05) -> float:
+    """Mean without the top and bottom `trim` share: a 2-core shared host deschedules a rank now and then for
+    hundreds of ms, which says nothing about the mode but would dominate a plain mean."""
+    ordered = sorted(values)
+    k = int(len(ordered) * trim)
+    kept = ordered[k: len(ordered) - k] or ordered
+    return sum(kept) / len(kept)
+
+
 def summarize(costs: dict[str, dict[int, list[float]]]) -> dict:
-    mean = {v: {b: sum(c) / len(c) for b, c in per.items() if c} for v, per in costs.items()}
+    mean = {v: {b: trimmed_mean(c) for b, c in per.items() if c} for v, per in costs.items()}
     oracle = {b: min(mean["all_gather"][b], mean["gather"][b]) for b in SIZES}
     mean["oracle"] = oracle
     totals = {v: CALLS_PER_SIZE * sum(m[b] for b in SIZES) for v, m in mean.items() if all(b in m for b in SIZES)}
@@ -194,7 +213,7 @@ def plot(path: Path, result: dict) -> None:
     fig.savefig(path, dpi=110)
 
 
-def run(rounds: int, segment: float, cold: float, workdir: str) -> dict:
+def run(rounds: int, segment: float, settle: float, cold: float, workdir: str) -> dict:
     shm = os.path.join(workdir, "shm")
     os.makedirs(shm)
     config = os.path.join(workdir, "gatherwise.yaml")
@@ -210,39 +229,41 @@ def run(rounds: int, segment: float, cold: float, workdir: str) -> dict:
         variants = ["all_gather", "gather", "auto"]
         engine = Engine(config, shm, os.path.join(workdir, "stop1"))
         wait_attached(url, engine.engine_id)
-        segments = []
+        segments, previous = [], None
         for r in range(rounds):
             for variant in variants[r % 3:] + variants[: r % 3]:
-                segments.append(("auto_warm" if variant == "auto" else variant, put_mode(url, variant)))
-                t_end = time.monotonic() + segment
-                while time.monotonic() < t_end:
-                    engine.drain()
-                    time.sleep(0.2)
+                applied = put_mode(url, variant)
+                if previous is not None:
+                    segments.append((*previous, applied))
+                # every variant drops its first `settle` seconds: the switch-over (and, for auto, the dwell the
+                # previous manual flip imposes) is a cost of this benchmark's schedule, not of the variant
+                drain_for(engine, settle)
+                previous = ("auto_warm" if variant == "auto" else variant, current_call(url))
+                drain_for(engine, segment - settle)
         engine.stop()
         calls = engine.calls()
-        costs = segment_costs(calls, segments, calls[-1][0] + 1)
+        segments.append((*previous, calls[-1][0] + 1))
+        costs = segment_costs(calls, segments)
         decisions_warm = httpx.get(f"{url}/v1/decisions", params={"limit": 256}).json()["decisions"]
         cold_engine = Engine(config, shm, os.path.join(workdir, "stop2"))
         wait_attached(url, cold_engine.engine_id)
         start = put_mode(url, "auto")
-        t_end = time.monotonic() + cold
-        while time.monotonic() < t_end:
-            cold_engine.drain()
-            time.sleep(0.2)
+        drain_for(cold_engine, cold)
         stats = httpx.get(f"{url}/v1/stats").json()
         learned = httpx.get(f"{url}/v1/policy/table").json()
         cold_engine.stop()
         cold_calls = cold_engine.calls()
         end = cold_calls[-1][0] + 1
-        costs.update(segment_costs(cold_calls, [("auto_cold", start)], end))
+        costs.update(segment_costs(cold_calls, [("auto_cold", start, end)]))
         # the last third of the cold run: what auto costs once it has learned (probes still included)
-        costs.update(segment_costs(cold_calls, [("auto_cold_tail", start + 2 * (end - start) // 3)], end))
+        costs.update(segment_costs(cold_calls, [("auto_cold_tail", start + 2 * (end - start) // 3, end)]))
     finally:
         sidecar.terminate()
         sidecar.wait(30)
     result = summarize(costs)
     result.update(config={"sizes": SIZES, "calls_per_size": CALLS_PER_SIZE, "vocab": VOCAB, "dtype": "float32",
-                          "tp": 2, "rounds": rounds, "segment_seconds": segment, "cold_seconds": cold,
+                          "tp": 2, "rounds": rounds, "segment_seconds": segment, "settle_seconds": settle,
+                          "cold_seconds": cold, "statistic": "5% trimmed mean of the critical path",
                           "policy": POLICY},
                   cold_probe_share=stats["probe_share"], cold_learned_table=learned["table"],
                   warm_auto_decisions=len([d for d in decisions_warm if d["reason"] == "auto"]),
@@ -253,13 +274,16 @@ def run(rounds: int, segment: float, cold: float, workdir: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.auto_policy", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds of the three variants")
-    p.add_argument("--segment", type=float, default=4.0, help="seconds per variant segment")
+    p.add_argument("--segment", type=float, default=10.0, help="seconds per variant segment")
+    p.add_argument("--settle", type=float, default=3.0, help="seconds at the start of every segment not measured")
     p.add_argument("--cold", type=float, default=90.0, help="seconds of the cold-start auto run")
     p.add_argument("--out", default="bench/out/auto_policy", help="directory for auto_policy.json and .png")
     args = p.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="gw-bench-auto-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     try:
-        result = run(args.rounds, args.segment, args.cold, workdir)
+        if not 0 <= args.settle < args.segment:
+            p.error("--settle must be >= 0 and shorter than --segment")
+        result = run(args.rounds, args.segment, args.settle, args.cold, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out = Path(args.out)

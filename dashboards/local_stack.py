@@ -7,8 +7,10 @@ run it next to anything else. `stop()` ends every process it started and removes
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -64,9 +66,19 @@ class LocalStack:
         self.stop()
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this child when the process that started the stack dies, even by SIGKILL, so a killed
+    demo or test never leaves an engine running (and holding shared memory) forever."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _gatherwise(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     with log.open("wb") as out:  # a file, not a pipe: nobody reads it while the stack runs
-        return subprocess.Popen([sys.executable, "-m", "gatherwise_cli", *args], stdout=out, stderr=out, env=env)
+        return subprocess.Popen([sys.executable, "-m", "gatherwise_cli", *args], stdout=out, stderr=out, env=env,
+                                preexec_fn=_die_with_parent)
 
 
 def wait_ready(url: str, processes: list[subprocess.Popen], timeout: float) -> None:

@@ -43,8 +43,12 @@ def test_demo_shows_live_numbers_and_ctrl_c_cleans_up():
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # a failed assertion: still stop the demo the way a user would
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     text += rest
     assert proc.returncode == 0, text[-3000:]
     shm_dir = re.search(r"shared-memory dir (\S+) removed", text)
