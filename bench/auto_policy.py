@@ -34,8 +34,9 @@ SIZES = (1, 2, 4, 8, 16, 32)
 CALLS_PER_SIZE = 8
 VOCAB = 32000
 TOKEN = "bench-auto-policy"
-POLICY = {"margin": 0.05, "min_samples": 10, "window": 64, "dwell_seconds": 2.0, "probe_interval_seconds": 1.0,
-          "probe_calls": 8, "probe_budget": 0.05, "max_sample_age_seconds": 30.0}
+# The config defaults except a shorter probe interval and sample age, so a run of minutes learns and re-learns.
+POLICY = {"margin": 0.05, "min_samples": 20, "window": 128, "dwell_seconds": 5.0, "probe_interval_seconds": 3.0,
+          "probe_calls": 8, "probe_budget": 0.02, "max_sample_age_seconds": 60.0}
 
 
 def engine_rank(rank: int, world: int, config_path: str, stop_file: str) -> int:
@@ -166,6 +167,18 @@ def segment_costs(calls, segments) -> dict[str, dict[int, list[float]]]:
     return out
 
 
+def by_actual_mode(calls, segments) -> dict[str, dict[str, dict[str, float]]]:
+    """variant -> "rows/mode" -> {calls, trimmed mean}: what each variant's calls really ran (auto: probes show
+    up as calls in the mode the policy did not choose)."""
+    out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for variant, start, stop in segments:
+        for ci, rows, mode, cost in calls:
+            if start <= ci < stop:
+                out[variant][f"{rows}/{'all_gather' if mode == 0 else 'gather'}"].append(cost)
+    return {v: {k: {"calls": len(c), "mean_seconds": trimmed_mean(c)} for k, c in sorted(per.items())}
+            for v, per in out.items()}
+
+
 def trimmed_mean(values: list[float], trim: float = 0.05) -> float:
     """Mean without the top and bottom `trim` share: a 2-core shared host deschedules a rank now and then for
     hundreds of ms, which says nothing about the mode but would dominate a plain mean."""
@@ -213,12 +226,15 @@ def plot(path: Path, result: dict) -> None:
     fig.savefig(path, dpi=110)
 
 
-def run(rounds: int, segment: float, settle: float, cold: float, workdir: str) -> dict:
+def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, gather_delay: float = 0.0) -> dict:
     shm = os.path.join(workdir, "shm")
     os.makedirs(shm)
     config = os.path.join(workdir, "gatherwise.yaml")
     Path(config).write_text(yaml.safe_dump({
         "engine": {"shm_dir": shm, "initial_mode": "all_gather"}, "telemetry": {"ring_capacity": 1 << 17},
+        # optional: a fixed extra latency on every gather, like a link with a higher per-message cost
+        "control": {"inject_delay": [{"after_seconds": 0, "mode": "gather", "seconds": gather_delay}]
+                    if gather_delay else []},
         "sidecar": {"poll_interval_seconds": 0.01}, "traces": {"enabled": False},
         "policy": {"mode": "manual", **POLICY}}))
     env = {**os.environ, "GATHERWISE_API_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
@@ -244,6 +260,7 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str) -
         calls = engine.calls()
         segments.append((*previous, calls[-1][0] + 1))
         costs = segment_costs(calls, segments)
+        actual = by_actual_mode(calls, segments)
         decisions_warm = httpx.get(f"{url}/v1/decisions", params={"limit": 256}).json()["decisions"]
         cold_engine = Engine(config, shm, os.path.join(workdir, "stop2"))
         wait_attached(url, cold_engine.engine_id)
@@ -255,6 +272,7 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str) -
         cold_calls = cold_engine.calls()
         end = cold_calls[-1][0] + 1
         costs.update(segment_costs(cold_calls, [("auto_cold", start, end)]))
+        actual.update(by_actual_mode(cold_calls, [("auto_cold", start, end)]))
         # the last third of the cold run: what auto costs once it has learned (probes still included)
         costs.update(segment_costs(cold_calls, [("auto_cold_tail", start + 2 * (end - start) // 3, end)]))
     finally:
@@ -264,8 +282,9 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str) -
     result.update(config={"sizes": SIZES, "calls_per_size": CALLS_PER_SIZE, "vocab": VOCAB, "dtype": "float32",
                           "tp": 2, "rounds": rounds, "segment_seconds": segment, "settle_seconds": settle,
                           "cold_seconds": cold, "statistic": "5% trimmed mean of the critical path",
+                          "injected_gather_delay_seconds": gather_delay,
                           "policy": POLICY},
-                  cold_probe_share=stats["probe_share"], cold_learned_table=learned["table"],
+                  by_actual_mode=actual, cold_probe_share=stats["probe_share"], cold_learned_table=learned["table"],
                   warm_auto_decisions=len([d for d in decisions_warm if d["reason"] == "auto"]),
                   load_average=os.getloadavg())
     return result
@@ -277,13 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--segment", type=float, default=10.0, help="seconds per variant segment")
     p.add_argument("--settle", type=float, default=3.0, help="seconds at the start of every segment not measured")
     p.add_argument("--cold", type=float, default=90.0, help="seconds of the cold-start auto run")
+    p.add_argument("--gather-delay", type=float, default=0.0,
+                   help="seconds added to every gather (control.inject_delay), to give this machine a crossover")
     p.add_argument("--out", default="bench/out/auto_policy", help="directory for auto_policy.json and .png")
     args = p.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="gw-bench-auto-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     try:
         if not 0 <= args.settle < args.segment:
             p.error("--settle must be >= 0 and shorter than --segment")
-        result = run(args.rounds, args.segment, args.settle, args.cold, workdir)
+        result = run(args.rounds, args.segment, args.settle, args.cold, workdir, args.gather_delay)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out = Path(args.out)
