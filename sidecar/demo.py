@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from dashboards.local_stack import LocalStack, start_local_stack
 
@@ -38,7 +39,40 @@ def _ms(seconds: float | None) -> str:
     return "      -" if seconds is None else f"{seconds * 1e3:7.3f}"
 
 
-def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None) -> str:
+OPS = (("gatherwise_collective_seconds", "all_gather"), ("gatherwise_collective_seconds", "gather"),
+       ("gatherwise_collective_seconds", "broadcast"), ("gatherwise_sample_seconds", None))
+
+
+def op_totals(exposition: str) -> dict[tuple[str, str, str], float]:
+    """(op, mode, "sum"|"count") -> value summed over ranks and buckets, from the sidecar's /metrics."""
+    totals: dict[tuple[str, str, str], float] = {}
+    for family in text_string_to_metric_families(exposition):
+        for name, op_filter in OPS:
+            if family.name != name:
+                continue
+            for sample in family.samples:
+                kind = sample.name.rsplit("_", 1)[-1]
+                op = sample.labels.get("op", "sample")
+                if kind in ("sum", "count") and (op_filter is None or op == op_filter):
+                    key = (op, sample.labels["mode"], kind)
+                    totals[key] = totals.get(key, 0.0) + sample.value
+    return totals
+
+
+def op_lines(now: dict, before: dict) -> list[str]:
+    """Per-op mean latency by mode since the previous screen, from deltas of histogram sums and counts."""
+    lines = ["per-op mean since the last screen, ms (over ranks):   all_gather      gather"]
+    for op in ("all_gather", "gather", "broadcast", "sample"):
+        cells = []
+        for mode in ("all_gather", "gather"):
+            calls = now.get((op, mode, "count"), 0) - before.get((op, mode, "count"), 0)
+            spent = now.get((op, mode, "sum"), 0) - before.get((op, mode, "sum"), 0)
+            cells.append(f"{spent / calls * 1e3:10.3f}" if calls > 0 else "         -")
+        lines.append(f"  {op:<50}{cells[0]}  {cells[1]}")
+    return lines
+
+
+def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None, ops: list[str]) -> str:
     mode = api.get("/v1/mode")
     engine = api.get("/v1/engine").json()
     lines = [f"gatherwise demo — {time.strftime('%H:%M:%S')}"]
@@ -64,6 +98,7 @@ def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None)
             faster = f"gather {ratio:.2f}x" if ratio > 1 else f"all_gather {1 / ratio:.2f}x"
         cell = lambda s: f"{_ms(s and s['p50_seconds'])} ({s['samples'] if s else 0:>4})"  # noqa: E731
         lines.append(f"{bucket:>6}  {active:<10}  {cell(a):>20}   {cell(g):>18}   {faster}")
+    lines += ["", *ops]
     lines += ["", f"recent switches (and {probes} probe decisions, not shown):"]
     for d in decisions or []:
         when = time.strftime("%H:%M:%S", time.localtime(d["time"]))
@@ -121,6 +156,7 @@ def _view(args: argparse.Namespace, stack: LocalStack, token: str) -> int:
     stop_at = time.monotonic() + args.duration if args.duration else None
     engine = stack.processes[0]
     last: tuple[float, int] | None = None
+    before: dict = {}
     with httpx.Client(base_url=stack.sidecar_url, timeout=5) as api:
         while stop_at is None or time.monotonic() < stop_at:
             if engine.poll() is not None:
@@ -131,7 +167,9 @@ def _view(args: argparse.Namespace, stack: LocalStack, token: str) -> int:
                 now, call = time.monotonic(), api.get("/v1/mode").json().get("call_index", 0)
                 rate = (call - last[1]) / (now - last[0]) if last else None
                 last = (now, call)
-                screen = render(api, stack, token, rate)
+                totals = op_totals(api.get("/metrics").text)
+                screen = render(api, stack, token, rate, op_lines(totals, before))
+                before = totals
             except (httpx.HTTPError, KeyError, ValueError) as exc:
                 screen = f"sidecar not answering yet ({exc.__class__.__name__})"
             print(("\033[H\033[J" if tty else "\n") + screen, flush=True)
