@@ -33,7 +33,9 @@ def live(tmp_path_factory):
     config = tmp / "gatherwise.yaml"
     config.write_text(yaml.safe_dump({
         "engine": {"shm_dir": shm}, "telemetry": {"ring_capacity": 1024}, "traces": {"enabled": False},
-        "policy": {"mode": "auto", "table_file": str(bad_table)}}))
+        # auto, but no probes: without them the policy never decides on its own, so any state change seen by
+        # the bad-input test can only come from a request
+        "policy": {"mode": "auto", "table_file": str(bad_table), "probe_budget": 0.0}}))
     sidecar, url = start_sidecar(shm, config=str(config), env_extra={"GATHERWISE_API_TOKEN": TOKEN})
     engine = BackgroundEngine(LoopSpec(str(config), str(tmp / "stop"), pace_seconds=0.004))
     try:
