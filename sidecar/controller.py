@@ -22,6 +22,7 @@ from engine_hooks.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable
 from engine_hooks.shm_format.control import CONTROL_NAME, FLAG_AUTO, ControlFormatError, sidecar_state_path
 from sidecar.control_client import ControlClient, ControlSnapshot
 from sidecar.decision_events import DecisionEvents
+from sidecar.periodic import PeriodicThread
 from sidecar.policy import AutoPolicy, Decision, PolicyParams
 from sidecar.policy_state import load_state, policy_from_json, policy_to_json, save_state
 
@@ -58,32 +59,18 @@ class Controller:
         self.lock = threading.RLock()
         self.attached: Attached | None = None
         self._warned: set[int] = set()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = PeriodicThread("gatherwise-control", self.tick, self.interval, log)
         ingest.call_listeners.append(self._on_call)
 
     # -- service --------------------------------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="gatherwise-control", daemon=True)
-            self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        self._loop.stop(timeout)
         with self.lock:
             if self.attached is not None:
                 self._save(self.attached)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.tick()
-            except Exception:  # a vanished block or a full disk must not stop the loop
-                log.exception("control tick failed")
 
     def tick(self) -> None:
         with self.lock:

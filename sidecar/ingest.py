@@ -10,7 +10,6 @@ engine restart: the loop switches to it and drops the old instance's series, so 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 from engine_hooks.modes import Mode, bucket_label, bucket_of
 from sidecar.header_counters import rank_counters
 from sidecar.metrics import CallSeries, EngineCounters, RankSeries, SidecarMetrics
+from sidecar.periodic import PeriodicThread
 from sidecar.ring_reader import EngineFiles, RingFormatError, RingReader, discover_engines
 from sidecar.traces import CallTracer
 
@@ -93,36 +93,18 @@ class Ingest:
         self.engine: AttachedEngine | None = None
         self.engines_seen = 0
         self.listeners: list[Callable[[AttachedEngine | None, AttachedEngine], None]] = []  # on engine switch
-        # every joined (complete) call: (engine, call_index, mode, rows, critical path seconds); ingest thread
-        self.call_listeners: list[Callable[[AttachedEngine, int, int, int, float], None]] = []
         # per joined call: (engine, call_index, mode, rows, critical-path seconds); the control policy's input
         self.call_listeners: list[Callable[[AttachedEngine, int, int, int, float], None]] = []
         self._next_discover_ns = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = PeriodicThread("gatherwise-ingest", self.poll_once, poll_interval, log)
         metrics.header_collector._snapshot = self.counters
 
     # -- thread -----------------------------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="gatherwise-ingest", daemon=True)
-            self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            t0 = time.monotonic()
-            try:
-                self.poll_once()
-            except Exception:  # one bad poll (a ring vanishing mid-read) must not kill ingestion
-                log.exception("ingest poll failed")
-            self._stop.wait(max(0.0, self.poll_interval - (time.monotonic() - t0)))
+        self._loop.stop(timeout)
 
     # -- one iteration ----------------------------------------------------------------------------------
     def poll_once(self) -> int:
