@@ -1,9 +1,10 @@
-"""The logits -> tokens path: one collective in the mode of this call, sampling, token distribution.
+"""The logits -> tokens path: the collectives in the mode of this call, sampling, token distribution.
 
-Protocol (DESIGN §4): the mode of a call comes from the table every rank holds. Rank 0 appends the
-64-bit control word (table, epoch) to what it sends in the call's own collective — after its shard in
-all_gather mode, after the token ids in gather mode — and every rank, rank 0 included, adopts it from the
-next call on. No extra collective, and no two ranks ever disagree on a mode.
+Protocol (docs/architecture.md): the mode of a call comes from the table every rank holds. Rank 0 appends the
+64-bit control word (table, epoch) to what it sends in the call's own first collective — after its shard in
+all_gather mode, after the token ids in gather mode, ahead of its summaries in sharded mode
+(engine_hooks.sharded_exchange) — and every rank, rank 0 included, adopts it from the next call on. No extra
+collective, and no two ranks ever disagree on a mode.
 
 Buffers are preallocated and reused: the engine's LM head writes straight into `logits_buffer(rows)`, a view
 of the send buffer that already has room for the control word, so nothing is copied to append 8 bytes.
@@ -20,6 +21,7 @@ import torch
 from engine_hooks.comm import Communicator
 from engine_hooks.modes import ControlWord, Mode, ModeTable
 from engine_hooks.sampling import SamplingRow, sample
+from engine_hooks.sharded_exchange import ShardedSampler
 from engine_hooks.table_source import AppliedStatus, TableSource
 
 _ALIGN = 4  # shard widths are padded to a multiple of 4 so the control word slot is 8-byte aligned
@@ -30,7 +32,7 @@ class CallRecorder(Protocol):
 
     def record(self, call_index: int, mode: Mode, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int) -> None: ...
+               sample_start: int, sample_end: int, t_end: int, **call_counts: int) -> None: ...
 
 
 def shard_width(vocab: int, world_size: int) -> int:
@@ -66,6 +68,7 @@ class LogitsPath:
         self._call: tuple | None = None  # (mode, rows, word, t_start, coll_start, coll_end) in flight
         self.mode_log: list[Mode] | None = [] if keep_log else None
         self.collective_log: list[int] | None = [] if keep_log else None
+        self._sharded = ShardedSampler(comm, self.width, dtype=dtype, device=self.device, clock=clock)
 
     # -- buffers ---------------------------------------------------------------------------------------
     def _ensure_capacity(self, rows: int) -> None:
@@ -92,6 +95,8 @@ class LogitsPath:
         t_start = self.clock()
         if self._rows != len(rows) or self._rows == 0:
             raise ValueError(f"logits_buffer({self._rows}) was filled but run() got {len(rows)} rows")
+        if self.table.mode_for_rows(self._rows) == Mode.SHARDED:
+            return self._run_sharded(rows, t_start)
         mode, shards = self.exchange(t_start=t_start)
         if mode == Mode.ALL_GATHER or self.rank == 0:
             sample_start = self._call[5]  # sampling starts as the collective ends: one clock read for both
@@ -114,6 +119,8 @@ class LogitsPath:
         if self._call is not None:
             raise RuntimeError("exchange() called again before complete() finished the previous call")
         mode = self.table.mode_for_rows(batch) if mode is None else mode
+        if mode == Mode.SHARDED:
+            raise ValueError("a sharded call samples inside the path: use run(), not exchange()")
         word = self._word_to_send() if self.rank == 0 else None
         n = batch * self.width
         chunk = n + self._word_elems
@@ -169,6 +176,27 @@ class LogitsPath:
         self.call_index += 1
         self._rows = 0
         return tokens
+
+    def _run_sharded(self, rows: list[SamplingRow], t_start: int) -> torch.Tensor:
+        """A whole sharded call: exchange, sample and resolve in engine_hooks.sharded_exchange, then record."""
+        batch = self._rows
+        logits = self._send[: batch * self.width].view(batch, self.width)
+        if self._valid < self.width:
+            logits[:, self._valid:] = float("-inf")
+        call = self._sharded.run(logits, rows, self._word_to_send() if self.rank == 0 else self._word)
+        self._adopt(int(call.word_in.item()))
+        t_end = self.clock()
+        if self.recorder is not None:
+            self.recorder.record(self.call_index, Mode.SHARDED, batch, self.epoch, call.exchange_bytes, t_start,
+                                 call.coll_start, call.coll_end, call.resolve_start, call.resolve_end,
+                                 call.sample_start, call.sample_end, t_end, resolve_nbytes=call.resolve_bytes,
+                                 topp_rows=call.topp_rows, fallback_rows=call.fallback_rows)
+        if self.mode_log is not None:
+            self.mode_log.append(Mode.SHARDED)
+            self.collective_log.append(call.collectives)
+        self.call_index += 1
+        self._rows = 0
+        return call.tokens
 
     def _word_to_send(self) -> int:
         """Rank 0: the control word for this call — the current table, or a newly requested one."""

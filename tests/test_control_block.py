@@ -66,8 +66,8 @@ def test_invalid_command_is_ignored_with_one_warning(block, caplog):
     assert source.poll(0).seq == good
     words = memoryview(client._mm).cast("Q")
     with caplog.at_level(logging.WARNING, "gatherwise.control"):
-        for i in range(3):  # reserved mode 2 in bucket 0, three times: one warning
-            fmt.seqlock_write(words, fmt.CMD_LOCK, (good + 1 + i, 2, 0, 0))
+        for i in range(3):  # mode code 3 (not a mode) in bucket 0, three times: one warning
+            fmt.seqlock_write(words, fmt.CMD_LOCK, (good + 1 + i, 3, 0, 0))
             assert source.poll(1 + i).table == GATHER
     words.release()
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
