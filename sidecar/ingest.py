@@ -37,7 +37,7 @@ log = logging.getLogger("gatherwise.sidecar.ingest")
 
 _MODE_LABEL = {int(m): m.label for m in Mode}
 _BUCKET_LABEL = [bucket_label(bucket_of(rows)) for rows in range(1, 1 << 15)]
-DEFAULT_MAX_RECORDS_PER_POLL = 16384
+DEFAULT_MAX_RECORDS_PER_POLL = 16384  # sidecar.max_records_per_poll
 
 
 def rows_bucket_label(rows: int) -> str:
