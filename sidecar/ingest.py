@@ -27,6 +27,7 @@ from typing import Any
 
 from engine_hooks.modes import Mode, bucket_label, bucket_of
 from engine_hooks.shm_format.liveness import Liveness, is_removable, liveness
+from engine_hooks.shm_format.private_files import check_private_dir
 from sidecar.header_counters import rank_counters
 from sidecar.metrics import CallSeries, EngineCounters, RankSeries, SidecarMetrics
 from sidecar.periodic import PeriodicThread
@@ -65,6 +66,7 @@ class AttachedEngine:
     headers: list[Any] = field(default_factory=list)  # latest RingHeader per rank
     dropped: list[int] = field(default_factory=list)
     unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why its ring is no longer read
+    exited: bool = False  # its liveness locks were found free: every rank's process has ended
     last_record_end_ns: int = 0
     pending: dict[int, _Pending] = field(default_factory=dict)
     rank_series: dict[tuple[int, int, int], RankSeries] = field(default_factory=dict)  # (rank, mode, rows)
@@ -214,6 +216,13 @@ class Ingest:
     # -- discovery and engine restarts ------------------------------------------------------------------
     def _discover(self, now: int) -> None:
         try:
+            check_private_dir(self.shm_dir)
+        except FileNotFoundError:
+            return  # no engine has started yet
+        except OSError as exc:  # another user's (or a world-writable) directory: its files could be anyone's
+            self._warn_dir(str(self.shm_dir), f"not reading engines from {self.shm_dir}: {exc}")
+            return
+        try:
             found = discover_engines(self.shm_dir, self._dir_cache)
         except OSError as exc:  # shm_dir unreadable (not ours): say so once, keep what is attached
             self._warn_dir(str(self.shm_dir), f"engine discovery in {self.shm_dir} failed: {exc}")
@@ -246,6 +255,8 @@ class Ingest:
         if state is not Liveness.DEAD:
             return False
         self._dead.add(name)
+        if self.engine is not None and self.engine.engine_id == files.engine_id:
+            self.engine.exited = True
         if self.remove_dead_dirs:
             try:
                 if is_removable(files.dir):
@@ -293,7 +304,7 @@ class Ingest:
         it): it closed its rings, its processes are gone (liveness locks free), or its directory was removed."""
         if any(h.closed for h in eng.headers):
             return "it shut down (its rings are closed)"
-        if eng.dir.name in self._dead:
+        if eng.exited:
             return "its processes exited"
         try:
             state = liveness(eng.dir)
@@ -333,8 +344,8 @@ class Ingest:
         return max(0.0, (self.clock() - (eng.last_record_end_ns or eng.attached_ns)) * 1e-9)
 
     def is_up(self, eng: AttachedEngine, age: float) -> bool:
-        """Fresh heartbeat, and the engine has not closed its rings (a clean shutdown)."""
-        return age < self.heartbeat_stale and not any(h.closed for h in eng.headers)
+        """Fresh heartbeat, the engine has not closed its rings (a clean shutdown) and its processes still exist."""
+        return age < self.heartbeat_stale and not eng.exited and not any(h.closed for h in eng.headers)
 
     def counters(self) -> EngineCounters | None:
         eng = self.engine
