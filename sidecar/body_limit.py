@@ -15,10 +15,6 @@ from typing import Any
 MAX_BODY_BYTES = 64 * 1024
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class BodySizeLimit:
     def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -38,27 +34,36 @@ class BodySizeLimit:
                 await _reply(send, 413, f"request body of {size} bytes is above the limit of {self.max_bytes}")
                 return
         received = 0
-        started = False
+        started = refused = False
 
         async def limited_receive() -> dict:
-            nonlocal received
+            nonlocal received, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise _TooLarge
+                    # answer now and tell the app the client is gone: it stops reading, and whatever it still
+                    # sends is dropped below
+                    refused = True
+                    if not started:
+                        await _reply(send, 413, f"request body is above the limit of {self.max_bytes} bytes")
+                    return {"type": "http.disconnect"}
             return message
 
         async def tracking_send(message: dict) -> None:
             nonlocal started
+            if refused:
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:
             await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await _reply(send, 413, f"request body is above the limit of {self.max_bytes} bytes")
+        except Exception:
+            if not refused:
+                raise
 
 
 async def _reply(send: Any, status: int, detail: str) -> None:
