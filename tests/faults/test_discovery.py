@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from tests._sidecar import ROOT, wait_for
 from tests.faults._faults import (
     assert_engine_progresses,
     assert_sidecar_serves,
+    descendants,
     kill_tree,
     running_engine,
     sidecar_with_token,
@@ -68,6 +70,9 @@ def test_engine_killed_with_sigkill_is_cleaned_by_the_sidecar_and_the_next_start
         first, first_id = running_engine(shm_dir)
         engines.append(first)
         wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the sidecar attached")
+        tree = [first.popen.pid, *descendants(first.popen.pid)]
+        # no named POSIX semaphore (/dev/shm/sem.mp-*) anywhere in the engine: none can be left behind
+        assert not [pid for pid in tree if "/sem.mp-" in Path(f"/proc/{pid}/maps").read_text()]
         kill_tree(first.popen)  # engine and ranks at once: nobody runs any cleanup
         wait_for(lambda: not os.path.exists(engine_dir(shm_dir, first_id)), 60, "the sidecar removed the dead dir")
         info = assert_sidecar_serves(sidecar, api)
