@@ -106,6 +106,7 @@ class Ingest:
         self._dir_cache: dict = {}  # discover_engines' per-directory cache
         self._dead: set[str] = set()  # directories whose engine is gone (it never comes back)
         self._unattachable: dict[str, EngineFiles] = {}  # directory -> its listing that did not attach
+        self._no_locks: dict[str, EngineFiles] = {}  # directory -> its listing that had no liveness locks
         self._warned_dirs: set[str] = set()
         self.metrics, self.tracer = metrics, tracer
         self.poll_interval = poll_interval
@@ -229,8 +230,9 @@ class Ingest:
             return
         names = {files.dir.name for files in found}
         self._dead &= names
-        for name in set(self._unattachable) - names:
-            del self._unattachable[name]
+        for cache in (self._unattachable, self._no_locks):
+            for name in set(cache) - names:
+                del cache[name]
         current = self.engine
         for files in found:  # newest first
             if self._gone(files):
@@ -248,10 +250,14 @@ class Ingest:
         name = files.dir.name
         if name in self._dead:
             return True
+        if self._no_locks.get(name) is files:
+            return False  # no lock files in this very listing: a lock file appearing changes the listing
         try:
             state = liveness(files.dir)
         except OSError:
             return True  # removed meanwhile
+        if state is Liveness.UNKNOWN:
+            self._no_locks[name] = files
         if state is not Liveness.DEAD:
             return False
         self._dead.add(name)
