@@ -72,7 +72,8 @@ class LogitsPath:
         self._word_dev = torch.full((1,), self._word, dtype=torch.int64, device=self.device)
         self._deferred = DeferredWords(self.device)
         self._capture: Mode | None = None  # set while a CUDA graph variant is captured (engine_hooks.graphs)
-        self._captured_word_in: dict[tuple[Mode, int], torch.Tensor] = {}
+        self._captured_word_in: dict[tuple[Mode, int], torch.Tensor | None] = {}
+        self._captured_open: set[tuple[Mode, int]] = set()  # variants that captured exchange() only
         self._capacity = 0
         self._rows = 0
         self._call: tuple | None = None  # (mode, rows, t_start, coll_start, coll_end, word_in) in flight
@@ -155,6 +156,8 @@ class LogitsPath:
         else:
             self.comm.gather(recv if self.rank == 0 else None, send)
         self._call = (mode, batch, t_start, coll_start, clock(), word_in)
+        if self._capture is not None:
+            self._captured_word_in[(mode, batch)] = word_in  # None in gather mode: complete() brings it
         return mode, recv[:, :n].view(self.world_size, batch, self.width)
 
     def begin_call(self, rows: int) -> Mode:
@@ -233,14 +236,22 @@ class LogitsPath:
             yield
         finally:
             self._capture = None
+            if self._call is not None:  # only exchange() was captured: complete() runs after each replay
+                self._captured_open.add((mode, self._call[1]))
+                self._call = None
 
     def finish_replay(self, mode: Mode, rows: int, t_start: int, t_end: int) -> None:
         """After replaying the captured (mode, rows) variant: the host part of the call. Inside a graph the
         path cannot read clocks, so the collective mark spans the replay and sampling and the broadcast
-        are recorded with zero duration (docs/architecture.md)."""
-        word_in = self._captured_word_in.get((mode, rows))
-        if word_in is None:
+        are recorded with zero duration (docs/architecture.md). A variant that captured exchange() only
+        leaves the call open: the engine finishes it with complete(), as after an eager exchange()."""
+        if (mode, rows) not in self._captured_word_in:
             raise KeyError(f"no captured variant for mode {mode.label} with {rows} rows")
+        word_in = self._captured_word_in[(mode, rows)]
+        if (mode, rows) in self._captured_open:
+            self._rows = rows
+            self._call = (mode, rows, t_start, t_start, t_end, word_in)
+            return
         bcast = t_end if mode != Mode.ALL_GATHER else 0
         self._end_call(mode, rows, word_in, t_start, t_start, t_end, bcast, bcast, t_end, t_end)
 
