@@ -16,6 +16,7 @@ import sys
 import time
 
 from engine_hooks.shm_format import ring as fmt
+from engine_hooks.shm_format.private_files import create_private_file, temporary_name
 
 try:  # the compiled record() (engine_hooks/_ring_writer.c), built by pip install when a C compiler is there
     from engine_hooks import _ring_writer
@@ -57,8 +58,8 @@ class RingRecorder:
         self.dtype_code = fmt.dtype_code(dtype)
         size = fmt.ring_file_size(capacity)
         # Build the file under a temporary name and rename it into place: readers never see a blank header.
-        tmp = f"{self.path}.tmp-{os.getpid()}"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        tmp = temporary_name(self.path)
+        fd = create_private_file(tmp)  # 0600, never through a planted file or link
         try:
             os.ftruncate(fd, size)
             self._mm = mmap.mmap(fd, size)
