@@ -220,3 +220,41 @@ def test_weights_that_disagree_with_the_config_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"lacks 3 tensor\(s\) the config needs, e\.g\. 'model\.layers\.0\.mlp\."):
         ModelSpec(checkpoint=str(ckpt)).config_and_source()
     assert load_hf_config(ckpt).mlp_bias
+
+
+# config.json as published for two common checkpoints (Llama 3.2 1B, Qwen2.5 0.5B Instruct)
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
+    "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256}
+QWEN2_5_0_5B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+    "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.1", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}
+
+
+def test_common_published_configs_are_read():
+    llama = config_from_hf(LLAMA_3_2_1B)
+    assert llama.rope == RopeConfig("llama3", 500000.0, factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                    original_max_position_embeddings=8192)
+    assert (llama.head_dim, llama.num_kv_heads, llama.tie_word_embeddings) == (64, 8, True)
+    qwen = config_from_hf(QWEN2_5_0_5B)
+    assert qwen.qkv_bias and qwen.sliding_windows == () and qwen.rope.theta == 1e6 and qwen.head_dim == 64
+    # Qwen2.5's long-context recipe: add yarn to the same config
+    long = config_from_hf(dict(QWEN2_5_0_5B, rope_scaling={"factor": 4.0, "original_max_position_embeddings": 32768,
+                                                          "type": "yarn"}))
+    assert long.rope.rope_type == "yarn" and long.rope.factor == 4.0
+
+
+def test_docs_list_every_decided_key():
+    text = (Path(__file__).resolve().parent.parent / "docs" / "tp_engine.md").read_text()
+    keys = {k for keys in READ_KEYS.values() for k in keys} | set(IRRELEVANT_KEYS) | set(_HARMLESS)
+    assert sorted(k for k in keys if f"`{k}`" not in text) == []

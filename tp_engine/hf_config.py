@@ -32,7 +32,8 @@ READ_KEYS = {
 # Known not to change any number the model computes, whatever their value: why, per key.
 IRRELEVANT_KEYS: dict[str, str] = {
     **dict.fromkeys(("transformers_version", "architectures", "_name_or_path", "_commit_hash", "finetuning_task",
-                     "tokenizer_class", "prefix", "task_specific_params", "is_llama_config"), "metadata"),
+                     "tokenizer_class", "prefix", "task_specific_params", "is_llama_config", "is_decoder"),
+                    "metadata"),
     **dict.fromkeys(("dtype", "torch_dtype", "use_bfloat16"),
                     "storage dtype: tensors are read as stored and computed in the engine's compute dtype"),
     **dict.fromkeys(("initializer_range", "attention_dropout", "use_cache", "problem_type", "id2label", "label2id",
@@ -59,7 +60,6 @@ _HARMLESS: dict[str, tuple[tuple[Any, ...], str]] = {
     "auto_map": ((None,), "checkpoints that bring their own modeling code are not supported"),
     "partial_rotary_factor": ((None, 1, 1.0), "partial rotary embeddings are not supported"),
     "is_encoder_decoder": ((None, False), "encoder-decoder models are not supported"),
-    "is_decoder": ((None, False, True), ""),  # a decoder-only model is a decoder either way
     "add_cross_attention": ((None, False), "cross-attention is not supported"),
     "tie_encoder_decoder": ((None, False), "encoder-decoder models are not supported"),
     "cross_attention_hidden_size": ((None,), "cross-attention is not supported"),
