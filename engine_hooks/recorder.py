@@ -14,6 +14,7 @@ import sys
 import time
 
 from engine_hooks.shm_format import ring as fmt
+from engine_hooks.shm_format.private_files import create_private_file, temporary_name
 
 _ALL_GATHER = 0  # Mode.ALL_GATHER; the collective op of every other mode is gather
 _ROW_WORDS = 1 + 2 * len(fmt.OPS)  # a counter row: calls, then (ns, bytes) per op
@@ -45,8 +46,8 @@ class RingRecorder:
         self.dtype_code = fmt.dtype_code(dtype)
         size = fmt.ring_file_size(capacity)
         # Build the file under a temporary name and rename it into place: readers never see a blank header.
-        tmp = f"{self.path}.tmp-{os.getpid()}"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        tmp = temporary_name(self.path)
+        fd = create_private_file(tmp)  # 0600, never through a planted file or link
         try:
             os.ftruncate(fd, size)
             self._mm = mmap.mmap(fd, size)

@@ -145,6 +145,14 @@ def engine_main(argv: list[str] | None = None) -> int:
         return 2
     if args.shm_dir:
         cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, shm_dir=args.shm_dir))
+    if cfg.telemetry.enabled or cfg.control.enabled:
+        from engine_hooks.shm_format.private_files import ensure_private_dir
+
+        try:  # refuse an unsafe shm_dir here, with one line, rather than as a traceback from every rank
+            ensure_private_dir(cfg.engine.shm_dir)
+        except OSError as exc:
+            print(f"gatherwise engine: engine.shm_dir: {exc}", file=sys.stderr)
+            return 2
     spec = LoadSpec(args.tp, args.workload, args.duration, cfg, args.vocab, args.device, args.seed)
     stop = mp.get_context("spawn").Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -81,6 +82,8 @@ class VllmStepHooks:
         self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
                                        device=logits.device, config=self.config)
         atexit.register(self.close)
+        # a forked vLLM worker ends through multiprocessing, which skips atexit but runs its finalizers
+        multiprocessing.util.Finalize(None, self.close, exitpriority=10)
         log.info("gatherwise: hooks installed on TP rank %d/%d, engine %016x, table %s", comm.rank,
                  comm.world_size, self.installed.engine_id, self.installed.path.table.as_labels())
         return self.installed.path
