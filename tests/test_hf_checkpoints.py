@@ -116,3 +116,20 @@ def test_greedy_tokens_match_transformers_in_every_mode(world, checkpoints, expe
         for c, spec in enumerate(CHECKPOINTS):
             for m, mode in enumerate(MODES):
                 assert result[c][m] == expected[c], f"{spec.name}, P={world} rank {rank}, mode {mode}"
+
+
+def test_logits_match_transformers_at_every_position(checkpoints):
+    """Closer than tokens: the whole logits rows of a prompt, against transformers' float64 forward. transformers
+    computes RoPE in float32, so agreement is ~1e-6, not bit-exact; a wrong bias, window or RoPE is off by >1e-2."""
+    from tp_engine.layers import TPGroup
+
+    prompt = torch.tensor(PROMPTS[0] + PROMPTS[3])  # 15 positions: past the sliding window and the yarn ramp
+    for spec, ckpt in zip(CHECKPOINTS, checkpoints, strict=True):
+        model = ModelSpec(checkpoint=str(ckpt)).load(TPGroup())
+        vocab = model.config.vocab_size
+        out = torch.empty(len(prompt), model.shard_width, dtype=torch.float64)
+        model.forward(prompt, torch.arange(len(prompt)), torch.zeros(len(prompt), dtype=torch.int64),
+                      model.new_cache(1, len(prompt)), torch.arange(len(prompt)), out)
+        with torch.no_grad():
+            want = load_reference(ckpt)(prompt[None]).logits[0]
+        torch.testing.assert_close(out[:, :vocab], want, rtol=1e-5, atol=1e-5, msg=lambda m, s=spec: f"{s.name}: {m}")

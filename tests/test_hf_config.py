@@ -12,9 +12,9 @@ import torch
 
 from tests._hf_checkpoints import TinyCheckpoint, build
 from tp_engine.hf_config import (
-    _HARMLESS,
     IRRELEVANT_KEYS,
     READ_KEYS,
+    REFUSED_UNLESS,
     UnsupportedConfig,
     config_from_hf,
     eos_token_ids,
@@ -38,7 +38,7 @@ def _config_classes():
 def test_every_key_transformers_knows_is_decided(model_type):
     cls = _config_classes()[model_type]
     keys = {f.name for f in dataclasses.fields(cls)} | set(cls().to_dict())
-    decided = set(READ_KEYS[model_type]) | set(IRRELEVANT_KEYS) | set(_HARMLESS)
+    decided = set(READ_KEYS[model_type]) | set(IRRELEVANT_KEYS) | set(REFUSED_UNLESS)
     assert sorted(keys - decided) == []
 
 
@@ -256,5 +256,5 @@ def test_common_published_configs_are_read():
 
 def test_docs_list_every_decided_key():
     text = (Path(__file__).resolve().parent.parent / "docs" / "tp_engine.md").read_text()
-    keys = {k for keys in READ_KEYS.values() for k in keys} | set(IRRELEVANT_KEYS) | set(_HARMLESS)
+    keys = {k for keys in READ_KEYS.values() for k in keys} | set(IRRELEVANT_KEYS) | set(REFUSED_UNLESS)
     assert sorted(k for k in keys if f"`{k}`" not in text) == []

@@ -55,7 +55,7 @@ IRRELEVANT_KEYS: dict[str, str] = {
 }
 
 # Refused unless at the harmless value given (the value transformers itself writes by default).
-_HARMLESS: dict[str, tuple[tuple[Any, ...], str]] = {
+REFUSED_UNLESS: dict[str, tuple[tuple[Any, ...], str]] = {
     "quantization_config": ((None,), "quantized checkpoints are not supported"),
     "auto_map": ((None,), "checkpoints that bring their own modeling code are not supported"),
     "partial_rotary_factor": ((None, 1, 1.0), "partial rotary embeddings are not supported"),
@@ -122,8 +122,8 @@ def _check_every_key(raw: dict, model_type: str) -> None:
     for key, value in raw.items():
         if key in READ_KEYS[model_type] or key in IRRELEVANT_KEYS:
             continue
-        if key in _HARMLESS:
-            harmless, why = _HARMLESS[key]
+        if key in REFUSED_UNLESS:
+            harmless, why = REFUSED_UNLESS[key]
             if value not in harmless:
                 raise UnsupportedConfig(f"config key {key!r} = {value!r}: {why}")
             continue
