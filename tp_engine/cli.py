@@ -93,6 +93,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _encode_prompts(parser: argparse.ArgumentParser, items: list[tuple[str, object]], tokenizer, chat: bool,
+                    vocab: int) -> list[tuple[int, ...]]:
+    """Token ids of every --prompt / --prompt-ids, in command-line order; a bad one ends with argparse's exit 2."""
+    prompts = []
+    for kind, value in items:
+        try:
+            ids = value if kind == "ids" else tokenizer.encode_chat(value) if chat else tokenizer.encode(value)
+        except ValueError as exc:
+            parser.error(f"--prompt {value!r}: {exc}")
+        if not ids:
+            parser.error(f"--prompt {value!r} encodes to no tokens")
+        bad = [t for t in ids if t >= vocab]
+        if bad:
+            parser.error(f"prompt {list(ids)}: token id {bad[0]} outside the vocabulary 0..{vocab - 1}")
+        prompts.append(tuple(ids))
+    return prompts
+
+
 def generate_main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -126,18 +144,7 @@ def generate_main(argv: list[str] | None = None) -> int:
         parser.error(f"--checkpoint {args.checkpoint}: {exc}")
     if texts and tokenizer is None:
         parser.error(f"--prompt needs a tokenizer.json in the checkpoint directory {args.checkpoint}")
-    prompts = []
-    for kind, value in args.prompt_items:
-        try:
-            ids = value if kind == "ids" else tokenizer.encode_chat(value) if args.chat else tokenizer.encode(value)
-        except ValueError as exc:
-            parser.error(f"--prompt {value!r}: {exc}")
-        if not ids:
-            parser.error(f"--prompt {value!r} encodes to no tokens")
-        bad = [t for t in ids if t >= config.vocab_size]
-        if bad:
-            parser.error(f"prompt {list(ids)}: token id {bad[0]} outside the vocabulary 0..{config.vocab_size - 1}")
-        prompts.append(tuple(ids))
+    prompts = _encode_prompts(parser, args.prompt_items, tokenizer, args.chat, config.vocab_size)
     spec = GenerateSpec(model=model, mode=args.mode, num_prompts=args.prompts or 8,
                         max_new_tokens=args.max_new_tokens, seed=args.seed,
                         params=SamplingParams(args.temperature, args.top_k, args.top_p, args.seed),
@@ -161,7 +168,8 @@ def generate_main(argv: list[str] | None = None) -> int:
     if not prompts:  # the random prompts the ranks drew: the same pure function of the seed, redrawn here
         from tp_engine.scheduler import make_requests
 
-        prompts = [r.prompt for r in make_requests(spec.num_prompts, config.vocab_size, spec.max_new_tokens, spec.seed)]
+        prompts = [r.prompt for r in make_requests(spec.num_prompts, config.vocab_size, spec.max_new_tokens,
+                                                   spec.seed)]
     reasons = ["stop" if toks and toks[-1] in stop_ids else "length" for toks in tokens]
     texts_out = [tokenizer.decode(toks) for toks in tokens] if tokenizer is not None else None
     if args.json:

@@ -96,7 +96,7 @@ def config_from_hf(raw: dict) -> ModelConfig:
     heads = _int(raw, "num_attention_heads")
     hidden = _int(raw, "hidden_size")
     layers = _int(raw, "num_hidden_layers")
-    kv_heads = _int(raw, "num_key_value_heads", heads) if raw.get("num_key_value_heads") is not None else heads
+    kv_heads = _int(raw, "num_key_value_heads") if raw.get("num_key_value_heads") is not None else heads
     head_dim = _int(raw, "head_dim") if raw.get("head_dim") is not None else hidden // heads
     attention_bias = _bool(raw, "attention_bias")
     return ModelConfig(
