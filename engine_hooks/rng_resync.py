@@ -17,6 +17,8 @@ small broadcast (16 bytes for a CUDA generator, 5 KB for the CPU one) per return
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from engine_hooks.comm import Communicator
@@ -28,6 +30,9 @@ def default_generator(device: torch.device) -> torch.Generator:
         index = device.index if device.index is not None else torch.cuda.current_device()
         return torch.cuda.default_generators[index]
     return torch.default_generator
+
+
+log = logging.getLogger("gatherwise.rng")
 
 
 class RandomStateResync:
@@ -63,3 +68,6 @@ class RandomStateResync:
             self.generator.set_state(buf.cpu())
         self.stale = False
         self.handovers += 1
+        if self.comm.rank != 0:
+            log.info("gatherwise: TP rank %d adopted rank 0's generator state (hand-over %d)", self.comm.rank,
+                     self.handovers)
