@@ -67,8 +67,16 @@ class Group:
 
     def uniforms(self, rows: list[SamplingRow], device: torch.device) -> torch.Tensor:
         p = self.params
-        return torch.tensor([row_uniform(p.seed, rows[i].request_id, rows[i].position) for i in self.rows],
-                            dtype=F64, device=device)
+        return to_device([row_uniform(p.seed, rows[i].request_id, rows[i].position) for i in self.rows], F64, device)
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on the device without a synchronization: on CUDA through pinned memory, non-blocking (a
+    plain copy from pageable memory makes the host wait for the stream)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host if device.type == "cpu" else host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def plan(rows: list[SamplingRow], width: int) -> list[Group]:
@@ -94,7 +102,7 @@ def select_rows(shard: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:
     order (no copy), else a contiguous copy. Every mode selects the same way, so a summary sees the same tensor."""
     if len(rows) == shard.shape[0] and rows == tuple(range(len(rows))):
         return shard
-    return shard.index_select(0, torch.tensor(rows, device=shard.device))
+    return shard.index_select(0, to_device(list(rows), torch.int64, shard.device))
 
 
 # -- step 1: one shard ---------------------------------------------------------------------------------------

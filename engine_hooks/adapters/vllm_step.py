@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,6 +35,7 @@ from typing import Any
 
 import torch
 
+from engine_hooks.adapters.placeholder_logits import PlaceholderLogits
 from engine_hooks.config import GatherwiseConfig
 from engine_hooks.modes import Mode
 from engine_hooks.sampling_params import SamplingParams, SamplingRow
@@ -50,7 +52,7 @@ class VllmStepHooks:
         self._pending: Mode | None = None  # mode of the hooked call whose sampling is still to come
         self._sharded_tokens: torch.Tensor | None = None  # tokens of a sharded call, for its sampler call
         self._greedy_rows: list[SamplingRow] = []
-        self._placeholder = torch.empty(0)
+        self._placeholder = PlaceholderLogits()
 
     # -- scope: the step's logits call --------------------------------------------------------------------
     @contextmanager
@@ -89,6 +91,8 @@ class VllmStepHooks:
         self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
                                        device=logits.device, config=self.config)
         atexit.register(self.close)
+        # a forked vLLM worker ends through multiprocessing, which skips atexit but runs its finalizers
+        multiprocessing.util.Finalize(None, self.close, exitpriority=10)
         log.info("gatherwise: hooks installed on TP rank %d/%d, engine %016x, table %s", comm.rank,
                  comm.world_size, self.installed.engine_id, self.installed.path.table.as_labels())
         return self.installed.path
@@ -109,8 +113,9 @@ class VllmStepHooks:
         buf.copy_(logits)  # the one copy vLLM's own all_gather does not make
         metadata = runner.input_batch.sampling_metadata
         all_greedy = metadata.all_greedy
-        # Every rank decides from the same table and the same (broadcast) sampling metadata.
-        if all_greedy and path.table.mode_for_rows(rows) == Mode.SHARDED:
+        # Every rank decides from the same table and the same (broadcast) sampling metadata. begin_call adopts
+        # what is due for this call and returns its mode; exchange()/run() below do not repeat it.
+        if all_greedy and path.begin_call(rows) == Mode.SHARDED:
             if sharded_greedy_ok(metadata):
                 return self._sharded_greedy(path, buf, processor, rows, logits)
             all_greedy = False  # the greedy token is not the raw argmax here: all_gather, as vLLM does
@@ -118,7 +123,7 @@ class VllmStepHooks:
         self._pending = mode
         if mode == Mode.ALL_GATHER or path.rank == 0:
             return shards.permute(1, 0, 2).reshape(rows, -1)  # [B, P*Vs], the layout vLLM's all_gather gives
-        return self._placeholder_logits(rows, path.world_size * path.width, logits.dtype, logits.device)
+        return self._placeholder.get(rows, path.world_size * path.width, logits.dtype, logits.device)
 
     def _sharded_greedy(self, path: Any, buf: torch.Tensor, processor: Any, rows: int,
                         logits: torch.Tensor) -> torch.Tensor:
@@ -130,14 +135,7 @@ class VllmStepHooks:
             self._greedy_rows = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
         self._sharded_tokens = path.run(self._greedy_rows[:rows])
         self._pending = Mode.SHARDED
-        return self._placeholder_logits(rows, path.world_size * path.width, logits.dtype, logits.device)
-
-    def _placeholder_logits(self, rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """Zeros for ranks that will not sample: vLLM may still scale, mask or count NaNs in them."""
-        p = self._placeholder
-        if p.shape[0] < rows or p.shape[1:] != (cols,) or p.dtype != dtype or p.device != device:
-            self._placeholder = p = torch.zeros(max(rows, 2 * p.shape[0]), cols, dtype=dtype, device=device)
-        return p[:rows]
+        return self._placeholder.get(rows, path.world_size * path.width, logits.dtype, logits.device)
 
     # -- Sampler.forward ------------------------------------------------------------------------------------
     def sample(self, sampler: Any, original: Callable, logits: torch.Tensor, *args: Any, **kwargs: Any):
