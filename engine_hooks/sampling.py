@@ -74,11 +74,23 @@ def sample(shards: torch.Tensor, vocab: int, rows: list[SamplingRow]) -> torch.T
         if not row.params.greedy:
             groups.setdefault(row.params, []).append(i)
     for params, idx in groups.items():
-        sel = shards[:, idx, :] if len(idx) < batch else shards
-        u = torch.tensor([row_uniform(params.seed, rows[i].request_id, rows[i].position) for i in idx],
-                         dtype=torch.float64, device=shards.device)
-        tokens[idx] = _sample_group(sel, params, u, shard_width)
+        u = _to_device([row_uniform(params.seed, rows[i].request_id, rows[i].position) for i in idx],
+                       torch.float64, shards.device)
+        if len(idx) == batch:  # one kind of row: no indexing at all
+            tokens = _sample_group(shards, params, u, shard_width)
+        else:
+            index = _to_device(idx, torch.int64, shards.device)
+            tokens[index] = _sample_group(shards.index_select(1, index), params, u, shard_width)
     return tokens
+
+
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on the device without a synchronization: on CUDA through pinned memory, non-blocking (a
+    plain copy from pageable memory makes the host wait for the stream)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host if device.type == "cpu" else host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _greedy(shards: torch.Tensor) -> torch.Tensor:

@@ -358,7 +358,8 @@ class Ingest:
         if eng is None:
             return None
         age = self.heartbeat_age_seconds(eng)
-        ranks = [rank_counters(h, rank, eng.dropped[rank]) for rank, h in enumerate(eng.headers)]
+        ranks = [rank_counters(h, rank, {"overwritten": r.overwritten, "torn": r.torn})
+                 for rank, (h, r) in enumerate(zip(eng.headers, eng.readers, strict=True))]
         return EngineCounters(eng.label, self.is_up(eng, age), age, ranks)
 
     def info(self) -> EngineInfo:

@@ -95,8 +95,9 @@ class RingReader:
         (_magic, version, _hs, record_size, capacity, engine_id, rank, tp_size, vocab, dtype, created_ns,
          write_index, pid, state, created_mono_ns) = fmt.HEADER_FIXED.unpack_from(raw, 0)
         counters = fmt.counters_from_values(fmt.COUNTERS.unpack_from(raw, fmt.COUNTERS_OFFSET))
+        drops = dict(zip(fmt.DROP_REASONS, fmt.DROPS.unpack_from(raw, fmt.DROPS_OFFSET), strict=True))
         return RingHeader(version, engine_id, rank, tp_size, vocab, fmt.dtype_name(dtype), record_size, capacity,
-                          created_ns, created_mono_ns, write_index, pid, state == fmt.STATE_CLOSED, counters)
+                          created_ns, created_mono_ns, write_index, pid, state == fmt.STATE_CLOSED, counters, drops)
 
     def read_new(self, max_records: int | None = None) -> tuple[list[CallRecord], int]:
         """Records written since the last call (at most max_records), and how many were missed meanwhile."""

@@ -20,7 +20,7 @@ from engine_hooks.handshake import HandshakeError, handshake
 from engine_hooks.modes import Mode, ModeTable
 from engine_hooks.sampling import SamplingParams
 from tp_engine.cli import generate_main
-from tp_engine.config import config_from_hf
+from tp_engine.hf_config import config_from_hf
 from tp_engine.launch import LaunchError, launch
 from tp_engine.runner import DTYPES, Engine, GenerateSpec, ModelSpec, generate_rank, make_path
 from tp_engine.scheduler import make_requests
@@ -297,7 +297,7 @@ def test_random_model_matches_the_reference_too(tmp_path):
     raw = dict(model_type="llama", vocab_size=1001, hidden_size=config.hidden_size,
                intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
                num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
-               rms_norm_eps=config.rms_norm_eps, rope_theta=config.rope_theta)
+               rms_norm_eps=config.rms_norm_eps, rope_theta=config.rope.theta)
     ckpt = write_checkpoint(tmp_path / "random", raw, torch.float64, files=1, seed=1)
     result = run_suite(0, 1, [spec, ModelSpec(checkpoint=str(ckpt))], [])
     want = reference_logits(ckpt, probe_tokens(1001))
@@ -360,8 +360,9 @@ def test_cli_tp2_prints_tp1_tokens():
     args = ("--mode", "schedule:4", "--prompts", "5", "--max-new-tokens", "5", "--temperature", "0.9", "--top-k",
             "50", "--top-p", "0.95", "--seed", "3")
     one, two = _cli("--tp", "1", *args), _cli("--tp", "2", *args)
-    assert set(two) == {"tokens", "modes", "collectives"}
+    assert set(two) == {"prompt_ids", "tokens", "finish_reasons", "modes", "collectives"}  # no tokenizer: no text
     assert two["tokens"] == one["tokens"] and len(two["tokens"]) == 5
+    assert two["prompt_ids"] == one["prompt_ids"] and len(two["prompt_ids"]) == 5
     assert len(two["modes"]) == 2 and two["modes"][0] == two["modes"][1] == one["modes"][0]
     assert two["collectives"][0] == [1 if m == "all_gather" else 2 for m in two["modes"][0]]
 

@@ -83,11 +83,14 @@ def test_tokens_match_single_rank_and_ranks_agree_on_modes(reference, by_mode, m
 @pytest.mark.parametrize("first", ["all_gather", "gather"])
 def test_requested_switch_applies_on_every_rank_at_the_reported_call(first):
     results = run_ranks(_run_path, 2, 999, first, "float32", 4, timeout=120)
+    from engine_hooks.deferred_word import ADOPT_LAG
+
+    assert ADOPT_LAG == 2  # part of the protocol: docs/architecture.md and docs/api.md say "two calls later"
     (seq, apply_call, epoch), = results[0][4]
-    assert (seq, apply_call, epoch) == (1, 5, 1)  # requested during call 4, in force from call 5
+    assert (seq, apply_call, epoch) == (1, 6, 1)  # requested during call 4, carried by call 4, in force from 6
     other = "gather" if first == "all_gather" else "all_gather"
     for _, modes, _, final_epoch, _ in results:
-        assert modes == [first] * 5 + [other] * (len(BATCHES) - 5)
+        assert modes == [first] * 6 + [other] * (len(BATCHES) - 6)
         assert final_epoch == 1
 
 

@@ -27,14 +27,11 @@ import multiprocessing.util
 import os
 import sys
 
+from engine_hooks.adapters.enable import enabled
+
 log = logging.getLogger("gatherwise.vllm")
 
-ENABLE_ENV = "GATHERWISE_ENABLE"
 _registered = False
-
-
-def enabled(env: dict[str, str] | os._Environ = os.environ) -> bool:
-    return env.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def register() -> None:

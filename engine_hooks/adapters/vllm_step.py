@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from engine_hooks.adapters.placeholder_logits import PlaceholderLogits
 from engine_hooks.config import GatherwiseConfig
 from engine_hooks.modes import Mode
 
@@ -43,7 +44,7 @@ class VllmStepHooks:
         self.disabled: str | None = None  # why the hooks stay off in this worker
         self._runner: Any = None  # the model runner inside execute_model, else None
         self._pending: Mode | None = None  # mode of the hooked call whose sampling is still to come
-        self._placeholder = torch.empty(0)
+        self._placeholder = PlaceholderLogits()
 
     # -- scope: the step's logits call --------------------------------------------------------------------
     @contextmanager
@@ -106,14 +107,7 @@ class VllmStepHooks:
         self._pending = mode
         if mode == Mode.ALL_GATHER or path.rank == 0:
             return shards.permute(1, 0, 2).reshape(rows, -1)  # [B, P*Vs], the layout vLLM's all_gather gives
-        return self._placeholder_logits(rows, path.world_size * path.width, logits.dtype, logits.device)
-
-    def _placeholder_logits(self, rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """Zeros for ranks that will not sample: vLLM may still scale, mask or count NaNs in them."""
-        p = self._placeholder
-        if p.shape[0] < rows or p.shape[1:] != (cols,) or p.dtype != dtype or p.device != device:
-            self._placeholder = p = torch.zeros(max(rows, 2 * p.shape[0]), cols, dtype=dtype, device=device)
-        return p[:rows]
+        return self._placeholder.get(rows, path.world_size * path.width, logits.dtype, logits.device)
 
     # -- Sampler.forward ------------------------------------------------------------------------------------
     def sample(self, sampler: Any, original: Callable, logits: torch.Tensor, *args: Any, **kwargs: Any):

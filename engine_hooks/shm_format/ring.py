@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAGIC = b"GWRING\x00\x00"
 FORMAT_VERSION = 1
@@ -67,7 +67,16 @@ COUNTERS_OFFSET = 128
 COUNTER_ROW = struct.Struct(f"<{1 + 2 * len(OPS)}Q")
 COUNTERS = struct.Struct(f"<{NUM_MODE_ROWS * (1 + 2 * len(OPS))}Q")
 assert HEADER_FIXED.size <= COUNTERS_OFFSET
-assert COUNTERS_OFFSET + COUNTERS.size <= HEADER_SIZE
+
+# Calls whose timings never reached a record, per reason (their calls and bytes are counted all the same):
+#   timing_backlog  the CUDA event resolver gave up on them: the device was too many calls behind the host
+#   timing_at_close their events had not completed when the recorder closed
+# Rings of writers that predate these counters hold zeros here (the area was reserved and zero).
+DROP_REASONS = ("timing_backlog", "timing_at_close")
+DROP_TIMING_BACKLOG, DROP_TIMING_AT_CLOSE = range(len(DROP_REASONS))
+DROPS_OFFSET = COUNTERS_OFFSET + COUNTERS.size  # 480
+DROPS = struct.Struct(f"<{len(DROP_REASONS)}Q")
+assert DROPS_OFFSET + DROPS.size <= HEADER_SIZE
 
 # -- record ------------------------------------------------------------------------------------------------
 # seq, start_ns, call_index, nbytes, epoch, rows, vocab, rank, mode, dtype,
@@ -123,6 +132,7 @@ class RingHeader:
     writer_pid: int
     closed: bool
     counters: dict[int, ModeCounters]  # mode code -> counters (every row, including unused modes)
+    drops: dict[str, int] = field(default_factory=dict)  # DROP_REASONS -> calls recorded without timings
 
     def mono_to_wall_ns(self, mono_ns: int) -> int:
         """Wall-clock ns (time.time_ns scale) of a monotonic timestamp from this ring."""

@@ -18,25 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import urllib.request
+
+from tests._engine_harness import http, read_rings
 
 PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23, 29, 31, 37], [2], [900, 901, 902, 903],
            [12345, 54321, 11]]
 MAX_TOKENS = [24, 16, 20, 12, 24, 8]
-
-
-def http(method: str, url: str, body: dict | None = None, token: str | None = None) -> tuple[int, str]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def token_ids(outputs) -> list[list[int]]:
@@ -72,31 +59,6 @@ def run_switched(llm, sidecar: str, token: str) -> dict:
     code, mode = http("GET", f"{sidecar}/v1/mode")
     return {"tokens": [outputs[f"sw-{i}"] for i in range(len(PROMPTS))], "puts": puts, "steps": step,
             "metrics": metrics, "mode": json.loads(mode) if code == 200 else None}
-
-
-def read_rings(shm_dir: str, settle_s: float = 20.0) -> dict:
-    """Every rank's ring records. The reply comes from rank 0; the other ranks may still be writing the
-    record of the last call, so read until every ring reached the same last call (or settle_s passed)."""
-    from sidecar.ring_reader import RingReader, discover_engines
-
-    engines = discover_engines(shm_dir)
-    if not engines:
-        return {}
-    readers = {str(rank): RingReader(path) for rank, path in sorted(engines[0].rings.items())}
-    rings = {rank: {"missed": 0, "calls": []} for rank in readers}
-    deadline = time.monotonic() + settle_s
-    while True:
-        for rank, reader in readers.items():
-            records, missed = reader.read_new()
-            rings[rank]["missed"] += missed
-            rings[rank]["calls"] += [[r.call_index, int(r.mode), r.rows, r.collective_ns] for r in records]
-        last = {r["calls"][-1][0] if r["calls"] else -1 for r in rings.values()}
-        if len(last) == 1 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    for reader in readers.values():
-        reader.close()
-    return rings
 
 
 def main() -> None:
