@@ -308,7 +308,8 @@ def check_graphs(ctx: dict) -> dict:
     inputs_all = [torch.randn(r, vocab, generator=gen).to(device, torch.bfloat16) for r in steps]
     for first in IMPLEMENTED:
         source = InProcessTableSource()
-        path = _path(device, vocab, first, source=source)
+        clock, recorder, ring = _recording(device, ctx["tmp"], f"graphs-{first.label}", vocab, "bfloat16")
+        path = _path(device, vocab, first, source=source, recorder=recorder, clock=clock)
         eager = _path(device, vocab, first, source=InProcessTableSource())
         path.reserve(8)
         static_in = {r: torch.zeros(r, vocab, dtype=torch.bfloat16, device=device) for r in (1, 8)}
@@ -338,13 +339,19 @@ def check_graphs(ctx: dict) -> dict:
                     ref.append(eager.run(_rows("greedy", r)))
             same = [t.tolist() for t in tokens] == [t.tolist() for t in ref]
             modes_ok = [m.label for m in path.mode_log] == [m.label for m in eager.mode_log]
-            out["starts"][first.label] = {"status": "pass" if same and modes_ok else "fail", "tokens_match_eager": same,
+            recorder.flush(wait_for=lambda event: event.synchronize())
+            recorded = ring.write_index == len(steps)  # every replayed call timed by events around the replay
+            out["starts"][first.label] = {"status": "pass" if same and modes_ok and recorded else "fail",
+                                          "tokens_match_eager": same, "records": ring.write_index,
                                           "modes": [m.label for m in path.mode_log], "capture_s": capture_s,
                                           "replay_host_median_us": statistics.median(host_ns) / 1e3}
-            ok &= same and modes_ok
+            ok &= same and modes_ok and recorded
         except RuntimeError as exc:
             out["starts"][first.label] = {"status": "fail", "error": str(exc).splitlines()[0][:300]}
             ok = False
+        finally:
+            recorder.close()
+            ring.close(unlink=True)
     out["status"] = "pass" if ok else "fail"
     return out
 
