@@ -19,15 +19,23 @@
 #define RECORD_SIZE 88
 #define WRITE_INDEX_OFFSET 56
 #define COUNTERS_OFFSET 128
-#define NUM_OPS 5
+#define NUM_OPS 7
 #define ROW_WORDS (1 + 2 * NUM_OPS)
-#define NUM_MODE_ROWS 4
+#define NUM_MODE_ROWS 3
+#define MODE_GATHER 1
 #define OP_ALL_GATHER 0
 #define OP_GATHER 1
 #define OP_BROADCAST 2
 #define OP_SAMPLE 3
 #define OP_PATH 4
+#define OP_SHARD_EXCHANGE 5
+#define OP_SHARD_RESOLVE 6
+#define TOPP_ROWS_OFFSET 80
+#define TOPP_FALLBACK_ROWS_OFFSET 88
 #define FLAG_BROADCAST 1u
+#define FLAG_RESOLVE 2u
+#define FALLBACK_SHIFT 8
+#define FALLBACK_MAX 0xFFFFFFll
 #define BROADCAST_BYTES_PER_ROW 8
 #define U32_MAX 0xFFFFFFFFll
 
@@ -82,27 +90,30 @@ static void Writer_dealloc(Writer *self) {
 }
 
 /* record(call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, bcast_start, bcast_end,
- *        sample_start, sample_end, t_end): exactly RingRecorder.record(). */
+ *        sample_start, sample_end, t_end[, resolve_nbytes, topp_rows, fallback_rows]): exactly
+ *        RingRecorder.record(). */
 static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long a[13];
-    if (nargs != 13) {
-        PyErr_Format(PyExc_TypeError, "record() takes 13 arguments (%zd given)", nargs);
+    long long a[16] = {0};
+    if (nargs != 13 && nargs != 16) {
+        PyErr_Format(PyExc_TypeError, "record() takes 13 or 16 arguments (%zd given)", nargs);
         return NULL;
     }
     if (!self->has_view) {
         PyErr_SetString(PyExc_ValueError, "record() on a closed ring");
         return NULL;
     }
-    for (int i = 0; i < 13; i++) {
+    for (int i = 0; i < nargs; i++) {
         a[i] = PyLong_AsLongLong(args[i]);
         if (a[i] == -1 && PyErr_Occurred()) return NULL;
     }
     long long call_index = a[0], mode = a[1], rows = a[2], epoch = a[3], nbytes = a[4], t_start = a[5];
     long long coll_start = a[6], coll_end = a[7], bcast_start = a[8], bcast_end = a[9];
     long long sample_start = a[10], sample_end = a[11], t_end = a[12];
+    long long resolve_nbytes = a[13], topp_rows = a[14], fallback_rows = a[15];
     if (mode < 0 || mode >= NUM_MODE_ROWS || rows < 0 || rows > (long long)U32_MAX || epoch < 0 ||
-        epoch > (long long)U32_MAX || nbytes < 0 || call_index < 0) {
-        PyErr_SetString(PyExc_ValueError, "record(): mode, rows, epoch, nbytes or call_index out of range");
+        epoch > (long long)U32_MAX || nbytes < 0 || call_index < 0 || resolve_nbytes < 0 || topp_rows < 0 ||
+        fallback_rows < 0) {
+        PyErr_SetString(PyExc_ValueError, "record(): mode, rows, epoch, byte counts or call_index out of range");
         return NULL;
     }
     char *base = (char *)self->view.buf;
@@ -112,10 +123,11 @@ static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t n
     long long bcast_off = 0, bcast_ns = 0;
     uint32_t flags = 0;
     if (bcast_start) {
-        flags = FLAG_BROADCAST;
+        flags = mode > MODE_GATHER ? FLAG_RESOLVE : FLAG_BROADCAST;
         bcast_off = bcast_start - t_start;
         bcast_ns = bcast_end - bcast_start;
     }
+    if (fallback_rows) flags |= (uint32_t)(fallback_rows < FALLBACK_MAX ? fallback_rows : FALLBACK_MAX) << FALLBACK_SHIFT;
     char *r = base + HEADER_SIZE + ((seq - 1) % self->capacity) * RECORD_SIZE;
     store64(r + 0, seq);
     store64(r + 8, (uint64_t)t_start);
@@ -140,15 +152,23 @@ static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t n
 
     uint64_t *row = words + COUNTERS_OFFSET / 8 + ROW_WORDS * mode;
     uint64_t total = (uint64_t)nbytes;
-    int op = mode == 0 ? OP_ALL_GATHER : OP_GATHER;
+    int op = mode == 0 ? OP_ALL_GATHER : mode == MODE_GATHER ? OP_GATHER : OP_SHARD_EXCHANGE;
     add_word(row, 1);
     add_word(row + 1 + 2 * op, pos(coll_ns));
     add_word(row + 2 + 2 * op, (uint64_t)nbytes);
-    if (flags) {
+    if (flags & FLAG_BROADCAST) {
         uint64_t bcast_bytes = ((uint64_t)rows + 1) * BROADCAST_BYTES_PER_ROW;
         add_word(row + 1 + 2 * OP_BROADCAST, pos(bcast_ns));
         add_word(row + 2 + 2 * OP_BROADCAST, bcast_bytes);
         total += bcast_bytes;
+    } else if (flags & FLAG_RESOLVE) {
+        add_word(row + 1 + 2 * OP_SHARD_RESOLVE, pos(bcast_ns));
+        add_word(row + 2 + 2 * OP_SHARD_RESOLVE, (uint64_t)resolve_nbytes);
+        total += (uint64_t)resolve_nbytes;
+    }
+    if (topp_rows) {
+        add_word(words + TOPP_ROWS_OFFSET / 8, (uint64_t)topp_rows);
+        add_word(words + TOPP_FALLBACK_ROWS_OFFSET / 8, (uint64_t)fallback_rows);
     }
     add_word(row + 1 + 2 * OP_SAMPLE, pos(sample_ns));
     add_word(row + 1 + 2 * OP_PATH, pos(path_ns));

@@ -42,11 +42,12 @@ class Event(Protocol):
 class SplitRecorder(Protocol):
     """The part of RingRecorder the resolver uses: count at call time, time later, count what never will be."""
 
-    def count(self, mode: int, rows: int, nbytes: int, broadcast: bool) -> None: ...
+    def count(self, mode: int, rows: int, nbytes: int, broadcast: bool, resolve_nbytes: int = 0,
+              topp_rows: int = 0, fallback_rows: int = 0) -> None: ...
 
     def record_timed(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
                      coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-                     sample_start: int, sample_end: int, t_end: int) -> None: ...
+                     sample_start: int, sample_end: int, t_end: int, fallback_rows: int = 0) -> None: ...
 
     def drop(self, reason: int, calls: int = 1) -> None: ...
 
@@ -99,7 +100,7 @@ class EventResolver:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.clock, self.recorder, self.max_pending = clock, recorder, max_pending
-        self._pending: deque[tuple[tuple[int, ...], tuple[int, ...]]] = deque()
+        self._pending: deque[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = deque()
         self.resolved = 0
         self.dropped = 0  # calls whose timings were given up: max_pending calls were still waiting for events
         self.dropped_at_close = 0  # calls whose events had not completed when the resolver closed
@@ -110,14 +111,17 @@ class EventResolver:
 
     def record(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int) -> None:
-        self.recorder.count(mode, rows, nbytes, bool(bcast_start))  # counted now, whatever the device does
+               sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
+               fallback_rows: int = 0) -> None:
+        # counted now, whatever the device does; the sharded counts travel only when a call has them
+        counts = (resolve_nbytes, topp_rows, fallback_rows) if resolve_nbytes or topp_rows else ()
+        self.recorder.count(mode, rows, nbytes, bool(bcast_start), *counts)
         self._pending.append(((call_index, mode, rows, epoch, nbytes),
                               (t_start, coll_start, coll_end, bcast_start, bcast_end, sample_start, sample_end,
-                               t_end)))
+                               t_end), (fallback_rows,) if fallback_rows else ()))
         self.poll()
         while len(self._pending) > self.max_pending:  # the GPU is far behind: never wait, drop the oldest
-            _, marks = self._pending.popleft()
+            _, marks, _ = self._pending.popleft()
             self.clock.release_through(marks[-1])
             self.dropped += 1
             self.recorder.drop(DROP_TIMING_BACKLOG)
@@ -126,12 +130,12 @@ class EventResolver:
         """Forward every leading pending call whose last event has completed; returns how many. Never blocks."""
         done = 0
         while self._pending:
-            info, marks = self._pending[0]
+            info, marks, fallback = self._pending[0]
             end_event, _ = self.clock.entry(marks[-1])
             if not end_event.query():
                 break
             self._pending.popleft()
-            self.recorder.record_timed(*info, *self._to_ns(marks))
+            self.recorder.record_timed(*info, *self._to_ns(marks), *fallback)
             self.clock.release_through(marks[-1])
             done += 1
         self.resolved += done

@@ -6,7 +6,7 @@ finish_replay) and runs around the replay:
 
     graphs = ModeGraphs(path)                    # once, after install_hooks()
     path.reserve(max_rows)                       # captured graphs pin the path's buffers
-    for mode in IMPLEMENTED:                     # at capture time, per batch size the engine graphs
+    for mode in CAPTURABLE:                      # at capture time, per batch size the engine graphs
         for rows in (1, 2, 4, 8):
             graphs.capture(mode, rows, lambda: step(rows))   # step() fills path.logits_buffer(rows), calls the path
     ...
@@ -32,6 +32,10 @@ from typing import Any, Protocol, TypeVar
 
 from engine_hooks.logits_path import LogitsPath
 from engine_hooks.modes import IMPLEMENTED, Mode
+
+# Sharded mode decides on the host from the exchanged summaries (which rows fall back, who owns a draw), so a
+# graph cannot hold it: a table that selects it runs those calls eagerly (LogitsPath.run).
+CAPTURABLE = (Mode.ALL_GATHER, Mode.GATHER)
 
 T = TypeVar("T")
 
@@ -94,6 +98,9 @@ class ModeGraphs:
         mode = Mode(mode)
         if mode not in IMPLEMENTED:
             raise ValueError(f"mode {mode.label!r} is not implemented")
+        if mode not in CAPTURABLE:
+            raise ValueError(f"mode {mode.label!r} cannot be captured in a CUDA graph: it samples with host-side "
+                             "decisions; run its calls eagerly with path.run()")
         if self._open is not None:
             raise RuntimeError("capture() between begin() and end()")
         path = self.path
@@ -133,6 +140,8 @@ class ModeGraphs:
         variant = self._variants.get((mode, rows))
         if variant is None:
             self._open = None
+            if mode not in CAPTURABLE:
+                raise KeyError(f"mode {mode.label} is not captured in graphs: run this call eagerly with path.run()")
             raise KeyError(f"no captured variant for mode {mode.label} with {rows} rows: capture every mode the "
                            f"table can select (captured: {sorted((m.label, r) for m, r in self._variants)})")
         graph, out = variant

@@ -1,8 +1,9 @@
-"""The logits -> tokens path: one collective in the mode of this call, sampling, token distribution.
+"""The logits -> tokens path: the collectives in the mode of this call, sampling, token distribution.
 
 Protocol (docs/architecture.md): the mode of a call comes from the table every rank holds. Rank 0 appends
-the 64-bit control word (table, epoch) to what it sends in the call's own collective — after its shard in
-all_gather mode, after the token ids in gather mode — and every rank, rank 0 included, adopts it ADOPT_LAG
+the 64-bit control word (table, epoch) to what it sends in the call's own first collective — after its shard
+in all_gather mode, after the token ids in gather mode, ahead of its summaries in sharded mode
+(engine_hooks.sharded_exchange) — and every rank, rank 0 included, adopts it ADOPT_LAG
 calls later (engine_hooks.deferred_word): no rank reads a device value on the host during the call, no extra
 collective, and no two ranks ever disagree on a mode.
 
@@ -23,6 +24,7 @@ from engine_hooks.comm import Communicator
 from engine_hooks.deferred_word import ADOPT_LAG, DeferredWords
 from engine_hooks.modes import EPOCH_BITS, ControlWord, Mode, ModeTable
 from engine_hooks.sampling import SamplingRow, sample
+from engine_hooks.sharded_exchange import ShardedCall, ShardedSampler
 from engine_hooks.table_source import AppliedStatus, TableSource
 
 _ALIGN = 4  # shard widths are padded to a multiple of 4 so the control word slot is 8-byte aligned
@@ -33,7 +35,8 @@ class CallRecorder(Protocol):
 
     def record(self, call_index: int, mode: Mode, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int) -> None: ...
+               sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
+               fallback_rows: int = 0) -> None: ...
 
 
 def _no_clock() -> int:
@@ -83,6 +86,8 @@ class LogitsPath:
         self._call: tuple | None = None  # (mode, rows, t_start, coll_start, coll_end, word_in) in flight
         self.mode_log: list[Mode] | None = [] if keep_log else None
         self.collective_log: list[int] | None = [] if keep_log else None
+        self._sharded = ShardedSampler(comm, self.width, dtype=dtype, device=self.device, clock=clock)
+        self._begun = -1  # the call index begin_call() last ran for
 
     # -- buffers ---------------------------------------------------------------------------------------
     def _ensure_capacity(self, rows: int) -> None:
@@ -116,6 +121,8 @@ class LogitsPath:
         t_start = self.clock()
         if self._rows != len(rows) or self._rows == 0:
             raise ValueError(f"logits_buffer({self._rows}) was filled but run() got {len(rows)} rows")
+        if self._capture is None and self.begin_call(self._rows) == Mode.SHARDED:
+            return self._run_sharded(rows, t_start)
         mode, shards = self.exchange(t_start=t_start)
         if mode == Mode.ALL_GATHER or self.rank == 0:
             sample_start = self._call[4]  # sampling starts as the collective ends: one clock read for both
@@ -129,6 +136,8 @@ class LogitsPath:
         Returns (mode, shards [P, B, width]); in gather mode the shards are valid on rank 0 only. `mode`
         overrides the table for this call and must then be the same on every rank. Finish the call with
         complete(): it carries the control word to the other ranks in gather mode and records the call.
+        Sharded mode samples inside the path (run()): where the table says sharded, exchange() runs all_gather
+        (recorded as such), so an engine with its own sampler gets the full logits as it always did.
         """
         clock = self.clock
         t_start = clock() if t_start is None else t_start
@@ -137,9 +146,11 @@ class LogitsPath:
             raise ValueError("exchange() needs logits_buffer(rows) filled first")
         if self._call is not None:
             raise RuntimeError("exchange() called again before complete() finished the previous call")
+        if mode == Mode.SHARDED:
+            raise ValueError("a sharded call samples inside the path: use run(), not exchange()")
         if self._capture is None:
             table_mode = self.begin_call(batch)
-            mode = table_mode if mode is None else mode
+            mode = (Mode.ALL_GATHER if table_mode == Mode.SHARDED else table_mode) if mode is None else mode
         elif mode is None or mode == self._capture:
             mode = self._capture
         else:
@@ -167,7 +178,11 @@ class LogitsPath:
     def begin_call(self, rows: int) -> Mode:
         """Host part of the start of a call: adopt the word that is due, let rank 0 read its table source,
         and return this call's mode from the table. exchange() calls it; an engine that replays a captured
-        CUDA graph calls it (through engine_hooks.graphs) to choose the variant before replay."""
+        CUDA graph calls it (through engine_hooks.graphs) to choose the variant before replay. Runs once per
+        call: a second call for the same call index only returns the mode."""
+        if self._begun == self.call_index:
+            return self.table.mode_for_rows(rows)
+        self._begun = self.call_index
         word = self._deferred.take(self.call_index)
         if word is not None and word != self._word:  # decode only when the word changed
             cw = ControlWord.unpack(word)
@@ -213,20 +228,38 @@ class LogitsPath:
         return tokens
 
     def _end_call(self, mode: Mode, batch: int, word_in: torch.Tensor, t_start: int, coll_start: int,
-                  coll_end: int, bcast_start: int, bcast_end: int, sample_start: int, sample_end: int) -> None:
+                  coll_end: int, bcast_start: int, bcast_end: int, sample_start: int, sample_end: int,
+                  sharded: ShardedCall | None = None) -> None:
         """Host part of the end of a call: stash the received word for later adoption, record, count."""
         self._deferred.stash(self.call_index, word_in)
         t_end = self.clock()
-        if self.recorder is not None:
+        if self.recorder is not None and sharded is not None:
+            self.recorder.record(self.call_index, mode, batch, self.epoch, sharded.exchange_bytes, t_start,
+                                 coll_start, coll_end, bcast_start, bcast_end, sample_start, sample_end, t_end,
+                                 sharded.resolve_bytes, sharded.topp_rows, sharded.fallback_rows)
+        elif self.recorder is not None:
             chunk = batch * self.width + self._word_elems
             nbytes = (self.world_size if mode == Mode.ALL_GATHER or self.rank == 0 else 1) * chunk * self._elem_size
             self.recorder.record(self.call_index, mode, batch, self.epoch, nbytes, t_start, coll_start, coll_end,
                                  bcast_start, bcast_end, sample_start, sample_end, t_end)
         if self.mode_log is not None:
             self.mode_log.append(mode)
-            self.collective_log.append(1 if mode == Mode.ALL_GATHER else 2)
+            self.collective_log.append(sharded.collectives if sharded is not None else
+                                       1 if mode == Mode.ALL_GATHER else 2)
         self.call_index += 1
         self._rows = 0
+
+    def _run_sharded(self, rows: list[SamplingRow], t_start: int) -> torch.Tensor:
+        """A whole sharded call (after begin_call): exchange, sample and resolve in engine_hooks.sharded_exchange,
+        then the host part of the end of the call."""
+        batch = self._rows
+        logits = self._send[: batch * self.width].view(batch, self.width)
+        if self._valid < self.width:
+            logits[:, self._valid:] = float("-inf")
+        call = self._sharded.run(logits, rows, self._word_dev)
+        self._end_call(Mode.SHARDED, batch, call.word_in, t_start, call.coll_start, call.coll_end,
+                       call.resolve_start, call.resolve_end, call.sample_start, call.sample_end, call)
+        return call.tokens
 
     # -- CUDA graphs (driven by engine_hooks.graphs) ---------------------------------------------------
     @contextmanager

@@ -25,7 +25,7 @@ except ImportError:
 
 PURE_PYTHON_ENV = "GATHERWISE_PURE_PYTHON_RECORDER"  # "1": never use the compiled record()
 
-_ALL_GATHER = 0  # Mode.ALL_GATHER; the collective op of every other mode is gather
+_GATHER = 1  # Mode.GATHER; modes above it (sharded) have their own pair of ops
 _ROW_WORDS = 1 + 2 * len(fmt.OPS)  # a counter row: calls, then (ns, bytes) per op
 _ROW0 = fmt.COUNTERS_OFFSET // 8  # header word index of the first counter row
 _WRITE_INDEX_WORD = fmt.WRITE_INDEX_OFFSET // 8
@@ -33,8 +33,20 @@ _DROP0 = fmt.DROPS_OFFSET // 8
 _RECORD_SIZE = fmt.RECORD_SIZE
 _BCAST_BYTES_PER_ROW = fmt.BROADCAST_BYTES_PER_ROW
 # word offsets inside a row: ns of an op at 1 + 2 * op, its bytes right after
-_AG, _GA, _BC, _SA, _PA = (1 + 2 * op for op in (fmt.OP_ALL_GATHER, fmt.OP_GATHER, fmt.OP_BROADCAST, fmt.OP_SAMPLE,
-                                                 fmt.OP_PATH))
+_AG, _GA, _BC, _SA, _PA, _SX, _SR = (1 + 2 * op for op in (fmt.OP_ALL_GATHER, fmt.OP_GATHER, fmt.OP_BROADCAST,
+                                                           fmt.OP_SAMPLE, fmt.OP_PATH, fmt.OP_SHARD_EXCHANGE,
+                                                           fmt.OP_SHARD_RESOLVE))
+_FIRST_OP = (_AG, _GA, _SX)  # by mode code
+_TOPP_ROWS_WORD = fmt.TOPP_ROWS_OFFSET // 8
+_TOPP_FALLBACK_WORD = fmt.TOPP_FALLBACK_ROWS_OFFSET // 8
+
+
+def _flags(mode: int, second_op: int, fallback_rows: int) -> int:
+    """Record flags: which second operation the broadcast fields time, and the top-p fallback rows."""
+    flags = (fmt.FLAG_RESOLVE if mode > _GATHER else fmt.FLAG_BROADCAST) if second_op else 0
+    if fallback_rows:
+        flags |= min(fallback_rows, fmt.FALLBACK_MAX) << fmt.FALLBACK_SHIFT
+    return flags
 
 
 def _u32(value: int) -> int:
@@ -88,16 +100,22 @@ class RingRecorder:
 
     def record(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int) -> None:
-        """One call with its timings: the record, then all of its counters (the CPU path; one pass)."""
+               sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
+               fallback_rows: int = 0) -> None:
+        """One call with its timings: the record, then all of its counters (the CPU path; one pass).
+
+        In gather mode the bcast marks time the token broadcast; in sharded mode they time the second
+        collective (shard_resolve, `resolve_nbytes` bytes), 0 when the call ran only one. `topp_rows` and
+        `fallback_rows` count a sharded call's top-p rows and those that took the full-row fallback."""
         seq = self._words[_WRITE_INDEX_WORD] + 1  # the header is the one source (shared with the C writer)
         coll_ns = coll_end - coll_start
         sample_ns = sample_end - sample_start
         path_ns = t_end - t_start
+        flags = _flags(mode, bcast_start, fallback_rows)
         if bcast_start:
-            flags, bcast_off, bcast_ns = fmt.FLAG_BROADCAST, bcast_start - t_start, bcast_end - bcast_start
+            bcast_off, bcast_ns = bcast_start - t_start, bcast_end - bcast_start
         else:
-            flags = bcast_off = bcast_ns = 0
+            bcast_off = bcast_ns = 0
         mm = self._mm
         try:
             self._pack_record(mm, self._slot0 + ((seq - 1) % self.capacity) * _RECORD_SIZE, seq, t_start, call_index,
@@ -112,51 +130,69 @@ class RingRecorder:
         c = self._words
         base = _ROW0 + _ROW_WORDS * mode
         c[base] += 1
-        k = base + (_AG if mode == _ALL_GATHER else _GA)
+        k = base + _FIRST_OP[mode]
         c[k] += coll_ns
         c[k + 1] += nbytes
-        if flags:
+        if flags & fmt.FLAG_BROADCAST:
             bcast_bytes = (rows + 1) * _BCAST_BYTES_PER_ROW
             c[base + _BC] += bcast_ns
             c[base + _BC + 1] += bcast_bytes
             nbytes += bcast_bytes
+        elif flags & fmt.FLAG_RESOLVE:
+            c[base + _SR] += bcast_ns
+            c[base + _SR + 1] += resolve_nbytes
+            nbytes += resolve_nbytes
+        if topp_rows:
+            c[_TOPP_ROWS_WORD] += topp_rows
+            c[_TOPP_FALLBACK_WORD] += fallback_rows
         c[base + _SA] += sample_ns
         c[base + _PA] += path_ns
         c[base + _PA + 1] += nbytes
         c[_WRITE_INDEX_WORD] = seq  # publish last: readers trust every seq <= write_index
 
     # -- split recording: count at call time, time later (engine_hooks.cuda_timing) -------------------------
-    def count(self, mode: int, rows: int, nbytes: int, broadcast: bool) -> None:
-        """A call's calls and bytes counters, at the time of the call (before its timings are known)."""
+    def count(self, mode: int, rows: int, nbytes: int, broadcast: bool, resolve_nbytes: int = 0,
+              topp_rows: int = 0, fallback_rows: int = 0) -> None:
+        """A call's calls and bytes counters, at the time of the call (before its timings are known).
+        `broadcast`: the call ran its second operation (token broadcast, or shard_resolve in sharded mode)."""
         c = self._words
         base = _ROW0 + _ROW_WORDS * mode
         c[base] += 1
-        c[base + (_AG if mode == _ALL_GATHER else _GA) + 1] += nbytes
-        if broadcast:
+        c[base + _FIRST_OP[mode] + 1] += nbytes
+        if broadcast and mode > _GATHER:
+            c[base + _SR + 1] += resolve_nbytes
+            nbytes += resolve_nbytes
+        elif broadcast:
             bcast_bytes = (rows + 1) * _BCAST_BYTES_PER_ROW
             c[base + _BC + 1] += bcast_bytes
             nbytes += bcast_bytes
+        if topp_rows:
+            c[_TOPP_ROWS_WORD] += topp_rows
+            c[_TOPP_FALLBACK_WORD] += fallback_rows
         c[base + _PA + 1] += nbytes
 
     def record_timed(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
                      coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-                     sample_start: int, sample_end: int, t_end: int) -> None:
+                     sample_start: int, sample_end: int, t_end: int, fallback_rows: int = 0) -> None:
         """The record and the time counters of a call already count()ed."""
         seq = self._words[_WRITE_INDEX_WORD] + 1  # the header is the one source (shared with the C writer)
         coll_ns = max(0, coll_end - coll_start)
         sample_ns = max(0, sample_end - sample_start)
         path_ns = max(0, t_end - t_start)
+        flags = _flags(mode, bcast_start, fallback_rows)
         if bcast_start:
-            flags, bcast_off, bcast_ns = fmt.FLAG_BROADCAST, bcast_start - t_start, max(0, bcast_end - bcast_start)
+            bcast_off, bcast_ns = bcast_start - t_start, max(0, bcast_end - bcast_start)
         else:
-            flags = bcast_off = bcast_ns = 0
+            bcast_off = bcast_ns = 0
         self._pack_saturated(seq, call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_ns, flags,
                              bcast_off, bcast_ns, sample_start, sample_ns, path_ns)
         c = self._words
         base = _ROW0 + _ROW_WORDS * mode
-        c[base + (_AG if mode == _ALL_GATHER else _GA)] += coll_ns
-        if flags:
+        c[base + _FIRST_OP[mode]] += coll_ns
+        if flags & fmt.FLAG_BROADCAST:
             c[base + _BC] += bcast_ns
+        elif flags & fmt.FLAG_RESOLVE:
+            c[base + _SR] += bcast_ns
         c[base + _SA] += sample_ns
         c[base + _PA] += path_ns
         c[_WRITE_INDEX_WORD] = seq

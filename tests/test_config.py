@@ -24,7 +24,7 @@ def test_every_shipped_config_loads(example):
     ("sidecar:\n  port: '80'\n", "sidecar.port: must be int"),
     ("sidecar:\n  port: 70000\n", "sidecar.port: must be in"),
     ("policy:\n  mode: fast\n", "policy.mode: must be one of manual, auto"),
-    ("engine:\n  initial_mode: sharded\n", "engine.initial_mode"),
+    ("engine:\n  initial_mode: scatter\n", "engine.initial_mode"),
     ("telemetry:\n  enabled: 1\n", "telemetry.enabled: must be bool"),
     ("control:\n  inject_delay: [{after_seconds: 0, mode: fast, seconds: 1}]\n", "control.inject_delay[0]"),
     ("- a\n- b\n", "top level must be a mapping"),

@@ -45,9 +45,9 @@ def _logits(step: int, rows: int) -> torch.Tensor:
 
 def _graphed_run(rank, world, exchange_only):
     from engine_hooks.comm import default_communicator
-    from engine_hooks.graphs import ModeGraphs
+    from engine_hooks.graphs import CAPTURABLE, ModeGraphs
     from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.modes import IMPLEMENTED, Mode, ModeTable
+    from engine_hooks.modes import Mode, ModeTable
     from engine_hooks.sampling import SamplingParams, SamplingRow
     from engine_hooks.table_source import InProcessTableSource
 
@@ -70,7 +70,7 @@ def _graphed_run(rank, world, exchange_only):
 
     backend = StandInGraphBackend()
     graphs = ModeGraphs(path, backend)
-    for mode in IMPLEMENTED:
+    for mode in CAPTURABLE:
         for rows in inputs:
             graphs.capture(mode, rows, lambda rows=rows: step(rows))
     assert path.call_index == 0 and sum(g.replays for g in backend.graphs) == 0  # capture ran no call
@@ -125,14 +125,24 @@ def test_a_mode_without_a_captured_variant_is_a_clear_error_and_runs_nothing():
     assert path.call_index == 0
 
 
-def test_only_implemented_modes_are_captured():
-    from engine_hooks.modes import IMPLEMENTED, Mode
+def test_sharded_mode_is_refused_for_capture_and_runs_eagerly():
+    """Sharded calls decide on the host (fallback rows, owners of draws): no graph variant, a clear error, and
+    the same call then runs eagerly through path.run()."""
+    import torch
+
+    from engine_hooks.modes import Mode, ModeTable
+    from engine_hooks.sampling import SamplingParams, SamplingRow
 
     path, graphs = _single_rank_graphs()
-    for mode in set(Mode) - set(IMPLEMENTED):
-        with pytest.raises(ValueError, match="not implemented"):
-            graphs.capture(mode, 1, lambda: None)
+    with pytest.raises(ValueError, match="cannot be captured in a CUDA graph"):
+        graphs.capture(Mode.SHARDED, 1, lambda: None)
     assert graphs.captured() == set()
+    path.table = ModeTable.uniform(Mode.SHARDED)
+    with pytest.raises(KeyError, match="run this call eagerly"):
+        graphs.replay(1)
+    path.logits_buffer(1).copy_(torch.arange(path.width, dtype=torch.float32)[None, :])
+    assert path.run([SamplingRow(SamplingParams(), 0, 0)]).tolist() == [VOCAB - 1]
+    assert path.mode_log is None or path.mode_log[-1] == Mode.SHARDED
 
 
 def test_buffers_cannot_grow_under_captured_graphs():
