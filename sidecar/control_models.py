@@ -103,6 +103,11 @@ class PolicyParamsModel(BaseModel):
     probe_budget: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="max share of calls probing")
     max_sample_age_seconds: float = Field(ge=0.1, le=86400.0, allow_inf_nan=False,
                                           description="samples older than this leave the estimates")
+    probe_backoff_max: float = Field(ge=1.0, le=1024.0, allow_inf_nan=False,
+                                     description="a mode far behind is probed up to this many times less often")
+    probe_backoff_margin: float = Field(ge=0.0, le=10.0, allow_inf_nan=False,
+                                        description="far behind = slower than the chosen mode by this fraction; "
+                                                    "the chosen mode's cost moving by it ends the back-off")
 
 
 class PolicyUpdate(BaseModel):
@@ -117,6 +122,8 @@ class PolicyUpdate(BaseModel):
     probe_calls: int | None = Field(default=None, ge=1, le=1 << 20)
     probe_budget: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
     max_sample_age_seconds: float | None = Field(default=None, ge=0.1, le=86400.0, allow_inf_nan=False)
+    probe_backoff_max: float | None = Field(default=None, ge=1.0, le=1024.0, allow_inf_nan=False)
+    probe_backoff_margin: float | None = Field(default=None, ge=0.0, le=10.0, allow_inf_nan=False)
 
 
 class PolicyResponse(BaseModel):

@@ -120,7 +120,6 @@ class Ingest:
         pending, tp = eng.pending, eng.tp_size
         for rank, reader in enumerate(eng.readers):
             records, missed = reader.read_new()
-            eng.headers[rank] = reader.header()
             eng.dropped[rank] += missed
             read += len(records)
             for rec in records:
@@ -238,10 +237,20 @@ class Ingest:
         """Fresh heartbeat, and the engine has not closed its rings (a clean shutdown)."""
         return age < self.heartbeat_stale and not any(h.closed for h in eng.headers)
 
+    def _refresh_headers(self, eng: AttachedEngine) -> None:
+        """Read every rank's header now (scrapes and API calls; the poll loop does not parse headers it does not
+        need). A reader closed by an engine switch meanwhile keeps the previous snapshot."""
+        for rank, reader in enumerate(eng.readers):
+            try:
+                eng.headers[rank] = reader.header()
+            except (ValueError, OSError):
+                pass
+
     def counters(self) -> EngineCounters | None:
         eng = self.engine
         if eng is None:
             return None
+        self._refresh_headers(eng)
         age = self.heartbeat_age_seconds(eng)
         ranks = [rank_counters(h, rank, eng.dropped[rank]) for rank, h in enumerate(eng.headers)]
         return EngineCounters(eng.label, self.is_up(eng, age), age, ranks)
@@ -250,6 +259,7 @@ class Ingest:
         eng = self.engine
         if eng is None:
             return EngineInfo(attached=False)
+        self._refresh_headers(eng)
         age = self.heartbeat_age_seconds(eng)
         return EngineInfo(True, eng.label, eng.tp_size, eng.vocab, eng.dtype, self.is_up(eng, age), age,
                           eng.records, sum(eng.dropped), eng.calls_joined, eng.calls_incomplete, len(eng.pending),

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from sidecar.control_gauges import ControlGaugesCollector
 from sidecar.histograms import HistogramFamily, HistogramsCollector, Series
 
 # -- family names (the dashboards, alerts and checks use exactly these) ------------------------------------
@@ -31,8 +32,7 @@ ENGINE_UP = "gatherwise_engine_up"
 ENGINE_HEARTBEAT_AGE_SECONDS = "gatherwise_engine_heartbeat_age_seconds"
 # Control families (issue 4), fed by sidecar.controller:
 MODE_SWITCHES = "gatherwise_mode_switches"  # exposed as ..._total
-ACTIVE_MODE = "gatherwise_active_mode"
-POLICY_ESTIMATE_SECONDS = "gatherwise_policy_estimate_seconds"
+# gatherwise_active_mode and gatherwise_policy_estimate_seconds: sidecar.control_gauges (computed at scrape time)
 
 OPS = ("all_gather", "gather", "broadcast")
 # 10 µs .. 1.3 s: collectives on one host are tens of µs (GPU) to tens of ms (gloo, big vocab).
@@ -138,15 +138,12 @@ class SidecarMetrics:
         self.mode_switches = Counter(MODE_SWITCHES, "Buckets switched from one mode to another, by reason "
                                      "(manual, auto, probe, table_file).", ["engine", "from", "to", "reason"],
                                      registry=r)
-        self.active_mode = Gauge(ACTIVE_MODE, "1 for the mode each bucket runs now (control block status), else 0.",
-                                 ["engine", "bucket", "mode"], registry=r)
-        self.policy_estimate = Gauge(POLICY_ESTIMATE_SECONDS, "The auto policy's windowed median critical path "
-                                     "per bucket and mode.", ["engine", "bucket", "mode"], unit="seconds", registry=r)
+        self.control_gauges = ControlGaugesCollector()  # the controller sets its view
+        r.register(self.control_gauges)
 
     def forget_control(self) -> None:
         """Drop every control series (the attached engine changed: its series must not mix with the next)."""
-        for family in (self.mode_switches, self.active_mode, self.policy_estimate):
-            family.clear()
+        self.mode_switches.clear()
 
     # -- record histograms ----------------------------------------------------------------------------
     def rank_series(self, engine: str, rank: str, mode: str, bucket: str) -> RankSeries:
