@@ -33,7 +33,7 @@ class Event(Protocol):
 class Recorder(Protocol):
     def record(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int) -> None: ...
+               sample_start: int, sample_end: int, t_end: int, **call_counts: int) -> None: ...
 
 
 def _timing_event() -> Event:
@@ -84,7 +84,7 @@ class EventResolver:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.clock, self.recorder, self.max_pending = clock, recorder, max_pending
-        self._pending: deque[tuple[tuple[int, ...], tuple[int, ...]]] = deque()
+        self._pending: deque[tuple[tuple[int, ...], tuple[int, ...], dict[str, int]]] = deque()
         self.resolved = 0
         self.dropped = 0  # calls given up on because max_pending calls were still waiting for their events
 
@@ -94,13 +94,13 @@ class EventResolver:
 
     def record(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int) -> None:
+               sample_start: int, sample_end: int, t_end: int, **call_counts: int) -> None:
         self._pending.append(((call_index, mode, rows, epoch, nbytes),
                               (t_start, coll_start, coll_end, bcast_start, bcast_end, sample_start, sample_end,
-                               t_end)))
+                               t_end), call_counts))
         self.poll()
         while len(self._pending) > self.max_pending:  # the GPU is far behind: never wait, drop the oldest
-            _, marks = self._pending.popleft()
+            _, marks, _ = self._pending.popleft()
             self.clock.release_through(marks[-1])
             self.dropped += 1
 
@@ -108,12 +108,12 @@ class EventResolver:
         """Forward every leading pending call whose last event has completed; returns how many. Never blocks."""
         done = 0
         while self._pending:
-            info, marks = self._pending[0]
+            info, marks, call_counts = self._pending[0]
             end_event, _ = self.clock.entry(marks[-1])
             if not end_event.query():
                 break
             self._pending.popleft()
-            self.recorder.record(*info, *self._to_ns(marks))
+            self.recorder.record(*info, *self._to_ns(marks), **call_counts)
             self.clock.release_through(marks[-1])
             done += 1
         self.resolved += done

@@ -15,13 +15,17 @@ import time
 
 from engine_hooks.shm_format import ring as fmt
 
-_ALL_GATHER = 0  # Mode.ALL_GATHER; the collective op of every other mode is gather
+_ALL_GATHER, _GATHER = 0, 1  # Mode codes; every other mode (sharded) has its own pair of ops
 _ROW_WORDS = 1 + 2 * len(fmt.OPS)  # a counter row: calls, then (ns, bytes) per op
 _ROW0 = fmt.COUNTERS_OFFSET // 8  # header word index of the first counter row
 _WRITE_INDEX_WORD = fmt.WRITE_INDEX_OFFSET // 8
 # word offsets inside a row: ns of an op at 1 + 2 * op, its bytes right after
-_AG, _GA, _BC, _SA, _PA = (1 + 2 * op for op in (fmt.OP_ALL_GATHER, fmt.OP_GATHER, fmt.OP_BROADCAST, fmt.OP_SAMPLE,
-                                                 fmt.OP_PATH))
+_AG, _GA, _BC, _SA, _PA, _SX, _SR = (1 + 2 * op for op in (fmt.OP_ALL_GATHER, fmt.OP_GATHER, fmt.OP_BROADCAST,
+                                                           fmt.OP_SAMPLE, fmt.OP_PATH, fmt.OP_SHARD_EXCHANGE,
+                                                           fmt.OP_SHARD_RESOLVE))
+_FIRST_OP = {_ALL_GATHER: _AG, _GATHER: _GA}  # sharded: _SX
+_TOPP_ROWS_WORD = fmt.TOPP_ROWS_OFFSET // 8
+_TOPP_FALLBACK_WORD = fmt.TOPP_FALLBACK_ROWS_OFFSET // 8
 
 
 def _u32(value: int) -> int:
@@ -66,15 +70,23 @@ class RingRecorder:
 
     def record(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int) -> None:
+               sample_start: int, sample_end: int, t_end: int, *, resolve_nbytes: int = 0, topp_rows: int = 0,
+               fallback_rows: int = 0) -> None:
+        """One call. In gather mode the bcast marks time the token broadcast; in sharded mode they time the
+        second collective (shard_resolve, `resolve_nbytes`), 0 when the call ran only one. `topp_rows` and
+        `fallback_rows` count the call's top-p rows and those that took the full-row fallback (sharded mode).
+        """
         seq = self._seq + 1
         coll_ns = coll_end - coll_start
         sample_ns = sample_end - sample_start
         path_ns = t_end - t_start
         if bcast_start:
-            flags, bcast_off, bcast_ns = fmt.FLAG_BROADCAST, bcast_start - t_start, bcast_end - bcast_start
+            flags = fmt.FLAG_RESOLVE if mode > _GATHER else fmt.FLAG_BROADCAST
+            bcast_off, bcast_ns = bcast_start - t_start, bcast_end - bcast_start
         else:
             flags = bcast_off = bcast_ns = 0
+        if fallback_rows:
+            flags |= min(fallback_rows, fmt.FALLBACK_MAX) << fmt.FALLBACK_SHIFT
         offset = fmt.HEADER_SIZE + ((seq - 1) % self.capacity) * fmt.RECORD_SIZE
         try:
             self._pack_record(self._mm, offset, seq, t_start, call_index, nbytes, epoch, rows, self.vocab, self.rank,
@@ -90,14 +102,21 @@ class RingRecorder:
         c = self._words
         base = _ROW0 + _ROW_WORDS * mode
         c[base] += 1
-        k = base + (_AG if mode == _ALL_GATHER else _GA)
+        k = base + _FIRST_OP.get(mode, _SX)
         c[k] += coll_ns
         c[k + 1] += nbytes
-        if flags:
+        if flags & fmt.FLAG_BROADCAST:
             bcast_bytes = (rows + 1) * fmt.BROADCAST_BYTES_PER_ROW
             c[base + _BC] += bcast_ns
             c[base + _BC + 1] += bcast_bytes
             nbytes += bcast_bytes
+        elif flags & fmt.FLAG_RESOLVE:
+            c[base + _SR] += bcast_ns
+            c[base + _SR + 1] += resolve_nbytes
+            nbytes += resolve_nbytes
+        if topp_rows:
+            c[_TOPP_ROWS_WORD] += topp_rows
+            c[_TOPP_FALLBACK_WORD] += fallback_rows
         c[base + _SA] += sample_ns
         c[base + _PA] += path_ns
         c[base + _PA + 1] += nbytes

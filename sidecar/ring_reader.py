@@ -79,8 +79,10 @@ class RingReader:
         (_magic, version, _hs, record_size, capacity, engine_id, rank, tp_size, vocab, dtype, created_ns,
          write_index, pid, state, created_mono_ns) = fmt.HEADER_FIXED.unpack_from(raw, 0)
         counters = fmt.counters_from_values(fmt.COUNTERS.unpack_from(raw, fmt.COUNTERS_OFFSET))
+        topp_rows, topp_fallback_rows = fmt.TOPP_COUNTERS.unpack_from(raw, fmt.TOPP_ROWS_OFFSET)
         return RingHeader(version, engine_id, rank, tp_size, vocab, fmt.dtype_name(dtype), record_size, capacity,
-                          created_ns, created_mono_ns, write_index, pid, state == fmt.STATE_CLOSED, counters)
+                          created_ns, created_mono_ns, write_index, pid, state == fmt.STATE_CLOSED, counters,
+                          topp_rows, topp_fallback_rows)
 
     def read_new(self, max_records: int | None = None) -> tuple[list[CallRecord], int]:
         """Records written since the last call (at most max_records), and how many were missed meanwhile."""
@@ -125,6 +127,9 @@ class RingReader:
         self.close()
 
 
+_SECOND_OP = fmt.FLAG_BROADCAST | fmt.FLAG_RESOLVE
+
+
 def _decode(data: bytes, first_seq: int, skip: int) -> tuple[list[CallRecord], int]:
     """Unpack a run of records starting at first_seq; drop the first `skip` and any whose seqs disagree."""
     names = fmt.DTYPE_NAMES
@@ -141,8 +146,9 @@ def _decode(data: bytes, first_seq: int, skip: int) -> tuple[list[CallRecord], i
         else:
             append(CallRecord(seq, call_index, mode, rows, vocab, names.get(dtype) or fmt.dtype_name(dtype), rank,
                               epoch, nbytes, start, start + coll_off, coll_ns,
-                              start + bcast_off if flags & fmt.FLAG_BROADCAST else 0, bcast_ns,
-                              start + sample_off, sample_ns, start + path_ns))
+                              start + bcast_off if flags & _SECOND_OP else 0, bcast_ns,
+                              start + sample_off, sample_ns, start + path_ns, fmt.second_op_of(flags),
+                              flags >> fmt.FALLBACK_SHIFT))
         expected += 1
     return out, torn
 
