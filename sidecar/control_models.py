@@ -6,9 +6,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine_hooks.modes import NUM_BUCKETS, bucket_from_upper_bound
+from engine_hooks.modes import IMPLEMENTED_LABELS, NUM_BUCKETS, bucket_from_upper_bound
 
-ModeLabel = Literal["all_gather", "gather"]
+# Generated from engine_hooks.modes.IMPLEMENTED: a mode the engine implements is accepted and documented here
+# (OpenAPI enum) without another change; a reserved one is refused with the list of valid values.
+ModeLabel = Literal[IMPLEMENTED_LABELS]  # type: ignore[valid-type]
+ModeOrAuto = Literal[(*IMPLEMENTED_LABELS, "auto")]  # type: ignore[valid-type]
 BucketTable = dict[str, ModeLabel]  # bucket upper bound ("1", "2", "4", ... "32768") -> mode
 MAX_BUCKET = 1 << (NUM_BUCKETS - 1)
 
@@ -31,8 +34,7 @@ class ModeState(BaseModel):
 
 class SetModeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    mode: Literal["all_gather", "gather", "auto"] = Field(
-        description="pin the buckets to a mode, or release them to the auto policy")
+    mode: ModeOrAuto = Field(description="pin the buckets to a mode, or release them to the auto policy")
     buckets: list[int] | None = Field(
         default=None, min_length=1, max_length=NUM_BUCKETS,
         description=f"bucket upper bounds (powers of two 1..{MAX_BUCKET}); omitted = every bucket")
@@ -78,7 +80,7 @@ class DecisionModel(BaseModel):
     id: int
     time: float = Field(description="unix seconds")
     reason: Literal["manual", "auto", "probe", "table_file"]
-    mode: Literal["all_gather", "gather", "auto"]
+    mode: ModeOrAuto
     buckets: list[str]
     previous: dict[str, str] = Field(description="bucket -> mode before the decision (changed buckets)")
     evidence: dict[str, Any] = Field(description="estimates, samples, margin (auto, probe); pins (manual)")
