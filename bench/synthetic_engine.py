@@ -59,6 +59,7 @@ class SyntheticEngine:
         cost = int((fixed + per_row * rows) * (0.9 + 0.2 * self._rng.random()))
         now = time.perf_counter_ns()
         nbytes = rows * VOCAB * 4 // self.tp
+        resolve = self._rng.random() < 0.5
         for rank, ring in enumerate(self.rings):
             t0 = now + 1_000 * rank
             coll_end = t0 + cost // 2
@@ -68,6 +69,10 @@ class SyntheticEngine:
                 b0, b1 = s_end, s_end + cost // 8
                 ring.record(ci, mode, rows, self.epoch, nbytes, t0, t0 + 500, coll_end, b0, b1,
                             coll_end, s_end, b1 + 500)
+            elif mode == 2 and resolve:  # sharded with temperature/top-p rows: the second collective
+                r0, r1 = s_end, s_end + cost // 16
+                ring.record(ci, mode, rows, self.epoch, rows * 16, t0, t0 + 500, coll_end, r0, r1, coll_end, s_end,
+                            r1 + 500, resolve_nbytes=rows * 8, topp_rows=rows, fallback_rows=int(ci % 7 == 1))
             else:
                 ring.record(ci, mode, rows, self.epoch, nbytes, t0, t0 + 500, coll_end, 0, 0, coll_end, s_end,
                             s_end + 500)

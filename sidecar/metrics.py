@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from engine_hooks.modes import Mode
 from engine_hooks.shm_format.ring import MODE_OPS
 from sidecar.control_gauges import ControlGaugesCollector
-from sidecar.histograms import HistogramFamily, HistogramsCollector, Series
+from sidecar.histograms import HistogramFamily, Series
 
 # -- family names (the dashboards, alerts and checks use exactly these) ------------------------------------
 COLLECTIVE_SECONDS = "gatherwise_collective_seconds"
@@ -139,8 +139,8 @@ class SidecarMetrics:
             ["engine", "mode", "bucket"], BUCKETS)
         self.skew = HistogramFamily(RANK_SKEW_SECONDS, "Per call: latest minus earliest rank arrival.",
                                     ["engine", "mode"], BUCKETS)
+        # Rendered by exposition() itself (sidecar.histograms.HistogramFamily.render), not through the registry.
         self.histograms = (self.collective, self.sample, self.logits_path, self.critical_path, self.skew)
-        r.register(HistogramsCollector(self.histograms))
         self.header_collector = HeaderCountersCollector(snapshot)
         r.register(self.header_collector)
         self._register_control_metrics()
@@ -184,4 +184,6 @@ class SidecarMetrics:
     def exposition(self, accept_header: str | None) -> tuple[bytes, str]:
         """(body, content type): OpenMetrics with exemplars when the Accept header asks, classic text otherwise."""
         encoder, content_type = choose_encoder(accept_header or "")
-        return encoder(self.registry), content_type
+        openmetrics = content_type.startswith("application/openmetrics-text")
+        histograms = "".join(family.render(openmetrics) for family in self.histograms).encode()
+        return histograms + encoder(self.registry), content_type  # the registry's part ends with `# EOF`
