@@ -28,7 +28,12 @@ from sidecar.policy import AutoPolicy, Decision, PolicyParams
 from sidecar.policy_state import load_state, policy_from_json, policy_to_json, save_state
 
 log = logging.getLogger("gatherwise.sidecar.control")
+# Saving the state (decision log, sample windows: up to ~0.5 MB of JSON) costs milliseconds of CPU the engine's
+# ranks may need. Requests (manual decisions, parameters) are saved at once; the policy's own decisions within
+# SAVE_INTERVAL_S; new samples alone every SAMPLES_SAVE_INTERVAL_S (a restart that loses a few seconds of samples
+# still has the rest of each window).
 SAVE_INTERVAL_S = 1.0
+SAMPLES_SAVE_INTERVAL_S = 10.0
 CONTROL_INTERVAL_MIN_S = 0.05
 
 
@@ -46,7 +51,8 @@ class Attached:
     requested: tuple[ModeTable, int]  # (table, flags) last written (or found) in the command area
     last_call_index: int = -1  # newest call fed to the policy (ring records re-read after a restart are skipped)
     switch_counts: dict[str, int] = field(default_factory=dict)  # "from|to|reason" -> n, survives restarts
-    dirty: bool = False
+    dirty: bool = False  # new samples since the last save
+    decided: bool = False  # a policy decision since the last save
     saved_at: float = 0.0
     active: ModeTable | None = None  # what every rank ran at the last tick (control block status area)
 
@@ -93,7 +99,8 @@ class Controller:
                 self._give_up(att, exc)
                 return
             att.active = snap.active_table
-            if att.dirty and now - att.saved_at >= SAVE_INTERVAL_S:
+            since = now - att.saved_at
+            if (att.decided and since >= SAVE_INTERVAL_S) or (att.dirty and since >= SAMPLES_SAVE_INTERVAL_S):
                 self._save(att)
 
     # -- engine attach / detach ----------------------------------------------------------------------------
@@ -200,13 +207,17 @@ class Controller:
             self.events.decision(att.label, d, call, att.switch_counts)
             log.info("decision %d: %s %s -> %s (%s) evidence=%s", d.id, d.reason, ",".join(d.buckets), d.mode,
                      d.previous, d.evidence)
-        self._save(att)
+        if any(d.reason in ("manual", "table_file") for d in decisions):
+            self._save(att)  # a request's effect survives a SIGKILL right after the response
+        else:
+            att.decided = True
 
     def _save(self, att: Attached) -> None:
         try:
             save_state(att.state_path, policy_to_json(att.policy, {"last_call_index": att.last_call_index,
                                                                     "switch_counts": att.switch_counts}))
-            att.dirty, att.saved_at = False, time.monotonic()
+            att.dirty = att.decided = False
+            att.saved_at = time.monotonic()
         except OSError as exc:  # the engine directory vanished (engine exited): nothing to keep
             log.debug("sidecar state not saved: %s", exc)
 

@@ -4,15 +4,18 @@ Each (bucket, mode) keeps its last `window` samples, each with the monotonic tim
 older than `max_age` seconds drop out, so a mode that only gets probed (a few calls now and then) is judged on
 recent probes, not on what it cost before the load changed. The estimate the policy compares is the median:
 gloo collectives on a shared CPU have p90 several times their median, and a mean would chase those outliers.
-A summary is computed when its window changed and cached otherwise: the control loop and every scrape ask for
-every (bucket, mode), and sorting the windows each time cost the sidecar several % of a core when idle.
+Each window keeps its values sorted as they arrive (bisect), so a summary is an index, not a sort: the control
+loop and every scrape ask for every (bucket, mode), and sorting the windows each time cost the sidecar several
+% of a core next to the engine it observes.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import math
 import statistics
+from bisect import bisect_left, insort
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine_hooks.modes import Mode
@@ -45,64 +48,85 @@ def _quantile(ordered: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+class _Window:
+    """The newest `size` (time, seconds) samples in arrival order, and their values kept sorted (insort on add,
+    bisect-remove on evict), so a median or p90 costs an index instead of a sort of the whole window."""
+
+    __slots__ = ("size", "samples", "ordered")
+
+    def __init__(self, size: int, samples: Iterable[tuple[float, float]] = ()) -> None:
+        self.size = size
+        self.samples: deque[tuple[float, float]] = deque()
+        self.ordered: list[float] = []
+        for t, v in samples:
+            self.add(t, v)
+
+    def add(self, t: float, v: float) -> None:
+        if len(self.samples) >= self.size:
+            self._evict()
+        self.samples.append((t, v))
+        insort(self.ordered, v)
+
+    def _evict(self) -> None:
+        _, v = self.samples.popleft()
+        del self.ordered[bisect_left(self.ordered, v)]
+
+    def prune(self, cutoff: float) -> bool:
+        """Drop samples older than cutoff; True if any were dropped."""
+        dropped = False
+        while self.samples and self.samples[0][0] < cutoff:
+            self._evict()
+            dropped = True
+        return dropped
+
+    def summary(self, age_seconds: float) -> Estimate:
+        ordered = self.ordered
+        return Estimate(len(ordered), math.fsum(ordered) / len(ordered), _quantile(ordered, 0.5),
+                        _quantile(ordered, 0.9), age_seconds)
+
+
 class WindowEstimates:
     """Samples per (bucket, mode), for any mode code the rings report (windows are created on first use)."""
 
     def __init__(self, window: int, max_age_seconds: float) -> None:
         self.window, self.max_age = window, max_age_seconds
-        self._samples: dict[tuple[int, Mode], deque[tuple[float, float]]] = {}
-        self._cache: dict[tuple[int, Mode], tuple[int, Estimate]] = {}  # key -> (version, summary)
-        self._version: dict[tuple[int, Mode], int] = {}  # bumped on every change of a window
+        self._windows: dict[tuple[int, Mode], _Window] = {}
 
     def add(self, bucket: int, mode: Mode, seconds: float, now: float) -> None:
         key = (bucket, mode)
-        samples = self._samples.get(key)
-        if samples is None:
-            samples = self._samples[key] = deque(maxlen=self.window)
-        samples.append((now, seconds))
-        self._version[key] = self._version.get(key, 0) + 1
+        w = self._windows.get(key)
+        if w is None:
+            w = self._windows[key] = _Window(self.window)
+        w.add(now, seconds)
 
     def get(self, bucket: int, mode: Mode, now: float) -> Estimate | None:
         """The estimate from the samples still inside the window and younger than max_age; None if none."""
-        key = (bucket, mode)
-        samples = self._samples.get(key)
-        if not samples:
+        w = self._windows.get((bucket, mode))
+        if w is None:
             return None
-        cutoff = now - self.max_age
-        if samples[0][0] < cutoff:
-            while samples and samples[0][0] < cutoff:
-                samples.popleft()
-            self._version[key] = self._version.get(key, 0) + 1
-            if not samples:
-                return None
-        version = self._version.get(key, 0)
-        age = max(0.0, now - samples[-1][0])
-        cached = self._cache.get(key)
-        if cached is not None and cached[0] == version:
-            est = cached[1]
-            return est if est.age_seconds == age else dataclasses.replace(est, age_seconds=age)
-        est = summarize([s for _, s in samples], age)
-        self._cache[key] = (version, est)
-        return est
+        w.prune(now - self.max_age)
+        if not w.samples:
+            return None
+        return w.summary(max(0.0, now - w.samples[-1][0]))
 
     def newest(self, bucket: int, mode: Mode) -> float | None:
         """Monotonic time of the newest sample (before pruning), or None."""
-        samples = self._samples.get((bucket, mode))
-        return samples[-1][0] if samples else None
+        w = self._windows.get((bucket, mode))
+        return w.samples[-1][0] if w is not None and w.samples else None
 
     def resize(self, window: int, max_age_seconds: float) -> None:
         """Apply new policy parameters, keeping the newest samples."""
         self.window, self.max_age = window, max_age_seconds
-        self._samples = {k: deque(v, maxlen=window) for k, v in self._samples.items()}
-        self._cache.clear()
+        self._windows = {k: _Window(window, list(w.samples)[-window:]) for k, w in self._windows.items()}
 
     # -- durable state (the sidecar-state.json file) -------------------------------------------------------
     def to_json(self) -> dict[str, list[list[float]]]:
-        return {f"{b}:{m.label}": [list(s) for s in v] for (b, m), v in sorted(self._samples.items()) if v}
+        return {f"{b}:{m.label}": [list(s) for s in w.samples] for (b, m), w in sorted(self._windows.items(),
+                                                                                     key=lambda kv: kv[0])
+                if w.samples}
 
     def load_json(self, data: dict[str, list[list[float]]]) -> None:
         for key, values in data.items():
             bucket, label = key.split(":")
-            key = (int(bucket), Mode.parse(label))
-            self._samples[key] = deque(((float(t), float(s)) for t, s in values), maxlen=self.window)
-            self._version[key] = self._version.get(key, 0) + 1
+            samples = [(float(t), float(s)) for t, s in values]
+            self._windows[(int(bucket), Mode.parse(label))] = _Window(self.window, samples[-self.window:])

@@ -19,6 +19,7 @@ from typing import Any
 from engine_hooks.modes import Mode, ModeTable
 from sidecar.policy import AutoPolicy, Decision, PolicyParams, Probe
 
+_DECISION_FIELDS = dataclasses.fields(Decision)
 STATE_VERSION = 2  # 2: probes, their times and back-off per (bucket, mode)
 
 
@@ -46,7 +47,8 @@ def policy_to_json(policy: AutoPolicy, extra: dict[str, Any] | None = None) -> s
         "calls_total": policy.calls_total,
         "probe_calls_used": policy.probe_calls_used,
         "next_decision_id": policy.next_decision_id,
-        "decisions": [dataclasses.asdict(d) for d in policy.decisions],
+        # shallow: a decision's evidence is plain JSON already (asdict's deep copy cost more than the encoding)
+        "decisions": [{f.name: getattr(d, f.name) for f in _DECISION_FIELDS} for d in policy.decisions],
         "estimates": policy.estimates.to_json(),
         "extra": extra or {},
     }
