@@ -109,6 +109,25 @@ class WindowEstimates:
             return None
         return w.summary(max(0.0, now - w.samples[-1][0]))
 
+    def recent(self, bucket: int, mode: Mode, n: int, before: float | None = None) -> list[float]:
+        """The values of the newest `n` samples (taken before `before`, when given), oldest first."""
+        w = self._windows.get((bucket, mode))
+        if w is None or n <= 0:
+            return []
+        out: list[float] = []
+        for t, v in reversed(w.samples):
+            if before is not None and t >= before:
+                continue
+            out.append(v)
+            if len(out) == n:
+                break
+        return out[::-1]
+
+    def span(self, bucket: int, mode: Mode) -> tuple[float, float] | None:
+        """(oldest, newest) sample time of a window, or None when it is empty."""
+        w = self._windows.get((bucket, mode))
+        return (w.samples[0][0], w.samples[-1][0]) if w is not None and w.samples else None
+
     def newest(self, bucket: int, mode: Mode) -> float | None:
         """Monotonic time of the newest sample (before pruning), or None."""
         w = self._windows.get((bucket, mode))

@@ -3,8 +3,15 @@
 Pure decision logic, no I/O and no clock of its own: the controller feeds it samples (`observe`) and the time
 (`step(now)`), and writes whatever `desired_table()` says into the control block. It chooses among any number
 of modes (`modes`, default every implemented one). Rules:
-- switch an auto bucket to the fastest other mode when that mode's median is lower by `margin` (fraction), both
-  sides have at least `min_samples` recent samples, and the bucket has not switched for `dwell_seconds`;
+- compare modes on costs measured at the same time, never on windows from different periods: the running mode
+  of a busy bucket fills its window in a second or two while another mode is only measured by probes spread
+  over minutes, and on a shared host the load moves the costs of both by more than the differences the policy
+  looks for (comparing such windows made it switch back and forth on drift alone). So every probe yields one
+  paired ratio, the probed mode's median over the probe divided by the running mode's median just before it,
+  and a bucket switches to the mode whose median ratio over its recent probes (at least min_samples/probe_calls
+  of them, none older than max_sample_age_seconds) is below 1 - `margin`. Two windows that cover the same period
+  (both modes running side by side, e.g. a slow bucket) are compared directly, with `min_samples` on both sides.
+  A bucket never switches twice within `dwell_seconds`;
 - keep the other modes' estimates fresh by probes: one (bucket, mode) at a time runs for `probe_calls` calls,
   and only while probe calls stay within `probe_budget` of all calls seen (calls that ran a mode other than the
   policy's choice count as probe calls);
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +39,7 @@ from engine_hooks.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable, bucket
 from sidecar.estimates import Estimate, WindowEstimates
 
 DECISION_LOG = 256
+PAIRS_KEPT = 32  # paired ratios kept per (bucket, mode)
 REASONS = ("manual", "auto", "probe", "table_file")
 
 
@@ -83,13 +92,6 @@ def estimate_json(est: Estimate | None) -> dict[str, Any] | None:
     return {"samples": est.samples, "p50": est.p50, "mean": est.mean, "p90": est.p90, "age_seconds": est.age_seconds}
 
 
-def far_behind(probed: Estimate | None, chosen: Estimate | None, params: PolicyParams) -> bool:
-    """True when a probed mode is slower than the chosen one by more than the back-off margin."""
-    if probed is None or chosen is None:
-        return False
-    return probed.value > chosen.value * (1.0 + params.probe_backoff_margin)
-
-
 def should_switch(active: Estimate | None, challenger: Estimate | None, params: PolicyParams) -> bool:
     """True when the challenger is faster by the margin, with enough samples on both sides."""
     if active is None or challenger is None:
@@ -111,6 +113,7 @@ class AutoPolicy:
         self.last_probe: dict[tuple[int, Mode], float] = {}
         self.backoff: dict[tuple[int, Mode], float] = {}  # probe interval factor (absent: 1)
         self.backoff_reference: dict[int, float] = {}  # chosen mode's cost when the bucket began backing off
+        self.pairs: dict[tuple[int, Mode], deque[tuple[float, float]]] = {}  # (bucket, mode) -> (time, ratio)
         self.probe: Probe | None = None
         self.calls_total = 0
         self.probe_calls_used = 0
@@ -146,6 +149,23 @@ class AutoPolicy:
     def probe_interval(self, bucket: int, mode: Mode) -> float:
         return self.params.probe_interval_seconds * self.backoff.get((bucket, mode), 1.0)
 
+    @property
+    def pairs_needed(self) -> int:
+        """Probes (paired ratios) a mode needs before the policy switches to it: min_samples worth of calls."""
+        return max(1, math.ceil(self.params.min_samples / self.params.probe_calls))
+
+    def paired_ratio(self, bucket: int, mode: Mode, now: float) -> tuple[int, float] | None:
+        """(probes, median ratio) of a mode against the bucket's running mode, from fresh probes; None if none."""
+        pairs = self.pairs.get((bucket, mode))
+        if not pairs:
+            return None
+        cutoff = now - self.params.max_sample_age_seconds
+        while pairs and pairs[0][0] < cutoff:
+            pairs.popleft()
+        if not pairs:
+            return None
+        return len(pairs), statistics.median(r for _, r in pairs)
+
     # -- input ---------------------------------------------------------------------------------------------
     def observe(self, mode: Mode, rows: int, seconds: float, now: float) -> bool:
         """One joined call. True when it completed the running probe (the caller may step at once, so a probe
@@ -174,9 +194,15 @@ class AutoPolicy:
         return decision
 
     def evidence(self, bucket: int, now: float) -> dict[str, Any]:
+        paired = {}
+        for m in self.others(bucket):
+            found = self.paired_ratio(bucket, m, now)
+            if found is not None:
+                paired[m.label] = {"probes": found[0], "ratio": found[1]}
         return {"bucket": bucket_label(bucket), "margin": self.params.margin,
-                "min_samples": self.params.min_samples,
-                "estimates": {m.label: estimate_json(self.estimates.get(bucket, m, now)) for m in self.modes}}
+                "min_samples": self.params.min_samples, "probes_needed": self.pairs_needed,
+                "estimates": {m.label: estimate_json(self.estimates.get(bucket, m, now)) for m in self.modes},
+                "paired": paired}
 
     def pin(self, mode: Mode, buckets: list[int] | None, now: float) -> Decision:
         chosen = list(range(NUM_BUCKETS)) if buckets is None else sorted(set(buckets))
@@ -196,6 +222,7 @@ class AutoPolicy:
             if b in self.pins:
                 self.choice[b] = previous[b] = self.pins.pop(b)
                 self._reset_backoff(b)
+                self._forget_pairs(b)
         decision = self._decide("manual", self.modes[0], chosen, previous,
                                 {"released": [bucket_label(b) for b in chosen]})
         decision.mode = "auto"
@@ -212,6 +239,7 @@ class AutoPolicy:
                 for b in bs:
                     self.choice[b] = mode
                     self._reset_backoff(b)
+                    self._forget_pairs(b)
                 decision = self._decide("table_file", mode, bs, previous, {"source": source})
         return decision
 
@@ -234,28 +262,73 @@ class AutoPolicy:
             self._watch_load(b, active_est)
             if now - self.last_switch.get(b, -math.inf) < p.dwell_seconds:
                 continue
-            best, best_est = None, None
-            for m in self.others(b):
-                e = self.estimates.get(b, m, now)
-                if e is not None and e.samples >= p.min_samples and (best_est is None or e.value < best_est.value):
-                    best, best_est = m, e
-            if best is not None and should_switch(active_est, best_est, p):
+            best = self._challenger(b, active_est, now)
+            if best is not None:
+                evidence = self.evidence(b, now)
                 self.choice[b] = best
                 self.last_switch[b] = now
                 self._reset_backoff(b)
-                out.append(self._decide("auto", best, [b], {b: active}, self.evidence(b, now)))
+                self._forget_pairs(b)
+                out.append(self._decide("auto", best, [b], {b: active}, evidence))
         if self.probe is None:
             started = self._maybe_probe(now)
             if started is not None:
                 out.append(started)
         return out
 
+    def _challenger(self, b: int, active_est: Estimate | None, now: float) -> Mode | None:
+        """The mode bucket b should switch to, if any: the lowest paired ratio below 1 - margin with enough
+        probes, or else the lowest window median that beats the running mode's over the same period."""
+        p = self.params
+        best, best_ratio = None, 1.0 - p.margin
+        for m in self.others(b):
+            found = self.paired_ratio(b, m, now)
+            if found is not None and found[0] >= self.pairs_needed and found[1] < best_ratio:
+                best, best_ratio = m, found[1]
+        if best is not None:
+            return best
+        active_span = self.estimates.span(b, self.choice[b])
+        best_est = None
+        for m in self.others(b):
+            span = self.estimates.span(b, m)
+            if span is None or active_span is None or span[0] > active_span[1] or active_span[0] > span[1]:
+                continue  # the windows cover different periods: not comparable
+            e = self.estimates.get(b, m, now)
+            if e is not None and e.samples >= p.min_samples and (best_est is None or e.value < best_est.value):
+                best, best_est = m, e
+        return best if best is not None and should_switch(active_est, best_est, p) else None
+
     # -- probes and their back-off -------------------------------------------------------------------------
+    def _record_pair(self, probe: Probe, now: float) -> float | None:
+        """The probe's paired ratio: its mode's median over the probe / the running mode's median just before."""
+        if probe.calls < 1:
+            return None
+        probed = self.estimates.recent(probe.bucket, probe.mode, probe.calls)
+        running = self.estimates.recent(probe.bucket, self.choice[probe.bucket], 2 * self.params.probe_calls,
+                                        before=probe.started)
+        if not probed or not running:
+            return None
+        base = statistics.median(running)
+        if base <= 0:
+            return None
+        ratio = statistics.median(probed) / base
+        pairs = self.pairs.get((probe.bucket, probe.mode))
+        if pairs is None:
+            pairs = self.pairs[(probe.bucket, probe.mode)] = deque(maxlen=PAIRS_KEPT)
+        pairs.append((now, ratio))
+        return ratio
+
+    def _forget_pairs(self, bucket: int) -> None:
+        """Ratios are against the running mode: a new running mode (or a new load) makes them meaningless."""
+        for key in [k for k in self.pairs if k[0] == bucket]:
+            del self.pairs[key]
+
     def _after_probe(self, probe: Probe, now: float) -> float:
         """Back off a mode the probe found far behind; reset one it found close. Returns the new factor."""
         key = (probe.bucket, probe.mode)
+        ratio = self._record_pair(probe, now)
         chosen = self.estimates.get(probe.bucket, self.choice[probe.bucket], now)
-        if probe.calls and far_behind(self.estimates.get(*key, now), chosen, self.params):
+        if ratio is not None and chosen is not None and ratio > 1.0 + self.params.probe_backoff_margin:
             factor = min(self.backoff.get(key, 1.0) * 2.0, max(1.0, self.params.probe_backoff_max))
             self.backoff[key] = factor
             self.backoff_reference.setdefault(probe.bucket, chosen.value)
@@ -272,6 +345,7 @@ class AutoPolicy:
             return
         if abs(active.value - ref) > self.params.probe_backoff_margin * ref:
             self._reset_backoff(bucket)
+            self._forget_pairs(bucket)
             for m in self.modes:
                 self.last_probe.pop((bucket, m), None)
 

@@ -206,4 +206,18 @@ def test_back_off_state_round_trips_through_json():
     restored = policy_from_json(policy_to_json(policy))
     assert restored.backoff == policy.backoff and restored.last_probe == policy.last_probe
     assert restored.backoff_reference == policy.backoff_reference
+    assert restored.pairs == policy.pairs and policy.pairs
 
+
+
+def test_a_load_drift_that_hits_every_mode_alike_causes_no_switch():
+    """all_gather is 10 % faster at every instant, while the host's load triples the cost of both within 10 s.
+    The running mode's window covers the last few ms, the other mode's only its probes over seconds: comparing
+    those windows would see the other mode cheaper (it was measured when the load was lower) and switch. Paired
+    probe ratios compare the two at the same time and never do."""
+    policy = AutoPolicy(PolicyParams(**{**FAST, "probe_budget": 0.05}), ModeTable.uniform(A), auto=True)
+    _, decisions = simulate(policy, lambda rows, mode, now: (0.001 if mode == A else 0.0011) * (1.0 + 0.3 * now),
+                            10.0, 0.0)
+    assert policy.choice[0] == A and not [d for d in decisions if d.reason == "auto"]
+    ends = [d for d in decisions if d.reason == "probe" and d.evidence["phase"] == "end"]
+    assert ends and all(abs(d.evidence["paired"]["gather"]["ratio"] - 1.1) < 0.06 for d in ends)
