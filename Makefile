@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 APT_PACKAGES := prometheus docker-compose
 
-.PHONY: demo test test-vllm lint deps apt bench clean
+.PHONY: demo test test-vllm test-sglang lint deps apt bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,11 @@ test: $(STAMP) apt
 test-vllm:
 	bash scripts/test_vllm.sh
 
+test-sglang:
+	bash scripts/test_sglang.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache bench/out
+	rm -rf $(VENV) .venv-vllm .venv-sglang .pytest_cache .ruff_cache bench/out

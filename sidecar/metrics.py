@@ -2,8 +2,8 @@
 
 The sidecar owns its own CollectorRegistry (not prometheus_client's multiprocess mode: that has no
 exemplars). Histograms are fed from ring records by the ingest loop; the `*_total` counters and the engine
-gauges are read at scrape time from the latest ring-header snapshot, so they are exact even when records were
-overwritten before the sidecar read them, and they continue across sidecar restarts.
+gauges are read at scrape time from the latest ring-header snapshot (sidecar.header_counters), so they are exact
+even when records were overwritten before the sidecar read them, and they continue across sidecar restarts.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ CALLS = "gatherwise_calls"  # exposed as ..._total
 RECORDS_DROPPED = "gatherwise_records_dropped"  # exposed as ..._total
 TOPP_ROWS = "gatherwise_topp_rows"  # exposed as ..._total
 TOPP_FALLBACK_ROWS = "gatherwise_topp_fallback_rows"  # exposed as ..._total
+OP_SECONDS = "gatherwise_op_seconds"  # exposed as ..._total: the ring header's per-op time counters
+LOGITS_PATH_BYTES = "gatherwise_logits_path_bytes"  # exposed as ..._total: the header's per-call bytes in total
 ENGINE_UP = "gatherwise_engine_up"
 ENGINE_HEARTBEAT_AGE_SECONDS = "gatherwise_engine_heartbeat_age_seconds"
 # Control families (issue 4), fed by sidecar.controller:
@@ -50,7 +52,9 @@ class RankCounters:
     rank: int
     calls: dict[str, int] = field(default_factory=dict)  # mode label -> calls
     bytes: dict[tuple[str, str], int] = field(default_factory=dict)  # (op, mode label) -> bytes
-    dropped: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> records that never reached the histograms
+    seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (op, mode label) -> seconds
+    path_bytes: dict[str, int] = field(default_factory=dict)  # mode label -> bytes of every op of the path
     topp_rows: int = 0  # top-p rows sampled in sharded mode (every rank counts the same rows)
     topp_fallback_rows: int = 0  # of those, rows that took the full-row fallback
 
@@ -77,8 +81,16 @@ class HeaderCountersCollector(Collector):
                                     labels=["engine", "rank", "mode"])
         nbytes = CounterMetricFamily(COLLECTIVE_BYTES, "Bytes received by each collective (ring header).",
                                      labels=["engine", "rank", "op", "mode"], unit="bytes")
-        dropped = CounterMetricFamily(RECORDS_DROPPED, "Records overwritten or torn before the sidecar read them.",
-                                      labels=["engine", "rank"])
+        dropped = CounterMetricFamily(RECORDS_DROPPED, "Calls whose record never reached the histograms, by reason: "
+                                      "overwritten or torn before this sidecar read it, or timings the engine "
+                                      "gave up (timing_backlog, timing_at_close; from the ring header).",
+                                      labels=["engine", "rank", "reason"])
+        seconds = CounterMetricFamily(OP_SECONDS, "Time spent in each op of the logits path, per rank and mode "
+                                      "(ring header; op=logits_path is the whole path).",
+                                      labels=["engine", "rank", "op", "mode"], unit="seconds")
+        path_bytes = CounterMetricFamily(LOGITS_PATH_BYTES, "Bytes received by every collective of the logits "
+                                         "path together, per rank and mode (ring header).",
+                                         labels=["engine", "rank", "mode"], unit="bytes")
         topp = CounterMetricFamily(TOPP_ROWS, "Top-p rows (without top-k) sampled in sharded mode (ring header).",
                                    labels=["engine"])
         fallback = CounterMetricFamily(TOPP_FALLBACK_ROWS, "Of those, rows whose nucleus the exchanged candidates "
@@ -94,14 +106,19 @@ class HeaderCountersCollector(Collector):
                     calls.add_metric([snap.engine, rank, mode], value)
                 for (op, mode), value in sorted(rc.bytes.items()):
                     nbytes.add_metric([snap.engine, rank, op, mode], value)
-                dropped.add_metric([snap.engine, rank], rc.dropped)
+                for (op, mode), value in sorted(rc.seconds.items()):
+                    seconds.add_metric([snap.engine, rank, op, mode], value)
+                for mode, value in sorted(rc.path_bytes.items()):
+                    path_bytes.add_metric([snap.engine, rank, mode], value)
+                for reason, value in sorted(rc.dropped.items()):
+                    dropped.add_metric([snap.engine, rank, reason], value)
             if snap.ranks:  # every rank decides the fallback identically and counts the same rows: rank 0 speaks
                 topp.add_metric([snap.engine], snap.ranks[0].topp_rows)
                 fallback.add_metric([snap.engine], snap.ranks[0].topp_fallback_rows)
             up.add_metric([snap.engine], 1.0 if snap.up else 0.0)
             if snap.heartbeat_age_seconds is not None:
                 age.add_metric([snap.engine], snap.heartbeat_age_seconds)
-        yield from (calls, nbytes, dropped, topp, fallback, up, age)
+        yield from (calls, nbytes, seconds, path_bytes, dropped, topp, fallback, up, age)
 
 
 @dataclass

@@ -9,8 +9,9 @@ of modes (`modes`, default every implemented one). Rules:
   looks for (comparing such windows made it switch back and forth on drift alone). So every probe yields one
   paired ratio, the probed mode's median over the probe divided by the running mode's median just before it,
   and a bucket switches to the mode whose median ratio over its recent probes (at least min_samples/probe_calls
-  of them, none older than max_sample_age_seconds) is below 1 - `margin`. Two windows that cover the same period
-  (both modes running side by side, e.g. a slow bucket) are compared directly, with `min_samples` on both sides.
+  of them, none older than max_sample_age_seconds) is below 1 - `margin`. Windows are compared directly only when
+  the other mode's samples all fall within the running mode's window (both measured over the same period), with
+  `min_samples` on both sides.
   A bucket never switches twice within `dwell_seconds`;
 - keep the other modes' estimates fresh by probes: one (bucket, mode) at a time runs for `probe_calls` calls,
   and only while probe calls stay within `probe_budget` of all calls seen (calls that ran a mode other than the
@@ -291,8 +292,8 @@ class AutoPolicy:
         best_est = None
         for m in self.others(b):
             span = self.estimates.span(b, m)
-            if span is None or active_span is None or span[0] > active_span[1] or active_span[0] > span[1]:
-                continue  # the windows cover different periods: not comparable
+            if span is None or active_span is None or span[0] < active_span[0]:
+                continue  # the other mode has samples from before the running mode's window: not the same period
             e = self.estimates.get(b, m, now)
             if e is not None and e.samples >= p.min_samples and (best_est is None or e.value < best_est.value):
                 best, best_est = m, e

@@ -10,8 +10,11 @@ import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
-# tests/vllm/ needs vLLM and runs in its own venv (`make test-vllm`); elsewhere the directory is not collected.
-collect_ignore = [] if importlib.util.find_spec("vllm") or os.environ.get("GATHERWISE_VLLM_TESTS") == "1" else ["vllm"]
+# tests/vllm/ and tests/sglang/ need their engine and run in its own venv (`make test-vllm`, `make test-sglang`);
+# elsewhere the directory is not collected.
+collect_ignore = [engine for engine in ("vllm", "sglang")
+                  if not importlib.util.find_spec(engine)
+                  and os.environ.get(f"GATHERWISE_{engine.upper()}_TESTS") != "1"]
 
 
 def require_tool(name: str) -> str:
@@ -30,6 +33,6 @@ def shm_dir(tmp_path):
     """A private shared-memory directory for one test (under /dev/shm when available, else tmp_path)."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else str(tmp_path)
     path = os.path.join(base, f"gatherwise-test-{os.getpid()}-{os.urandom(4).hex()}")
-    os.makedirs(path)
+    os.makedirs(path, mode=0o700)  # private at any umask, as the engine requires of its shm_dir
     yield path
     shutil.rmtree(path, ignore_errors=True)

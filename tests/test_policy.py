@@ -12,6 +12,7 @@ from sidecar.policy import AutoPolicy, PolicyParams, should_switch
 from sidecar.policy_state import policy_from_json, policy_to_json
 
 A, G = Mode.ALL_GATHER, Mode.GATHER
+TWO = (A, G)  # tests whose costs tell only these two apart; three-mode tests pass their own list
 FAST = dict(margin=0.05, min_samples=10, window=64, dwell_seconds=0.5, probe_interval_seconds=0.2, probe_calls=8,
             probe_budget=0.1, max_sample_age_seconds=3.0)
 
@@ -61,7 +62,7 @@ def delay_on(slow: Mode):
 
 
 def test_auto_converges_and_moves_back_when_the_delay_moves():
-    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True)
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True, modes=TWO)
     now, decisions = simulate(policy, delay_on(G), 4.0, 0.0, rows=(1, 8))
     assert policy.choice[0] == A and policy.choice[3] == A
     auto = [d for d in decisions if d.reason == "auto"]
@@ -76,7 +77,7 @@ def test_auto_converges_and_moves_back_when_the_delay_moves():
 
 def test_probes_respect_budget_and_interval():
     params = PolicyParams(**{**FAST, "probe_budget": 0.02})
-    policy = AutoPolicy(params, ModeTable.uniform(A), auto=True)
+    policy = AutoPolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
     _, decisions = simulate(policy, delay_on(G), 10.0, 0.0)
     starts = [d for d in decisions if d.reason == "probe" and d.evidence["phase"] == "start"]
     assert starts and policy.choice[0] == A
@@ -85,14 +86,15 @@ def test_probes_respect_budget_and_interval():
 
 
 def test_no_budget_means_no_probes_and_no_switch_without_evidence():
-    policy = AutoPolicy(PolicyParams(**{**FAST, "probe_budget": 0.0}), ModeTable.uniform(G), auto=True)
+    params = PolicyParams(**{**FAST, "probe_budget": 0.0})
+    policy = AutoPolicy(params, ModeTable.uniform(G), auto=True, modes=TWO)
     _, decisions = simulate(policy, delay_on(G), 2.0, 0.0)
     assert decisions == [] and policy.choice[0] == G and policy.probe_calls_used == 0
 
 
 def test_dwell_blocks_a_second_switch():
     params = PolicyParams(**{**FAST, "dwell_seconds": 100.0})
-    policy = AutoPolicy(params, ModeTable.uniform(G), auto=True)
+    policy = AutoPolicy(params, ModeTable.uniform(G), auto=True, modes=TWO)
     now, _ = simulate(policy, delay_on(G), 3.0, 0.0)
     assert policy.choice[0] == A
     now, decisions = simulate(policy, delay_on(A), 5.0, now)
@@ -100,7 +102,7 @@ def test_dwell_blocks_a_second_switch():
 
 
 def test_pins_override_auto_and_release_resumes():
-    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True)
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO)
     d = policy.pin(G, [0], now=0.0)
     assert (d.reason, d.mode, d.buckets, d.previous) == ("manual", "gather", ["1"], {"1": "all_gather"})
     assert policy.policy_label == "mixed" and policy.desired_table().modes[0] == G
@@ -120,7 +122,7 @@ def test_manual_policy_pins_everything():
 
 
 def test_state_round_trips_through_json():
-    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True)
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True, modes=TWO)
     simulate(policy, delay_on(G), 3.0, 0.0, rows=(1, 8))
     policy.pin(G, [4], 3.0)
     restored = policy_from_json(policy_to_json(policy))
@@ -179,7 +181,8 @@ def test_probes_back_off_while_the_other_mode_stays_far_behind():
     base = {**FAST, "probe_budget": 0.05, "probe_backoff_margin": 0.25}
     runs = {}
     for backoff_max in (1.0, 16.0):
-        policy = AutoPolicy(PolicyParams(**base, probe_backoff_max=backoff_max), ModeTable.uniform(A), auto=True)
+        params = PolicyParams(**base, probe_backoff_max=backoff_max)
+        policy = AutoPolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
         _, decisions = simulate(policy, delay_on(G), 30.0, 0.0)
         assert policy.choice[0] == A and not [d for d in decisions if d.reason == "auto"]
         runs[backoff_max] = (probe_starts(decisions), policy.probe_share, policy)
@@ -190,7 +193,7 @@ def test_probes_back_off_while_the_other_mode_stays_far_behind():
 
 def test_a_load_change_ends_the_back_off_and_the_policy_follows():
     params = PolicyParams(**{**FAST, "probe_budget": 0.05, "probe_backoff_max": 64.0})
-    policy = AutoPolicy(params, ModeTable.uniform(A), auto=True)
+    policy = AutoPolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
     now, _ = simulate(policy, delay_on(G), 20.0, 0.0)
     assert policy.backoff.get((0, G), 1.0) >= 16.0  # backed off: next probe of gather is >= 3 s away
     # the load changes: all_gather now costs 3 ms, gather 2 ms. The back-off must not keep gather unmeasured.
@@ -200,7 +203,7 @@ def test_a_load_change_ends_the_back_off_and_the_policy_follows():
 
 
 def test_back_off_state_round_trips_through_json():
-    policy = AutoPolicy(PolicyParams(**{**FAST, "probe_budget": 0.05}), ModeTable.uniform(A), auto=True)
+    policy = AutoPolicy(PolicyParams(**{**FAST, "probe_budget": 0.05}), ModeTable.uniform(A), auto=True, modes=TWO)
     simulate(policy, delay_on(G), 10.0, 0.0)
     assert policy.backoff
     restored = policy_from_json(policy_to_json(policy))
@@ -210,14 +213,15 @@ def test_back_off_state_round_trips_through_json():
 
 
 
-def test_a_load_drift_that_hits_every_mode_alike_causes_no_switch():
+@pytest.mark.parametrize("modes", [TWO, (A, G, Mode.SHARDED)], ids=["two modes", "three modes"])
+def test_a_load_drift_that_hits_every_mode_alike_causes_no_switch(modes, three_modes):
     """all_gather is 10 % faster at every instant, while the host's load triples the cost of both within 10 s.
     The running mode's window covers the last few ms, the other mode's only its probes over seconds: comparing
     those windows would see the other mode cheaper (it was measured when the load was lower) and switch. Paired
     probe ratios compare the two at the same time and never do."""
-    policy = AutoPolicy(PolicyParams(**{**FAST, "probe_budget": 0.05}), ModeTable.uniform(A), auto=True)
+    policy = AutoPolicy(PolicyParams(**{**FAST, "probe_budget": 0.05}), ModeTable.uniform(A), auto=True, modes=modes)
     _, decisions = simulate(policy, lambda rows, mode, now: (0.001 if mode == A else 0.0011) * (1.0 + 0.3 * now),
                             10.0, 0.0)
     assert policy.choice[0] == A and not [d for d in decisions if d.reason == "auto"]
     ends = [d for d in decisions if d.reason == "probe" and d.evidence["phase"] == "end"]
-    assert ends and all(abs(d.evidence["paired"]["gather"]["ratio"] - 1.1) < 0.06 for d in ends)
+    assert ends and all(abs(r["ratio"] - 1.1) < 0.06 for d in ends for r in d.evidence["paired"].values())

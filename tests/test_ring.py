@@ -263,8 +263,8 @@ def test_sharded_calls_have_their_own_ops_and_fallback_counts(tmp_path):
     t0 = 1_000_000
     # one collective only (greedy rows), then two (shard_resolve) with 3 of 5 top-p rows falling back
     rec.record(0, Mode.SHARDED, 4, 0, 64, t0, t0 + 10, t0 + 30, 0, 0, t0, t0 + 40, t0 + 50)
-    rec.record(1, Mode.SHARDED, 8, 0, 96, t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100,
-               resolve_nbytes=500, topp_rows=5, fallback_rows=3)
+    # + (resolve_nbytes, topp_rows, fallback_rows), positional like every record() argument
+    rec.record(1, Mode.SHARDED, 8, 0, 96, t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100, 500, 5, 3)
     (a, b), missed = reader.read_new()
     assert missed == 0
     assert (a.second_op, a.broadcast_start_ns, a.broadcast_ns, a.fallback_rows) == (None, 0, 0, 0)

@@ -27,7 +27,9 @@ HISTOGRAMS = {  # per rank only where a rank matters, per bucket only where the 
 SCALARS = {
     "gatherwise_collective_bytes_total": {"engine", "rank", "op", "mode"},
     "gatherwise_calls_total": {"engine", "rank", "mode"},
-    "gatherwise_records_dropped_total": {"engine", "rank"},
+    "gatherwise_records_dropped_total": {"engine", "rank", "reason"},
+    "gatherwise_op_seconds_total": {"engine", "rank", "op", "mode"},
+    "gatherwise_logits_path_bytes_total": {"engine", "rank", "mode"},
     "gatherwise_topp_rows_total": {"engine"},
     "gatherwise_topp_fallback_rows_total": {"engine"},
     "gatherwise_engine_up": {"engine"},

@@ -17,32 +17,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from engine_hooks.adapters.group_coordinator_comm import GroupCoordinatorCommunicator
+
 _SHM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class VllmGroupCommunicator:
+class VllmGroupCommunicator(GroupCoordinatorCommunicator):
     """Communicator over a vLLM GroupCoordinator (duck-typed: rank_in_group, world_size, ranks, device_group,
     device_communicator, broadcast). All collectives are rooted at group rank 0."""
 
     def __init__(self, group: Any) -> None:
-        self.group = group
-        self.rank = int(group.rank_in_group)
-        self.world_size = int(group.world_size)
-        self._root = group.ranks[0]  # global rank of group rank 0
-        self._device_group = group.device_group
+        super().__init__(group)
         # CpuCommunicator keeps its transport in `dist_module`: vLLM's shared-memory ops, or torch.distributed
         # when those are unavailable. Both take torch.distributed's argument conventions.
         self._fast = getattr(group.device_communicator, "dist_module", None) or dist
 
-    def _transport(self, t: torch.Tensor):
+    def _gather_transport(self, t: torch.Tensor):
         return self._fast if t.dtype in _SHM_DTYPES else dist
 
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
-        self._transport(inp).all_gather_into_tensor(out.view(-1), inp.view(-1), group=self._device_group)
-
-    def gather(self, out: torch.Tensor | None, inp: torch.Tensor) -> None:
-        gather_list = list(out.unbind(0)) if out is not None else None
-        self._transport(inp).gather(inp, gather_list, dst=self._root, group=self._device_group)
-
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        self.group.broadcast(tensor, src=0)
+    def _all_gather_flat(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        self._gather_transport(inp).all_gather_into_tensor(out, inp, group=self._device_group)

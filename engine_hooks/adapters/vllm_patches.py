@@ -12,28 +12,15 @@ target must exist with the expected parameters. Otherwise vLLM is left untouched
 from __future__ import annotations
 
 import functools
-import importlib
-import inspect
 import logging
-from dataclasses import dataclass
 from typing import Any
+
+from engine_hooks.adapters import patch_targets
+from engine_hooks.adapters.patch_targets import Target, target_problems
 
 log = logging.getLogger("gatherwise.vllm")
 
 SUPPORTED_VERSIONS = ("0.32",)  # major.minor of the vLLM releases this adapter was written and tested against
-
-
-@dataclass(frozen=True)
-class Target:
-    module: str
-    cls: str
-    attr: str
-    params: tuple[str, ...]  # leading parameter names the wrapper relies on
-
-    @property
-    def name(self) -> str:
-        return f"{self.module}.{self.cls}.{self.attr}"
-
 
 GATHER_LOGITS = Target("vllm.model_executor.layers.logits_processor", "LogitsProcessor", "_gather_logits",
                        ("self", "logits"))
@@ -55,26 +42,7 @@ def installed_vllm_version() -> str:
 
 
 def version_supported(version: str) -> bool:
-    release = version.split("+")[0]
-    return any(release == v or release.startswith(v + ".") for v in SUPPORTED_VERSIONS)
-
-
-def target_problems(classes: dict[Target, Any]) -> list[str]:
-    """What differs from the expected shape, for {target: the class that should own it}."""
-    problems = []
-    for target, owner in classes.items():
-        fn = getattr(owner, target.attr, None)
-        if not callable(fn):
-            problems.append(f"{target.name} is missing")
-            continue
-        try:
-            params = tuple(inspect.signature(fn).parameters)
-        except (TypeError, ValueError):
-            problems.append(f"{target.name} has no readable signature")
-            continue
-        if params[: len(target.params)] != target.params:
-            problems.append(f"{target.name}{params} does not start with {target.params}")
-    return problems
+    return patch_targets.version_supported(version, SUPPORTED_VERSIONS)
 
 
 def compatibility_problems() -> list[str]:
@@ -87,17 +55,7 @@ def compatibility_problems() -> list[str]:
     if not version_supported(version):
         return [f"vLLM {version} is not a version this adapter knows (supported: "
                 f"{', '.join(v + '.x' for v in SUPPORTED_VERSIONS)})"]
-    classes, problems = {}, []
-    for target in TARGETS:
-        try:
-            classes[target] = getattr(importlib.import_module(target.module), target.cls)
-        except (ImportError, AttributeError) as exc:
-            problems.append(f"{target.module}.{target.cls} is not importable ({exc})")
-    for module, name in USED_NAMES:
-        try:
-            getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as exc:
-            problems.append(f"{module}.{name} is not importable ({exc})")
+    classes, problems = patch_targets.import_problems(TARGETS, USED_NAMES)
     return problems + target_problems(classes)
 
 
@@ -109,7 +67,7 @@ def apply(hooks: Any) -> None:
     """Wrap the three targets so they call into `hooks` (a VllmStepHooks). Idempotent."""
     if _originals:
         return
-    owners = {t: getattr(importlib.import_module(t.module), t.cls) for t in TARGETS}
+    owners = {t: t.owner() for t in TARGETS}
     originals = {t: owners[t].__dict__[t.attr] for t in TARGETS}
 
     gather_orig = originals[GATHER_LOGITS]
@@ -140,5 +98,5 @@ def apply(hooks: Any) -> None:
 def remove() -> None:
     """Put the original functions back (tests)."""
     for target, fn in _originals.items():
-        setattr(getattr(importlib.import_module(target.module), target.cls), target.attr, fn)
+        setattr(target.owner(), target.attr, fn)
     _originals.clear()

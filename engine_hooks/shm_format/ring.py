@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAGIC = b"GWRING\x00\x00"
 FORMAT_VERSION = 2
@@ -66,13 +66,24 @@ NUM_MODE_ROWS = 3  # mode codes all_gather, gather, sharded (code 3 is not a mod
 COUNTERS_OFFSET = 128
 COUNTER_ROW = struct.Struct(f"<{1 + 2 * len(OPS)}Q")
 COUNTERS = struct.Struct(f"<{NUM_MODE_ROWS * (1 + 2 * len(OPS))}Q")
-# Top-p rows sampled in sharded mode, and how many of them took the full-row fallback (cumulative u64 each).
-TOPP_ROWS_OFFSET = 488
-TOPP_FALLBACK_ROWS_OFFSET = 496
+# Top-p rows sampled in sharded mode, and how many of them took the full-row fallback (cumulative u64 each),
+# in the bytes after the fixed header fields.
+TOPP_ROWS_OFFSET = 80
+TOPP_FALLBACK_ROWS_OFFSET = 88
 TOPP_COUNTERS = struct.Struct("<QQ")
-assert HEADER_FIXED.size <= COUNTERS_OFFSET
-assert COUNTERS_OFFSET + COUNTERS.size <= TOPP_ROWS_OFFSET
-assert TOPP_ROWS_OFFSET + TOPP_COUNTERS.size <= HEADER_SIZE
+assert HEADER_FIXED.size <= TOPP_ROWS_OFFSET
+assert TOPP_ROWS_OFFSET + TOPP_COUNTERS.size <= COUNTERS_OFFSET
+assert COUNTERS_OFFSET + COUNTERS.size <= HEADER_SIZE
+
+# Calls whose timings never reached a record, per reason (their calls and bytes are counted all the same):
+#   timing_backlog  the CUDA event resolver gave up on them: the device was too many calls behind the host
+#   timing_at_close their events had not completed when the recorder closed
+# Rings of writers that predate these counters hold zeros here (the area was reserved and zero).
+DROP_REASONS = ("timing_backlog", "timing_at_close")
+DROP_TIMING_BACKLOG, DROP_TIMING_AT_CLOSE = range(len(DROP_REASONS))
+DROPS_OFFSET = COUNTERS_OFFSET + COUNTERS.size  # 488
+DROPS = struct.Struct(f"<{len(DROP_REASONS)}Q")
+assert DROPS_OFFSET + DROPS.size <= HEADER_SIZE
 
 # The operations a call runs, by mode: (its first collective, its second operation or None). In a record the
 # first is timed by the collective fields, the second by the broadcast fields (flag FLAG_BROADCAST or
@@ -136,6 +147,7 @@ class RingHeader:
     writer_pid: int
     closed: bool
     counters: dict[int, ModeCounters]  # mode code -> counters (every row, including unused modes)
+    drops: dict[str, int] = field(default_factory=dict)  # DROP_REASONS -> calls recorded without timings
     topp_rows: int = 0  # top-p rows sampled in sharded mode, cumulative
     topp_fallback_rows: int = 0  # of those, rows that took the full-row fallback
 

@@ -11,6 +11,9 @@ buckets occur):
   through the sidecar's HTTP API (PUT /v1/mode) between steps: gather, all_gather, gather again.
   Then the sidecar's /metrics and /v1/mode, and every rank's ring (call_index -> mode), are collected while
   the engine still runs.
+- three-mode switches (with --control-switch): the same stepping, the mode flipped between steps by writing
+  the engine's real control block (sidecar.control_client, what the sidecar itself writes): gather, sharded,
+  all_gather, sharded.
 """
 
 from __future__ import annotations
@@ -18,25 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import urllib.request
+
+from tests._engine_harness import http, read_rings
 
 PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23, 29, 31, 37], [2], [900, 901, 902, 903],
            [12345, 54321, 11]]
 MAX_TOKENS = [24, 16, 20, 12, 24, 8]
-
-
-def http(method: str, url: str, body: dict | None = None, token: str | None = None) -> tuple[int, str]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def token_ids(outputs) -> list[list[int]]:
@@ -74,29 +64,33 @@ def run_switched(llm, sidecar: str, token: str) -> dict:
             "metrics": metrics, "mode": json.loads(mode) if code == 200 else None}
 
 
-def read_rings(shm_dir: str, settle_s: float = 20.0) -> dict:
-    """Every rank's ring records. The reply comes from rank 0; the other ranks may still be writing the
-    record of the last call, so read until every ring reached the same last call (or settle_s passed)."""
-    from sidecar.ring_reader import RingReader, discover_engines
+def run_control_switched(llm, shm_dir: str) -> dict:
+    """Greedy requests stepped by hand; the table is flipped across all three modes through the control block."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
 
-    engines = discover_engines(shm_dir)
-    if not engines:
-        return {}
-    readers = {str(rank): RingReader(path) for rank, path in sorted(engines[0].rings.items())}
-    rings = {rank: {"missed": 0, "calls": []} for rank in readers}
-    deadline = time.monotonic() + settle_s
-    while True:
-        for rank, reader in readers.items():
-            records, missed = reader.read_new()
-            rings[rank]["missed"] += missed
-            rings[rank]["calls"] += [[r.call_index, int(r.mode), r.rows, r.collective_ns] for r in records]
-        last = {r["calls"][-1][0] if r["calls"] else -1 for r in rings.values()}
-        if len(last) == 1 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    for reader in readers.values():
-        reader.close()
-    return rings
+    from engine_hooks.modes import Mode, ModeTable
+    from sidecar.control_client import ControlClient
+    from sidecar.ring_reader import discover_engines
+
+    engine = llm.llm_engine
+    for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS, strict=True)):
+        engine.add_request(f"cs-{i}", TokensPrompt(prompt_token_ids=prompt),
+                           SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False))
+    plan = {2: Mode.GATHER, 6: Mode.SHARDED, 10: Mode.ALL_GATHER, 14: Mode.SHARDED}  # step -> mode before it
+    outputs, step, applied = {}, 0, []
+    client = None
+    while engine.has_unfinished_requests():
+        if step in plan:
+            if client is None:
+                client = ControlClient(discover_engines(shm_dir)[0].control)
+            applied.append({"step": step, "mode": plan[step].label,
+                            "seq": client.write_command(ModeTable.uniform(plan[step]))})
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = list(out.outputs[0].token_ids)
+        step += 1
+    return {"tokens": [outputs[f"cs-{i}"] for i in range(len(PROMPTS))], "commands": applied, "steps": step}
 
 
 def main() -> None:
@@ -105,6 +99,7 @@ def main() -> None:
     p.add_argument("--shm-dir")
     p.add_argument("--sidecar")
     p.add_argument("--token")
+    p.add_argument("--control-switch", action="store_true")
     args = p.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -120,6 +115,8 @@ def main() -> None:
               "seeded": token_ids(llm.generate(prompts, seeded, use_tqdm=False))}
     if args.sidecar:
         result["switched"] = run_switched(llm, args.sidecar, args.token)
+    if args.control_switch:
+        result["control_switched"] = run_control_switched(llm, args.shm_dir)
     if args.shm_dir:
         result["rings"] = read_rings(args.shm_dir)
     print("RESULT " + json.dumps(result), flush=True)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
-import secrets
 import subprocess
 import sys
-import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
+
+from tests._engine_harness import Sidecar, clean_env, metric_samples, mode_runs, start_sidecar
+
+__all__ = ["Sidecar", "base_env", "build_model", "metric_samples", "mode_runs", "run_engine", "start_sidecar"]
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_TIMEOUT_S = 600
@@ -20,10 +19,7 @@ VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"
 
 
 def base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATHERWISE_")}
-    env.update(VLLM_ENV)
-    env.update(extra)
-    return env
+    return clean_env(**VLLM_ENV, **extra)
 
 
 def build_model(out_dir: str) -> str:
@@ -55,60 +51,3 @@ def run_engine(model: str, env: dict[str, str], *args: str) -> dict:
     result = json.loads(lines[-1][len("RESULT "):])
     result["log"] = proc.stderr
     return result
-
-
-@dataclass
-class Sidecar:
-    url: str
-    token: str
-    proc: subprocess.Popen
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def start_sidecar(shm_dir: str) -> Sidecar:
-    """`gatherwise sidecar` on 127.0.0.1, a free port, reading `shm_dir`; mutations need a fresh token."""
-    token = secrets.token_hex(16)
-    exe = Path(sys.executable).parent / "gatherwise"
-    out = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen([str(exe), "sidecar", "--host", "127.0.0.1", "--port", "0", "--shm-dir", shm_dir,
-                             "--log-level", "warning"], env=base_env(GATHERWISE_API_TOKEN=token),
-                            stdout=out, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        out.seek(0)
-        found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", out.read())
-        if found:
-            return Sidecar(found.group(1), token, proc)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    out.seek(0)
-    raise AssertionError(f"the sidecar did not start:\n{out.read()[-3000:]}")
-
-
-def mode_runs(calls: list[list[int]]) -> list[int]:
-    """The modes of a ring's calls in call order, with repeats collapsed: [0, 0, 1, 1, 0] -> [0, 1, 0]."""
-    runs: list[int] = []
-    for _, mode, *_ in sorted(calls):
-        if not runs or runs[-1] != mode:
-            runs.append(mode)
-    return runs
-
-
-def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    """(labels, value) of every sample of `name` in Prometheus text format."""
-    out = []
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            labels_text, value = line[len(name) + 1:].rsplit("} ", 1)
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', labels_text))
-            out.append((labels, float(value)))
-    return out

@@ -1,0 +1,130 @@
+"""Every place gatherwise touches SGLang, in one list, with the check that they are what the adapter expects.
+
+The wrappers are registered with SGLang's own plugin hook registry (`sglang.srt.plugins.hook_registry`), which
+SGLang applies in every process right after loading its general plugins; nothing else in SGLang is replaced:
+- `TpModelWorker.forward_batch_generation(self, batch, forward_batch, ...)` (around): marks a generation step
+  whose logits will be sampled (not a speculative verify pass).
+- `LogitsProcessor.__init__` (after): wraps the processor's `_logits_gatherer` (the TP all_gather of the logits
+  shards) so that the step's call goes through engine_hooks' collective.
+- `LogitsProcessor.forward(self, input_ids, hidden_states, lm_head, logits_metadata, ...)` (around): tells the
+  gatherer which forward batch this logits call belongs to; other logits calls keep SGLang's all_gather.
+- `Sampler.forward(self, logits_output, sampling_info, return_logprob, ...)` (around): in gather mode rank 0
+  samples and its ids reach every rank; the others skip sampling.
+- `Sampler._sync_token_ids_across_tp(self, batch_next_token_ids, sampling_info)` (around): SGLang's optional
+  all_reduce of the ids; skipped by rank 0 when it samples alone (the others do not join it, and rank 0's ids
+  reach them anyway).
+
+Before registering, the installed SGLang version must be one the adapter was written and tested against, and
+each target must exist with the expected parameters. Otherwise SGLang is left untouched and ONE warning says why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine_hooks.adapters import patch_targets
+from engine_hooks.adapters.patch_targets import Target, target_problems
+
+SUPPORTED_VERSIONS = ("0.5.23",)  # the SGLang releases this adapter was written and tested against
+
+TP_WORKER_FORWARD = Target("sglang.srt.managers.tp_worker", "TpModelWorker", "forward_batch_generation",
+                           ("self", "batch", "forward_batch", "pp_proxy_tensors", "is_verify"))
+LOGITS_INIT = Target("sglang.srt.layers.logits_processor", "LogitsProcessor", "__init__", ("self", "config"))
+LOGITS_FORWARD = Target("sglang.srt.layers.logits_processor", "LogitsProcessor", "forward",
+                        ("self", "input_ids", "hidden_states", "lm_head", "logits_metadata"))
+SAMPLER_FORWARD = Target("sglang.srt.layers.sampler", "Sampler", "forward",
+                         ("self", "logits_output", "sampling_info", "return_logprob", "top_logprobs_nums",
+                          "token_ids_logprobs", "positions"))
+SYNC_TOKEN_IDS = Target("sglang.srt.layers.sampler", "Sampler", "_sync_token_ids_across_tp",
+                        ("self", "batch_next_token_ids", "sampling_info"))
+TARGETS = (TP_WORKER_FORWARD, LOGITS_INIT, LOGITS_FORWARD, SAMPLER_FORWARD, SYNC_TOKEN_IDS)
+# Other SGLang names the hooks use at run time (checked here too, so a missing one also refuses up front).
+USED_NAMES = (("sglang.srt.distributed.parallel_state", "get_tp_group"),
+              ("sglang.srt.runtime_context", "get_server_args"),
+              ("sglang.srt.runtime_context", "get_parallel"),
+              ("sglang.srt.plugins.hook_registry", "HookRegistry"),
+              ("sglang.srt.plugins.hook_registry", "HookType"),
+              ("sglang.srt.model_executor.forward_batch_info", "ForwardBatch"))
+
+_registered: list[str] = []
+
+
+def installed_sglang_version() -> str:
+    from importlib.metadata import version
+
+    return version("sglang")  # sglang's own __version__ import pulls in most of the package
+
+
+def version_supported(version: str) -> bool:
+    return patch_targets.version_supported(version, SUPPORTED_VERSIONS)
+
+
+def compatibility_problems() -> list[str]:
+    """Empty when the adapter may patch this SGLang; else the reasons it must not. Imports SGLang modules only
+    after the version is known to be supported."""
+    try:
+        version = installed_sglang_version()
+    except Exception as exc:  # PackageNotFoundError, or a broken install
+        return [f"SGLang is not installed ({exc})"]
+    if not version_supported(version):
+        return [f"SGLang {version} is not a version this adapter knows (supported: {', '.join(SUPPORTED_VERSIONS)})"]
+    try:
+        classes, problems = patch_targets.import_problems(TARGETS, USED_NAMES)
+    except Exception as exc:  # an SGLang module failing at import time for its own reasons
+        return [f"SGLang is not importable ({exc!r})"]
+    return problems + target_problems(classes)
+
+
+def registered() -> bool:
+    return bool(_registered)
+
+
+class _HookedGatherer:
+    """Stands in for a LogitsProcessor's `_logits_gatherer`: the call goes through the hooks, every other
+    attribute is the original gatherer's."""
+
+    def __init__(self, original: Any, processor: Any, hooks: Any) -> None:
+        self.original, self.processor, self.hooks = original, processor, hooks
+
+    def __call__(self, logits):
+        return self.hooks.gather(self.processor, self.original, logits)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.original, name)
+
+
+def register(hooks: Any) -> None:
+    """Register the wrappers with SGLang's hook registry so they call into `hooks` (an SglangStepHooks).
+    Idempotent. SGLang applies them when its plugin loader finishes (load_plugins), in every process."""
+    if _registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    def forward_batch_generation(original, worker, *args, **kwargs):
+        with hooks.step(worker, args, kwargs):
+            return original(worker, *args, **kwargs)
+
+    def logits_init(result, processor, *args, **kwargs):
+        gatherer = getattr(processor, "_logits_gatherer", None)
+        if gatherer is not None and not isinstance(gatherer, _HookedGatherer):
+            processor._logits_gatherer = _HookedGatherer(gatherer, processor, hooks)
+
+    def logits_forward(original, processor, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
+        with hooks.logits_call(processor, logits_metadata):
+            return original(processor, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
+
+    def sampler_forward(original, sampler, *args, **kwargs):
+        return hooks.sample(original, sampler, *args, **kwargs)
+
+    def sync_token_ids(original, sampler, *args, **kwargs):
+        if hooks.root_samples_alone:
+            return None
+        return original(sampler, *args, **kwargs)
+
+    for target, fn, kind in ((TP_WORKER_FORWARD, forward_batch_generation, HookType.AROUND),
+                             (LOGITS_INIT, logits_init, HookType.AFTER),
+                             (LOGITS_FORWARD, logits_forward, HookType.AROUND),
+                             (SAMPLER_FORWARD, sampler_forward, HookType.AROUND),
+                             (SYNC_TOKEN_IDS, sync_token_ids, HookType.AROUND)):
+        HookRegistry.register(target.name, fn, kind)
+        _registered.append(target.name)

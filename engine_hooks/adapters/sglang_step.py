@@ -1,0 +1,239 @@
+"""What the SGLang patches do inside one TP scheduler process (one TP rank): the logits collective of a
+generation step, and its sampling.
+
+A step's logits call is the `_logits_gatherer` call inside `LogitsProcessor.forward`, when that forward runs for
+a generation batch in `TpModelWorker.forward_batch_generation` (decode, or prefill without input logprobs) that
+SGLang samples afterwards, in `Sampler.forward` (directly, or later from the overlap scheduler's delayed
+sample; never past the next step's forward). Only that call goes through gatherwise: other logits calls
+(input logprobs, prefill-only scoring, speculative verify) keep SGLang's own all_gather, so the sequence of
+hooked calls is the same on every rank and each one is followed by exactly one sampler call.
+
+- all_gather mode: the hooked collective returns the full logits as SGLang's all_gather does; every rank
+  samples with SGLang's sampler, as SGLang does without the plugin.
+- gather mode: rank 0 gets the full logits and samples with SGLang's sampler; the other ranks get placeholder
+  logits, skip the sampler, and receive rank 0's ids (plus the control word) by one broadcast at the end of
+  `Sampler.forward`, which is where SGLang would sync ids itself. They return them as their own, so the
+  overlap scheduler's FutureMap and the output processing of every rank see rank 0's ids. When the batch
+  asked for logprobs, the skipping ranks write placeholder logprobs of the right shapes (only rank 0's reach
+  the client). SGLang's optional id all_reduce is skipped by rank 0 in that mode: the others do not join it.
+- Sampled batches run in either mode. SGLang's sampler draws from torch's default generator, seeded alike on
+  every rank; ranks that skipped draws in gather mode adopt rank 0's generator state right before they draw
+  again (engine_hooks.rng_resync), so every rank draws what plain SGLang draws.
+- Features the adapter does not support (speculative decoding, pipeline parallelism, DP attention, the DP or
+  all-to-all LM head) are detected at the first step: the hooks stay off with one warning, SGLang runs as is.
+
+The hooks are installed lazily at the first hooked call (torch.distributed and SGLang's TP group exist by
+then): handshake, engine id, ring recorder and control block come from engine_hooks.install.install_hooks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine_hooks.adapters.placeholder_logits import PlaceholderLogits
+from engine_hooks.config import GatherwiseConfig
+from engine_hooks.modes import Mode
+
+log = logging.getLogger("gatherwise.sglang")
+
+
+def unsupported_features(server_args: Any, parallel: Any) -> list[str]:
+    """SGLang features whose logits or sampling path the adapter does not hook (from the live server args and
+    parallel context; attribute names of SGLang 0.5.23, absent ones count as off)."""
+    found = []
+    if getattr(server_args, "speculative_algorithm", None):
+        found.append(f"speculative decoding ({server_args.speculative_algorithm})")
+    if int(getattr(server_args, "pp_size", 1) or 1) > 1:
+        found.append("pipeline parallelism")
+    if int(getattr(parallel, "attn_dp_size", 1) or 1) > 1 or getattr(server_args, "enable_dp_attention", False):
+        found.append("DP attention")
+    if getattr(parallel, "enable_dp_lm_head", False) or getattr(server_args, "enable_dp_lm_head", False):
+        found.append("enable_dp_lm_head")
+    if getattr(parallel, "enable_tp_lm_head_all_to_all", False):
+        found.append("the all-to-all TP LM head")
+    return found
+
+
+def sampled_ids_dtype(sampling_info: Any) -> torch.dtype:
+    """The dtype SGLang 0.5.23's sampler returns ids in: argmax's int64 for an all-greedy batch, its samplers'
+    int32 otherwise. Ranks that receive ids return them in the dtype they would have sampled them in."""
+    return torch.int64 if sampling_info.is_all_greedy else torch.int32
+
+
+_SAMPLED_MODES = ("DECODE", "EXTEND", "MIXED")  # ForwardMode names of batches SGLang samples right after
+
+
+def hookable(forward_batch: Any) -> bool:
+    """A logits call that SGLang samples from right after: decode, or extend/mixed without input logprobs, for
+    a batch that is not prefill-only (speculative verify and draft passes never qualify)."""
+    mode = getattr(forward_batch, "forward_mode", None)
+    if getattr(mode, "name", None) not in _SAMPLED_MODES:
+        return False
+    if getattr(forward_batch, "sampling_info", None) is None or getattr(forward_batch, "is_prefill_only", False):
+        return False
+    return mode.name == "DECODE" or not forward_batch.return_logprob  # input logprobs: SGLang's chunked path
+
+
+@dataclass
+class _Pending:
+    """A hooked logits call whose sampling is still to come."""
+
+    mode: Mode
+    rows: int
+    draws: bool  # the batch draws from the default generator (not all-greedy)
+
+
+class SglangStepHooks:
+    def __init__(self, config: GatherwiseConfig) -> None:
+        self.config = config
+        self.installed: Any = None  # engine_hooks.install.InstalledHooks once the first hooked call ran
+        self.resync: Any = None  # engine_hooks.rng_resync.RandomStateResync, with the hooks
+        self.disabled: str | None = None  # why the hooks stay off in this rank
+        self.root_samples_alone = False  # rank 0 inside SGLang's sampler in gather mode
+        self._in_step = False  # inside TpModelWorker.forward_batch_generation (not a verify pass)
+        self._forward_batch: Any = None  # the batch of the LogitsProcessor.forward being hooked
+        self._pending: _Pending | None = None
+        self._missed_warned = False
+        self._placeholder = PlaceholderLogits()
+
+    # -- scopes ---------------------------------------------------------------------------------------------
+    @contextmanager
+    def step(self, worker: Any, args: tuple, kwargs: dict) -> Iterator[None]:
+        is_verify = kwargs.get("is_verify", args[3] if len(args) > 3 else False)
+        self._in_step = not is_verify and self.disabled is None
+        try:
+            yield
+        finally:
+            self._in_step = False
+
+    @contextmanager
+    def logits_call(self, processor: Any, logits_metadata: Any) -> Iterator[None]:
+        if not self._in_step or not hookable(logits_metadata):
+            yield
+            return
+        self._in_step = False  # one hooked logits call per step
+        self._forward_batch = logits_metadata
+        try:
+            yield
+        finally:
+            missed, self._forward_batch = self._forward_batch is not None, None
+        if missed and self.disabled is None and not self._missed_warned:
+            self._missed_warned = True  # SGLang took a path that bypasses the gatherer (e.g. fused softcap)
+            log.warning("gatherwise: a generation step's logits did not go through SGLang's logits gatherer on "
+                        "this model/config; those steps run SGLang's own logits path")
+
+    # -- installation ---------------------------------------------------------------------------------------
+    def _disable(self, reason: str, rank: int) -> None:
+        self.disabled = reason
+        if rank == 0:  # every rank decides the same from the same config: one warning, from rank 0
+            log.warning("gatherwise: hooks stay off in this SGLang engine: %s; SGLang's own logits path runs",
+                        reason)
+
+    def _path(self, processor: Any, logits: torch.Tensor):
+        if self.installed is not None:
+            return self.installed.path
+        if self.disabled is not None:
+            return None
+        from sglang.srt.distributed.parallel_state import get_tp_group
+        from sglang.srt.runtime_context import get_parallel, get_server_args
+
+        group = get_tp_group()
+        rank = int(group.rank_in_group)
+        problems = unsupported_features(get_server_args(), get_parallel())
+        if getattr(processor, "use_attn_tp_group", False):
+            problems.append("the attention-TP LM head")
+        if logits.dim() != 2 or logits.shape[-1] % 4:
+            problems.append(f"unexpected logits shard shape {tuple(logits.shape)}")
+        if problems:
+            self._disable(", ".join(problems) + " (not supported by gatherwise)", rank)
+            return None
+        from engine_hooks.adapters.sglang_comm import SglangGroupCommunicator
+        from engine_hooks.install import install_hooks
+        from engine_hooks.rng_resync import RandomStateResync
+
+        comm = SglangGroupCommunicator(group)
+        self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
+                                       device=logits.device, config=self.config)
+        self.resync = RandomStateResync(comm, logits.device)
+        atexit.register(self.close)
+        log.info("gatherwise: hooks installed on TP rank %d/%d, engine %016x, table %s", comm.rank,
+                 comm.world_size, self.installed.engine_id, self.installed.path.table.as_labels())
+        return self.installed.path
+
+    def close(self) -> None:
+        if self.installed is not None:
+            self.installed.close()
+            self.installed = None
+
+    # -- LogitsProcessor._logits_gatherer ---------------------------------------------------------------------
+    def gather(self, processor: Any, original: Callable, logits: torch.Tensor) -> torch.Tensor:
+        forward_batch, self._forward_batch = self._forward_batch, None
+        path = self._path(processor, logits) if forward_batch is not None else None
+        if path is None:
+            return original(logits)
+        if self._pending is not None:
+            self._close_unsampled(path)
+        rows = logits.shape[0]
+        path.logits_buffer(rows).copy_(logits)  # the one copy SGLang's own all_gather does not make
+        info = forward_batch.sampling_info
+        # Sampling-mask capture needs the full logits on every rank: such batches run all_gather.
+        override = Mode.ALL_GATHER if getattr(info, "sampling_mask_batch_indices", None) is not None else None
+        mode, shards = path.exchange(mode=override)
+        self._pending = _Pending(mode, rows, draws=not info.is_all_greedy)
+        if mode == Mode.ALL_GATHER or path.rank == 0:
+            return shards.permute(1, 0, 2).reshape(rows, -1)  # [B, P*Vs], the layout SGLang's all_gather gives
+        return self._placeholder.get(rows, path.world_size * path.width, logits.dtype, logits.device)
+
+    def _close_unsampled(self, path: Any) -> None:
+        """A hooked call that SGLang never sampled from (not expected): finish it the same way on every rank so
+        the next call starts clean."""
+        pending, self._pending = self._pending, None
+        zeros = torch.zeros(pending.rows, dtype=torch.int64, device=path.device)
+        path.complete(zeros if pending.mode != Mode.ALL_GATHER and path.rank == 0 else None)
+        log.warning("gatherwise: a hooked logits call was not followed by sampling; closed it")
+
+    # -- Sampler.forward --------------------------------------------------------------------------------------
+    def sample(self, original: Callable, sampler: Any, logits_output: Any, sampling_info: Any, *args: Any,
+               **kwargs: Any):
+        pending, self._pending = self._pending, None
+        if pending is None:
+            if self.resync is not None:  # an unhooked call samples on every rank: they must draw alike
+                self.resync.before_call(True, not sampling_info.is_all_greedy)
+            return original(sampler, logits_output, sampling_info, *args, **kwargs)
+        path = self.installed.path
+        self.resync.before_call(pending.mode == Mode.ALL_GATHER, pending.draws)
+        clock = getattr(path, "clock", time.perf_counter_ns)
+        if pending.mode == Mode.ALL_GATHER or path.rank == 0:
+            self.root_samples_alone = pending.mode != Mode.ALL_GATHER
+            try:
+                start = clock()
+                ids = original(sampler, logits_output, sampling_info, *args, **kwargs)
+                end = clock()
+            finally:
+                self.root_samples_alone = False
+            path.complete(ids.view(-1) if pending.mode != Mode.ALL_GATHER else None, sample_start=start,
+                          sample_end=end)
+            return ids
+        ids = path.complete(None).to(sampled_ids_dtype(sampling_info))
+        return_logprob = kwargs.get("return_logprob", args[0] if args else False)
+        if return_logprob:
+            self._placeholder_logprobs(sampler, logits_output, ids, *args, **kwargs)
+        return ids
+
+    @staticmethod
+    def _placeholder_logprobs(sampler: Any, logits_output: Any, ids: torch.Tensor, *args: Any,
+                              **kwargs: Any) -> None:
+        """Logprob outputs of the shapes rank 0 computes (values are the placeholder logits': never sent)."""
+        names = ("return_logprob", "top_logprobs_nums", "token_ids_logprobs")
+        given = dict(zip(names, args, strict=False)) | {k: kwargs[k] for k in names if k in kwargs}
+        result = sampler.output_logprob_processor.compute_logprobs(
+            logits_output.next_token_logits, given["top_logprobs_nums"], given["token_ids_logprobs"], ids)
+        result.write_output_to(logits_output)

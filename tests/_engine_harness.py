@@ -1,0 +1,121 @@
+"""Engine-neutral helpers of the real-engine tests (tests/vllm, tests/sglang): a real `gatherwise sidecar`
+process, HTTP calls, every rank's ring records, Prometheus samples."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def http(method: str, url: str, body: dict | None = None, token: str | None = None) -> tuple[int, str]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any GATHERWISE_* variable, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATHERWISE_")}
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Sidecar:
+    url: str
+    token: str
+    proc: subprocess.Popen
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_sidecar(shm_dir: str, env: dict[str, str] | None = None) -> Sidecar:
+    """`gatherwise sidecar` on 127.0.0.1, a free port, reading `shm_dir`; mutations need a fresh token."""
+    token = secrets.token_hex(16)
+    exe = Path(sys.executable).parent / "gatherwise"
+    out = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen([str(exe), "sidecar", "--host", "127.0.0.1", "--port", "0", "--shm-dir", shm_dir,
+                             "--log-level", "warning"], env=dict(env or clean_env(), GATHERWISE_API_TOKEN=token),
+                            stdout=out, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        out.seek(0)
+        found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", out.read())
+        if found:
+            return Sidecar(found.group(1), token, proc)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    out.seek(0)
+    raise AssertionError(f"the sidecar did not start:\n{out.read()[-3000:]}")
+
+
+def read_rings(shm_dir: str, settle_s: float = 20.0) -> dict:
+    """Every rank's ring records of the one engine in `shm_dir`: {rank: {"missed": n, "calls": [[call_index,
+    mode, rows, collective_ns], ...]}}. The reply comes from rank 0; the other ranks may still be writing the
+    record of the last call, so read until every ring reached the same last call (or settle_s passed)."""
+    from sidecar.ring_reader import RingReader, discover_engines
+
+    engines = discover_engines(shm_dir)
+    if not engines:
+        return {}
+    readers = {str(rank): RingReader(path) for rank, path in sorted(engines[0].rings.items())}
+    rings = {rank: {"missed": 0, "calls": []} for rank in readers}
+    deadline = time.monotonic() + settle_s
+    while True:
+        for rank, reader in readers.items():
+            records, missed = reader.read_new()
+            rings[rank]["missed"] += missed
+            rings[rank]["calls"] += [[r.call_index, int(r.mode), r.rows, r.collective_ns] for r in records]
+        last = {r["calls"][-1][0] if r["calls"] else -1 for r in rings.values()}
+        if len(last) == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for reader in readers.values():
+        reader.close()
+    return rings
+
+
+def mode_runs(calls: list[list[int]]) -> list[int]:
+    """The modes of a ring's calls in call order, with repeats collapsed: [0, 0, 1, 1, 0] -> [0, 1, 0]."""
+    runs: list[int] = []
+    for _, mode, *_ in sorted(calls):
+        if not runs or runs[-1] != mode:
+            runs.append(mode)
+    return runs
+
+
+def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of every sample of `name` in Prometheus text format."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels_text, value = line[len(name) + 1:].rsplit("} ", 1)
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', labels_text))
+            out.append((labels, float(value)))
+    return out

@@ -1,0 +1,173 @@
+"""One SGLang engine (TP=2 on CPU, tiny Llama) in its own process; prints one JSON object on its last line.
+
+`python -m tests.sglang.engine_run --model DIR [--shm-dir DIR --sidecar URL --token T]`
+The plugin is switched by the environment this process gets (GATHERWISE_ENABLE, GATHERWISE_ENGINE_*).
+
+Every run makes the same requests in the same order, so a plain-SGLang run and a gatherwise run are comparable
+phase by phase. With --sidecar, the mode is set through the sidecar's HTTP API (PUT /v1/mode) between phases
+and, in the streamed phases, between the chunks of one generation (mid-generation). The engine starts with a
+fixed random_seed, and sampled phases send one request at a time, so that SGLang's own sampling (torch's
+generator, drawn per batch) is reproducible from run to run: plain SGLang is deterministic there.
+
+Phases (mode asked for before it, gatherwise run):
+- greedy_a            all_gather (the initial mode): a batch of prompts of different lengths
+- greedy_b            gather
+- logprobs            gather: greedy with top-3 logprobs (ranks other than 0 write placeholder logprobs)
+- sampled_a           gather: sampled requests one at a time (only rank 0 draws)
+- sampled_b           all_gather: every rank draws again (they adopt rank 0's generator state first)
+- greedy_mixed        all_gather, with buckets 1 and 2 pinned to gather: modes change as the batch shrinks
+- streamed_greedy     flipped gather <-> all_gather every few chunks of one streamed generation
+- streamed_sampled    the same, sampled: draws resume on every rank after each gather stretch
+Then the sidecar's /metrics and /v1/mode, and every rank's ring (call_index -> mode), while the engine runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from tests._engine_harness import http, read_rings
+
+PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23, 29, 31, 37], [2], [900, 901, 902, 903],
+           [12345, 54321, 11]]
+MAX_TOKENS = [24, 16, 20, 12, 24, 8]
+SAMPLED_PROMPTS = [[3, 14, 15, 92, 65], [27, 18, 28], [1, 41, 42, 13, 56, 2]]
+STREAM_PROMPT = [101, 202, 303, 404]
+STREAM_TOKENS = 40
+FLIP_EVERY = 4  # chunks between two mode flips in the streamed phases
+RANDOM_SEED = 1234
+ENGINE_ARGS = dict(device="cpu", tp_size=2, attention_backend="torch_native", skip_tokenizer_init=True,
+                   disable_cuda_graph=True, dtype="float32", mem_fraction_static=0.05, max_total_tokens=2048,
+                   random_seed=RANDOM_SEED, log_level="info")
+
+
+def greedy(n: int) -> dict:
+    return {"temperature": 0.0, "max_new_tokens": n, "ignore_eos": True}
+
+
+def sampled(n: int) -> dict:
+    return {"temperature": 0.8, "top_p": 0.9, "max_new_tokens": n, "ignore_eos": True}
+
+
+class Controller:
+    """Sets the mode through the sidecar; does nothing for a plain-SGLang run (no sidecar)."""
+
+    def __init__(self, url: str | None, token: str | None) -> None:
+        self.url, self.token, self.puts = url, token, []
+
+    def put(self, body: dict, phase: str) -> None:
+        if self.url is None:
+            return
+        # wait=0: the engine applies a command at its next logits call, and an idle engine makes none
+        code, text = http("PUT", f"{self.url}/v1/mode?wait=0", body, self.token)
+        self.puts.append({"phase": phase, "body": body, "status": code, "reply": json.loads(text)})
+
+    def wait_attached(self, timeout_s: float = 120.0) -> None:
+        """The sidecar attaches to the engine once its hooks exist (after the first logits call)."""
+        deadline = time.monotonic() + timeout_s
+        while self.url is not None and time.monotonic() < deadline:
+            if http("GET", f"{self.url}/v1/mode")[0] == 200:
+                return
+            time.sleep(0.1)
+
+
+class PhaseMarks:
+    """The last call index rank 0 recorded by the end of each phase (from its ring), to split the rings by phase.
+    Rank 0 writes a call's record before SGLang processes the call's ids, so a finished phase is recorded."""
+
+    def __init__(self, shm_dir: str | None) -> None:
+        self.shm_dir, self.reader, self.last, self.marks = shm_dir, None, -1, {}
+
+    def mark(self, phase: str) -> None:
+        if self.shm_dir is None:
+            return
+        if self.reader is None:
+            from sidecar.ring_reader import RingReader, discover_engines
+
+            engines = discover_engines(self.shm_dir)
+            if not engines:
+                return
+            self.reader = RingReader(engines[0].rings[0])
+        records, _ = self.reader.read_new()
+        self.last = max([self.last] + [r.call_index for r in records])
+        self.marks[phase] = self.last
+
+
+def batch_ids(engine, prompts: list[list[int]], params: list[dict], **kwargs) -> list[list[int]]:
+    return [out["output_ids"] for out in engine.generate(input_ids=prompts, sampling_params=params, **kwargs)]
+
+
+def one_at_a_time(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
+    return [engine.generate(input_ids=p, sampling_params=sampled(n))["output_ids"] for p in prompts]
+
+
+def streamed(engine, params: dict, ctl: Controller, phase: str) -> list[int]:
+    """One streamed generation; the mode flips between chunks (mid-generation)."""
+    ids: list[int] = []
+    flips = ["gather", "all_gather"]
+    for i, chunk in enumerate(engine.generate(input_ids=STREAM_PROMPT, sampling_params=params, stream=True)):
+        ids = list(chunk["output_ids"])  # cumulative output ids
+        if i % FLIP_EVERY == FLIP_EVERY - 1:
+            ctl.put({"mode": flips[(i // FLIP_EVERY) % 2]}, phase)
+    return ids
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--shm-dir")
+    p.add_argument("--sidecar")
+    p.add_argument("--token")
+    args = p.parse_args()
+
+    import sglang
+
+    ctl = Controller(args.sidecar, args.token)
+    marks = PhaseMarks(args.shm_dir)
+    engine = sglang.Engine(model_path=args.model, **ENGINE_ARGS)
+    try:
+        result: dict = {}
+        result["greedy_a"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
+        marks.mark("greedy_a")
+        ctl.wait_attached()
+        ctl.put({"mode": "gather"}, "greedy_b")
+        result["greedy_b"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
+        marks.mark("greedy_b")
+        outs = engine.generate(input_ids=PROMPTS[:3], sampling_params=[greedy(n) for n in MAX_TOKENS[:3]],
+                               return_logprob=True, top_logprobs_num=3)
+        result["logprobs"] = [{"ids": o["output_ids"], "token_logprobs": o["meta_info"]["output_token_logprobs"],
+                               "top": o["meta_info"]["output_top_logprobs"]} for o in outs]
+        marks.mark("logprobs")
+        result["sampled_a"] = one_at_a_time(engine, SAMPLED_PROMPTS, 12)
+        marks.mark("sampled_a")
+        ctl.put({"mode": "all_gather"}, "sampled_b")
+        result["sampled_b"] = one_at_a_time(engine, SAMPLED_PROMPTS, 12)
+        marks.mark("sampled_b")
+        ctl.put({"mode": "gather", "buckets": [1, 2]}, "greedy_mixed")
+        result["greedy_mixed"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
+        marks.mark("greedy_mixed")
+        ctl.put({"mode": "all_gather"}, "streamed_greedy")
+        result["streamed_greedy"] = streamed(engine, greedy(STREAM_TOKENS), ctl, "streamed_greedy")
+        marks.mark("streamed_greedy")
+        ctl.put({"mode": "all_gather"}, "streamed_sampled")
+        result["streamed_sampled"] = streamed(engine, sampled(STREAM_TOKENS), ctl, "streamed_sampled")
+        marks.mark("streamed_sampled")
+        result["marks"] = marks.marks
+        if args.sidecar:
+            time.sleep(1.5)  # let the sidecar ingest the last records before reading its metrics
+            result["metrics"] = http("GET", f"{args.sidecar}/metrics")[1]
+            code, mode = http("GET", f"{args.sidecar}/v1/mode")
+            result["mode"] = json.loads(mode) if code == 200 else None
+            result["puts"] = ctl.puts
+        if args.shm_dir:
+            result["rings"] = read_rings(args.shm_dir)
+    finally:
+        engine.shutdown()
+    print("RESULT " + json.dumps(result), flush=True)
+    os._exit(0)  # SGLang's shutdown leaves non-daemon threads behind; the result is out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""SGLang 0.5.23, TP=2 on CPU, with the gatherwise plugin: the same greedy tokens as plain SGLang in every mode
+and across switches made through a real sidecar's HTTP API, mid-generation too; the same sampled tokens as
+plain SGLang (fixed random_seed, one request at a time, where plain SGLang is deterministic), across gather
+stretches where only rank 0 draws; every rank runs the same mode per call; per-rank timings reach /metrics.
+
+Two engines, each its own process, one at a time (startup dominates: each module-scoped fixture starts one):
+plain SGLang, and SGLang with the plugin, starting in all_gather, whose mode a `gatherwise sidecar` switches
+between phases and between the chunks of a streamed generation (see engine_run for the phases).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from engine_hooks.modes import Mode
+from tests._engine_harness import metric_samples, mode_runs, start_sidecar
+from tests.sglang.harness import base_env, build_model, run_engine
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+TOKEN_PHASES = ("greedy_a", "greedy_b", "sampled_a", "sampled_b", "greedy_mixed", "streamed_greedy",
+                "streamed_sampled")
+
+
+@pytest.fixture(scope="session")
+def model(tmp_path_factory) -> str:
+    given = os.environ.get("GATHERWISE_SGLANG_MODEL")
+    return given if given else build_model(str(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="module")
+def plain(model) -> dict:
+    return run_engine(model, base_env())
+
+
+@pytest.fixture(scope="module")
+def hooked(model) -> dict:
+    shm = f"/dev/shm/gatherwise-sglang-test-{os.getpid()}-{os.urandom(4).hex()}"
+    os.makedirs(shm)
+    sidecar = start_sidecar(shm)
+    try:
+        env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm)
+        return run_engine(model, env, "--shm-dir", shm, "--sidecar", sidecar.url, "--token", sidecar.token)
+    finally:
+        sidecar.stop()
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def _calls(result: dict, rank: str, phase: str) -> list[list[int]]:
+    """Ring records of one phase (call_index in (end of the previous phase, end of this one])."""
+    order = list(result["marks"])
+    end = result["marks"][phase]
+    start = result["marks"][order[order.index(phase) - 1]] if order.index(phase) else -1
+    return [c for c in sorted(result["rings"][rank]["calls"]) if start < c[0] <= end]
+
+
+def test_plain_sglang_generates(plain):
+    assert len(plain["greedy_a"]) == 6 and all(plain["greedy_a"]) and "rings" not in plain
+    assert "gatherwise" not in plain["log"]
+
+
+def test_plugin_installs_on_both_ranks(hooked):
+    assert "hooks installed on TP rank 0/2" in hooked["log"] and "hooks installed on TP rank 1/2" in hooked["log"]
+    assert "hooks stay off" not in hooked["log"] and "leaves SGLang untouched" not in hooked["log"]
+
+
+@pytest.mark.parametrize("phase", TOKEN_PHASES)
+def test_same_tokens_as_plain_sglang(plain, hooked, phase):
+    assert hooked[phase] == plain[phase]
+
+
+def test_logprobs_in_gather_mode_match_plain_sglang(plain, hooked):
+    """Rank 0 computes the logprobs the client gets; the other ranks' placeholders never reach it."""
+    assert hooked["logprobs"] == plain["logprobs"]
+    assert {c[1] for c in _calls(hooked, "0", "logprobs")} == {Mode.GATHER}
+
+
+def test_modes_follow_the_sidecar_commands(hooked):
+    modes = {phase: [c[1] for c in _calls(hooked, "0", phase)] for phase in hooked["marks"]}
+    assert set(modes["greedy_a"]) == {Mode.ALL_GATHER}
+    assert modes["greedy_b"][-1] == Mode.GATHER  # from the call after the one that carried the command
+    assert set(modes["sampled_a"]) == {Mode.GATHER}  # sampled batches run gather too: only rank 0 draws
+    assert modes["sampled_b"][-1] == Mode.ALL_GATHER and Mode.ALL_GATHER in modes["sampled_b"]
+    # bucket-pinned table: batches of 1-2 rows gather, larger ones all_gather, within one generation
+    mixed = _calls(hooked, "0", "greedy_mixed")[1:]  # the first call carried the command
+    assert mixed and all(mode == (Mode.GATHER if rows <= 2 else Mode.ALL_GATHER) for _, mode, rows, _ in mixed)
+    assert {Mode.GATHER, Mode.ALL_GATHER} <= {c[1] for c in mixed}
+    for phase in ("streamed_greedy", "streamed_sampled"):  # switched back and forth within one generation
+        assert len(mode_runs(_calls(hooked, "0", phase))) >= 3, modes[phase]
+    assert all(p["status"] in (200, 202) for p in hooked["puts"]), hooked["puts"]
+
+
+def test_sampled_ranks_adopted_rank0_generator_state(hooked):
+    """Each return from gather to a sampled all_gather call handed rank 0's generator state over."""
+    assert "adopted rank 0's generator state" in hooked["log"]
+
+
+def test_every_rank_runs_the_same_mode_per_call(hooked):
+    rings = hooked["rings"]
+    assert sorted(rings) == ["0", "1"]
+    assert all(r["missed"] == 0 for r in rings.values())
+    per_rank = {rank: {c[0]: (c[1], c[2]) for c in r["calls"]} for rank, r in rings.items()}
+    assert per_rank["0"] and per_rank["0"] == per_rank["1"]  # same call indices, same (mode, rows)
+    assert sorted(per_rank["0"]) == list(range(len(per_rank["0"])))
+
+
+def test_sidecar_metrics_show_per_rank_collective_timings(hooked):
+    samples = metric_samples(hooked["metrics"], "gatherwise_collective_seconds_count")
+    counted = {(labels["rank"], labels["op"]) for labels, value in samples if value > 0}
+    assert {"0", "1"} <= {rank for rank, _ in counted}, samples
+    assert {"all_gather", "gather"} <= {op for _, op in counted}
