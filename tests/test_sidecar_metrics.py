@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from engine_hooks.modes import NUM_BUCKETS, bucket_label
+from sidecar.header_counters import bytes_series
 from tests._dist import free_port
 from tests._sidecar import OPENMETRICS, samples, scrape, start_engine, start_sidecar, total, wait_for
 from tests.conftest import require_tool
@@ -40,11 +41,13 @@ BUCKET_LABELS = {bucket_label(b) for b in range(NUM_BUCKETS)}
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """Sidecar first, then a 6 s TP=2 engine whose table runs gather for B <= 4 and all_gather above, so both
+    """Sidecar first, then a 6 s TP=2 engine whose table runs gather for B <= 4, all_gather at 8 and sharded
+    above (the mixed workload's batches are 1..64), so every mode and its operations show up; previously: both
     modes and all three collectives show up. Yields once the engine has exited and the sidecar caught up."""
     tmp = tmp_path_factory.mktemp("metrics")
     shm = tmp / "shm"
-    (tmp / "table.yaml").write_text('table: {"1": gather, "2": gather, "4": gather, "8": all_gather}\n')
+    (tmp / "table.yaml").write_text('table: {"1": gather, "2": gather, "4": gather, "8": all_gather, '
+                                    '"16": sharded, "32": sharded, "64": sharded}\n')
     (tmp / "engine.yaml").write_text(f"engine:\n  initial_table_file: {tmp / 'table.yaml'}\n")
     (tmp / "sidecar.yaml").write_text("traces:\n  sample_ratio: 0.0\n  every_nth: 7\n")
     # An OTLP endpoint nobody listens on: exports fail in the background, ingestion must not notice.
@@ -85,7 +88,9 @@ def test_every_family_with_its_labels(run) -> None:
         assert family in names, f"{family} missing"
         assert all(set(lab) == labels for n, lab, _ in got if n == family)
     ops = {(lab["op"], lab["mode"]) for n, lab, _ in got if n == "gatherwise_collective_seconds_count"}
-    assert ops == {("all_gather", "all_gather"), ("gather", "gather"), ("broadcast", "gather")}
+    first_ops = {("all_gather", "all_gather"), ("gather", "gather"), ("broadcast", "gather"),
+                 ("shard_exchange", "sharded")}
+    assert first_ops <= ops <= first_ops | {("shard_resolve", "sharded")}  # resolve: only temperature/top-p rows
     ranks = {lab["rank"] for n, lab, _ in got if n == "gatherwise_logits_path_seconds_count"}
     assert ranks == {"0", "1"}
 
@@ -99,13 +104,20 @@ def test_counts_match_the_calls_made(run) -> None:
         assert total(text, "gatherwise_logits_path_seconds_count", engine=eng, rank=rank) == calls
         assert total(text, "gatherwise_collective_bytes_total", rank=rank, op="broadcast") > 0
     gather_calls = total(text, "gatherwise_calls_total", engine=eng, rank="0", mode="gather")
-    assert 0 < gather_calls < calls
+    sharded_calls = total(text, "gatherwise_calls_total", engine=eng, rank="0", mode="sharded")
+    assert 0 < gather_calls < calls and 0 < sharded_calls < calls
+    other_calls = calls - gather_calls - sharded_calls  # all_gather
     # collectives are pooled over the two ranks
     assert total(text, "gatherwise_collective_seconds_count", op="broadcast") == 2 * gather_calls
-    assert total(text, "gatherwise_collective_seconds_count", op="all_gather") == 2 * (calls - gather_calls)
-    # only rank 0 samples in gather mode; every rank samples in all_gather mode
+    assert total(text, "gatherwise_collective_seconds_count", op="all_gather") == 2 * other_calls
+    # a sharded call is its own op on every rank, never a gather
+    assert total(text, "gatherwise_collective_seconds_count", op="shard_exchange") == 2 * sharded_calls
+    assert total(text, "gatherwise_collective_seconds_count", op="gather") == 2 * gather_calls
+    # only rank 0 samples in gather mode; every rank samples in all_gather and sharded mode
     assert total(text, "gatherwise_sample_seconds_count", mode="gather") == gather_calls
-    assert total(text, "gatherwise_sample_seconds_count", mode="all_gather") == 2 * (calls - gather_calls)
+    assert total(text, "gatherwise_sample_seconds_count", mode="all_gather") == 2 * other_calls
+    assert total(text, "gatherwise_sample_seconds_count", mode="sharded") == 2 * sharded_calls
+    assert total(text, "gatherwise_step_critical_path_seconds_count", mode="sharded") == sharded_calls
     assert total(text, "gatherwise_step_critical_path_seconds_count", engine=eng) == calls
     assert total(text, "gatherwise_rank_skew_seconds_count", engine=eng) == calls
     assert run["up"] == 1
@@ -151,11 +163,11 @@ def test_prometheus_scrapes_per_rank_per_op_series(run, tmp_path: Path) -> None:
             return {(r["metric"]["rank"], r["metric"]["op"]): float(r["value"][1]) for r in result} or None
 
         series = wait_for(per_rank_op, 60, "Prometheus to scrape the sidecar")
-        assert set(series) == {(r, op) for r in ("0", "1") for op in ("all_gather", "gather", "broadcast")}
+        assert set(series) == {(r, op) for r in ("0", "1") for op, _ in bytes_series()}
         by_op = httpx.get(f"{api}/query", params={
             "query": "sum by (op, mode) (gatherwise_collective_seconds_count)"}, timeout=5).json()["data"]["result"]
-        assert {(r["metric"]["op"], r["metric"]["mode"]) for r in by_op} == {
-            ("all_gather", "all_gather"), ("gather", "gather"), ("broadcast", "gather")}
+        assert {(r["metric"]["op"], r["metric"]["mode"]) for r in by_op} >= {
+            ("all_gather", "all_gather"), ("gather", "gather"), ("broadcast", "gather"), ("shard_exchange", "sharded")}
         calls = httpx.get(f"{api}/query", params={"query": "sum by (rank) (gatherwise_calls_total)"},
                           timeout=5).json()["data"]["result"]
         assert {r["metric"]["rank"]: float(r["value"][1]) for r in calls} == {"0": run["calls"], "1": run["calls"]}
