@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bench.sampling_spec import parse_sampling
 from engine_hooks.modes import IMPLEMENTED_LABELS, Mode
 
 if TYPE_CHECKING:  # torch-free at import: argument errors come before any heavy import
@@ -83,7 +84,7 @@ def _positive(what: str, minimum: int) -> Callable[[str], int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gatherwise bench",
-        description="Time the logits path (collective + greedy sampling + token distribution) per mode on P "
+        description="Time the logits path (collectives + sampling + token distribution) per mode on P "
                     "local ranks; print which mode wins where, write results.json, crossover.png and "
                     "starting-table files for the auto policy.")
     p.add_argument("--tp", type=_positive("--tp", 1), default=2, help="ranks (tensor-parallel size), default 2")
@@ -96,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", type=_name_list("--modes", lambda t: Mode.parse(t).label),
                    default=IMPLEMENTED_LABELS, help="comma-separated modes, interleaved in this order; "
                    f"default {','.join(IMPLEMENTED_LABELS)}")
+    p.add_argument("--sampling", type=_name_list("--sampling", lambda t: parse_sampling(t).label),
+                   default=("greedy",), help="comma-separated sampling of every row: greedy, top_k=K, top_p=P, "
+                   "temperature=T (temperature 1 with top_k/top_p); default greedy")
+    p.add_argument("--logit-scale", type=float, default=1.0,
+                   help="logits are scale * N(0, 1); larger is more peaked (top-p nuclei fit the sharded "
+                   "candidates), default 1.0")
     p.add_argument("--iters", type=_positive("--iters", 1), default=30, help="timed calls per mode, default 30")
     p.add_argument("--warmup", type=_positive("--warmup", 0), default=3,
                    help="untimed calls per mode before each shape, default 3")
@@ -140,9 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     from bench.sweep import SweepConfig, sweep_rank
 
     cfg = SweepConfig(tp=args.tp, vocabs=args.vocab, rows=args.rows, dtypes=args.dtype, modes=args.modes,
-                      iters=args.iters, warmup=args.warmup, device=device, seed=args.seed)
+                      iters=args.iters, warmup=args.warmup, device=device, seed=args.seed,
+                      samplings=args.sampling, logit_scale=args.logit_scale)
     print(f"[bench] tp={cfg.tp} {cfg.backend} on {device}: {len(cfg.vocabs)} vocab x {len(cfg.dtypes)} dtype x "
-          f"{len(cfg.rows)} rows x {len(cfg.modes)} modes, {cfg.warmup}+{cfg.iters} calls each", file=sys.stderr)
+          f"{len(cfg.samplings)} sampling x {len(cfg.rows)} rows x {len(cfg.modes)} modes, "
+          f"{cfg.warmup}+{cfg.iters} calls each", file=sys.stderr)
     t0 = time.perf_counter()
     per_rank = run_ranks(sweep_rank, cfg.tp, cfg, backend=cfg.backend, timeout=args.timeout)
     elapsed = time.perf_counter() - t0

@@ -85,16 +85,29 @@ def _measure_shape(comm, rank: int, world: int, rows: int, vocab: int, iters: in
     return marks
 
 
-def record_cost_us(calls: int = 200_000, repeats: int = 7) -> list[float]:
+def _ring_recorder(path: str, *, pure_python: bool, **kw):
+    """A RingRecorder with the compiled record() (when built) or the pure-Python fallback."""
+    from engine_hooks.recorder import PURE_PYTHON_ENV, RingRecorder
+
+    before = os.environ.get(PURE_PYTHON_ENV)
+    os.environ[PURE_PYTHON_ENV] = "1" if pure_python else "0"
+    try:
+        return RingRecorder(path, **kw)
+    finally:
+        if before is None:
+            del os.environ[PURE_PYTHON_ENV]
+        else:
+            os.environ[PURE_PYTHON_ENV] = before
+
+
+def record_cost_us(calls: int = 200_000, repeats: int = 7, pure_python: bool = False) -> list[float]:
     """µs per RingRecorder.record() call in a tight loop (empty loop subtracted), one value per repeat.
 
     Thread CPU time, not wall time: on a shared machine the wall clock also counts time the thread was not
     running at all."""
-    from engine_hooks.recorder import RingRecorder
-
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as d:
-        rec = RingRecorder(os.path.join(d, "rank-0"), engine_id=1, rank=0, tp_size=2, vocab=32000, dtype="float32",
-                           capacity=8192)
+        rec = _ring_recorder(os.path.join(d, "rank-0"), pure_python=pure_python, engine_id=1, rank=0, tp_size=2,
+                             vocab=32000, dtype="float32", capacity=8192)
         record = rec.record
         out = []
         for r in range(repeats):
@@ -120,29 +133,31 @@ class _NoopRecorder:
 
 def single_rank_path_us(rounds: int = 60, block: int = 100) -> dict:
     """The recording cost as the path sees it (cold caches between calls), without gloo's noise: a TP=1
-    LogitsPath (B=1, V=32000) with no recorder, a no-op recorder (the hook's own plumbing) and the RingRecorder,
-    in interleaved blocks of calls; per-call medians of thread CPU time in µs."""
+    LogitsPath (B=1, V=32000) with no recorder, a no-op recorder (the hook's own plumbing), the RingRecorder
+    with its pure-Python record() (`on_python`: the writer before the compiled one) and with the compiled
+    record() (`on`), in interleaved blocks of calls; per-call medians of thread CPU time in µs."""
     import torch
 
     from engine_hooks.comm import SingleRankCommunicator
     from engine_hooks.logits_path import LogitsPath
     from engine_hooks.modes import Mode, ModeTable
-    from engine_hooks.recorder import RingRecorder
     from engine_hooks.sampling import SamplingParams, SamplingRow
 
     torch.set_num_threads(1)
     table = ModeTable.uniform(Mode.ALL_GATHER)
     sampling = [SamplingRow(SamplingParams(), request_id=0, position=0)]
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as d:
-        rec = RingRecorder(os.path.join(d, "rank-0"), engine_id=3, rank=0, tp_size=1, vocab=32000, dtype="float32",
-                           capacity=8192)
-        recorders = {"off": None, "noop": _NoopRecorder(), "on": rec}
+        kw = dict(engine_id=3, rank=0, tp_size=1, vocab=32000, dtype="float32", capacity=8192)
+        rec = _ring_recorder(os.path.join(d, "rank-0"), pure_python=False, **kw)
+        rec_py = _ring_recorder(os.path.join(d, "rank-1"), pure_python=True, **kw)
+        recorders = {"off": None, "noop": _NoopRecorder(), "on_python": rec_py, "on": rec}
         paths = {k: LogitsPath(SingleRankCommunicator(), 32000, initial_table=table, recorder=r)
                  for k, r in recorders.items()}
         logits = torch.randn(1, paths["off"].width)
         times: dict[str, list[int]] = {k: [] for k in paths}
+        names = list(paths)
         for r in range(rounds + 2):  # the first two rounds warm up
-            for variant in list(paths)[r % 3:] + list(paths)[: r % 3]:
+            for variant in names[r % len(names):] + names[: r % len(names)]:
                 path, out = paths[variant], times[variant]
                 for _ in range(block):
                     t = time.thread_time_ns()
@@ -151,8 +166,10 @@ def single_rank_path_us(rounds: int = 60, block: int = 100) -> dict:
                     if r >= 2:
                         out.append(time.thread_time_ns() - t)
         rec.close()
+        rec_py.close()
     med = {k: statistics.median(v) / 1000 for k, v in times.items()}
-    return {"median_us": med, "added_on_minus_off_us": med["on"] - med["off"],
+    return {"median_us": med, "compiled_writer": rec.native, "added_on_minus_off_us": med["on"] - med["off"],
+            "added_on_python_minus_off_us": med["on_python"] - med["off"],
             "added_on_minus_noop_us": med["on"] - med["noop"], "calls_per_variant": rounds * block}
 
 
@@ -192,7 +209,7 @@ def plot(path: Path, result: dict) -> None:
                      f"off/bare {s['ratio_off_bare']:.3f}", fontsize=9)
     ax = axes[-2]
     med = result["single_rank_path"]["median_us"]
-    bars = ax.bar(list(med), list(med.values()), color=["tab:grey", "tab:blue", "tab:green"])
+    bars = ax.bar(list(med), list(med.values()), color=["tab:grey", "tab:blue", "tab:orange", "tab:green"][:len(med)])
     ax.bar_label(bars, fmt="%.1f", fontsize=8)
     ax.set_ylim(min(med.values()) * 0.95, max(med.values()) * 1.03)
     ax.set_ylabel("µs per call (thread CPU, median)")
@@ -203,7 +220,7 @@ def plot(path: Path, result: dict) -> None:
     ax.axhline(2.0, color="red", linestyle="--", linewidth=1, label="target 2 µs")
     ax.set_xlabel("repeat")
     ax.set_ylabel("µs per record()")
-    ax.set_title(f"record() in isolation: median {result['record_us_median']:.2f} µs", fontsize=9)
+    ax.set_title(f"record() in isolation (compiled): median {result['record_us_median']:.2f} µs", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -216,29 +233,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--out", type=Path, default=Path("bench/out/hook_overhead"))
+    parser.add_argument("--path-runs", type=int, default=5,
+                        help="repeat the TP=1 path A/B this many times; the result is the median of the runs")
     args = parser.parse_args(argv)
     from bench.launch import run_ranks
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as shm_dir:
         for rows, _ in SHAPES:
             os.makedirs(os.path.join(shm_dir, f"{rows:016x}"))
         per_rank = run_ranks(_rank_bench, args.tp, SHAPES, args.iters, args.warmup, shm_dir)
     record_us = record_cost_us()
-    single = single_rank_path_us()
+    record_us_python = record_cost_us(pure_python=True)
+    runs = [single_rank_path_us() for _ in range(max(1, args.path_runs))]
+    single = {"median_us": {k: statistics.median(r["median_us"][k] for r in runs) for k in runs[0]["median_us"]},
+              "compiled_writer": runs[0]["compiled_writer"], "calls_per_variant": runs[0]["calls_per_variant"],
+              "runs": runs}
+    for key in ("added_on_minus_off_us", "added_on_python_minus_off_us", "added_on_minus_noop_us"):
+        single[key] = statistics.median(r[key] for r in runs)
+        single[key.replace("_us", "_per_run_us")] = [r[key] for r in runs]
     result = {"tp": args.tp, "backend": "gloo", "iters": args.iters, "warmup": args.warmup,
               "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
               "record_us": record_us, "record_us_median": statistics.median(record_us),
-              "record_us_min": min(record_us), "single_rank_path": single, "loadavg": os.getloadavg(),
+              "record_us_min": min(record_us), "record_us_python": record_us_python,
+              "record_us_python_median": statistics.median(record_us_python), "single_rank_path": single,
+              "loadavg_before": load_before, "loadavg": os.getloadavg(),
               "shapes": {f"{r}x{v}": summarize(per_rank, f"{r}x{v}") for r, v in SHAPES}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
     plot(args.out / "hook_overhead.png", result)
-    print(f"record() in isolation: median {result['record_us_median']:.2f} µs per call "
-          f"(repeats: {', '.join(f'{x:.2f}' for x in record_us)})")
+    print(f"record() in isolation: compiled median {result['record_us_median']:.2f} µs per call "
+          f"(repeats: {', '.join(f'{x:.2f}' for x in record_us)}); pure Python "
+          f"{result['record_us_python_median']:.2f} µs")
     m = single["median_us"]
-    print(f"TP=1 path B=1 V=32000 (per-call medians): off {m['off']:.1f} µs, no-op recorder {m['noop']:.1f} µs, "
-          f"RingRecorder {m['on']:.1f} µs -> recording adds {single['added_on_minus_off_us']:.2f} µs "
-          f"({single['added_on_minus_noop_us']:.2f} µs beyond the hook call itself)")
+    print(f"TP=1 path B=1 V=32000 (medians of {len(runs)} runs of per-call medians): off {m['off']:.1f} µs, "
+          f"no-op recorder {m['noop']:.1f} µs, pure-Python RingRecorder {m['on_python']:.1f} µs, compiled "
+          f"{m['on']:.1f} µs -> recording adds {single['added_on_minus_off_us']:.2f} µs compiled "
+          f"(runs: {', '.join(f'{x:.2f}' for x in single['added_on_minus_off_per_run_us'])}), "
+          f"{single['added_on_python_minus_off_us']:.2f} µs pure Python "
+          f"(runs: {', '.join(f'{x:.2f}' for x in single['added_on_python_minus_off_per_run_us'])})")
+    print(f"load average: {load_before[0]:.1f} before, {result['loadavg'][0]:.1f} after")
     print(f"{'shape':>10} {'bare µs':>9} {'off µs':>9} {'on µs':>9} {'on/off':>7} {'off/bare':>8} "
           f"{'on-off µs':>9} {'paired':>7}")
     for shape, s in result["shapes"].items():

@@ -15,12 +15,14 @@ from bench.report import CLEAR_WIN_SHARE, SweepResult  # noqa: E402
 
 def plot_crossover(path: Path, result: SweepResult) -> Path:
     cfg = result.config
-    nrows, ncols = len(cfg.vocabs), len(cfg.dtypes)
+    panels = [(v, s) for v in cfg.vocabs for s in cfg.samplings]
+    nrows, ncols = len(panels), len(cfg.dtypes)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
-    for i, vocab in enumerate(cfg.vocabs):
+    for i, (vocab, sampling) in enumerate(panels):
         for j, dtype in enumerate(cfg.dtypes):
             ax = axes[i][j]
-            group = sorted((s for s in result.shapes if s.vocab == vocab and s.dtype == dtype), key=lambda s: s.rows)
+            group = sorted((s for s in result.shapes if s.vocab == vocab and s.dtype == dtype
+                            and s.sampling == sampling), key=lambda s: s.rows)
             xs = [s.rows for s in group]
             for mode in cfg.modes:
                 med = [s.modes[mode].median_us for s in group]
@@ -32,7 +34,8 @@ def plot_crossover(path: Path, result: SweepResult) -> Path:
             if ties:  # rows where neither mode won clearly (see docs/bench.md, "wins")
                 ax.plot(ties, [0.03] * len(ties), "x", color="grey", transform=ax.get_xaxis_transform(),
                         label=f"tie (wins < {CLEAR_WIN_SHARE:.0%})")
-            crossings = [c for c in result.crossovers if c.vocab == vocab and c.dtype == dtype]
+            crossings = [c for c in result.crossovers if c.vocab == vocab and c.dtype == dtype
+                         and c.sampling == sampling]
             for k, c in enumerate(crossings):
                 ax.axvline(c.rows_estimate, color="black", linestyle="--", linewidth=1)
                 ax.annotate(f"{c.before}→{c.after}\n≈{c.rows_estimate:.1f} rows", (c.rows_estimate, 0.96 - 0.14 * k),
@@ -43,7 +46,7 @@ def plot_crossover(path: Path, result: SweepResult) -> Path:
             ax.set_xticks(xs, [str(x) for x in xs])
             ax.xaxis.set_minor_locator(NullLocator())  # rows ticks only
             ax.set_yscale("log")
-            ax.set_title(f"vocab {vocab}, {dtype}", fontsize=9)
+            ax.set_title(f"vocab {vocab}, {dtype}, {sampling}", fontsize=9)
             ax.set_xlabel("rows (batch)")
             ax.set_ylabel("time per call (µs)")
             ax.grid(True, which="both", alpha=0.3)

@@ -1,4 +1,4 @@
-"""The measured winners as a starting table for the auto policy (one file per vocab and dtype).
+"""The measured winners as a starting table for the auto policy (one file per vocab, dtype and sampling).
 
 A bucket is decided when every measured rows value in it has the same clear winner (bench.report: the
 winner won >= CLEAR_WIN_SHARE of the interleaved pairs). Every other bucket — ties, and buckets beyond or
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.report import ShapeResult
+from bench.report import ShapeResult, shape_group
 from bench.sweep import SweepConfig
 from engine_hooks.modes import Mode, ModeTable, bucket_of
 from engine_hooks.table_file import fill_nearest, save_table_file
@@ -33,19 +33,22 @@ def best_table(shapes: list[ShapeResult]) -> ModeTable:
     return fill_nearest(decided)
 
 
-def table_file_name(tp: int, vocab: int, dtype: str) -> str:
-    return f"table_tp{tp}_v{vocab}_{dtype}.yaml"
+def table_file_name(tp: int, vocab: int, dtype: str, sampling: str = "greedy") -> str:
+    suffix = "" if sampling == "greedy" else "_" + sampling.replace("=", "")
+    return f"table_tp{tp}_v{vocab}_{dtype}{suffix}.yaml"
 
 
 def write_starting_tables(out_dir: Path, cfg: SweepConfig, shapes: list[ShapeResult]) -> dict[str, str]:
-    """Write one table file per (vocab, dtype); returns {"<vocab>/<dtype>": file name}."""
+    """Write one table file per (vocab, dtype, sampling); returns {"<vocab>/<dtype>[/<sampling>]": file name}."""
     written = {}
     for vocab in cfg.vocabs:
         for dtype in cfg.dtypes:
-            group = [s for s in shapes if s.vocab == vocab and s.dtype == dtype]
-            name = table_file_name(cfg.tp, vocab, dtype)
-            meta = {"tp": cfg.tp, "vocab": vocab, "dtype": dtype, "source": "gatherwise bench",
-                    "backend": cfg.backend, "device": cfg.device, "measured_rows": sorted(s.rows for s in group)}
-            save_table_file(out_dir / name, best_table(group), meta)
-            written[f"{vocab}/{dtype}"] = name
+            for sampling in cfg.samplings:
+                group = [s for s in shapes if s.vocab == vocab and s.dtype == dtype and s.sampling == sampling]
+                name = table_file_name(cfg.tp, vocab, dtype, sampling)
+                meta = {"tp": cfg.tp, "vocab": vocab, "dtype": dtype, "sampling": sampling,
+                        "source": "gatherwise bench", "backend": cfg.backend, "device": cfg.device,
+                        "measured_rows": sorted(s.rows for s in group)}
+                save_table_file(out_dir / name, best_table(group), meta)
+                written[shape_group(vocab, dtype, sampling)] = name
     return written

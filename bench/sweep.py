@@ -1,9 +1,10 @@
 """The sweep itself, run on every rank: the hooked logits path, modes interleaved, timed per call.
 
 Per (vocab, dtype) there is one LogitsPath per mode on the same process group, each pinned to its mode by a
-uniform table. Per rows value, the logits are random and written once into every path's send buffer; then
-each iteration calls every mode once (A B A B ...) so machine drift hits all modes alike. Warm-up calls are
-run and dropped.
+uniform table. Per (sampling, rows), the logits are random and written once into every path's send buffer;
+then each iteration calls every mode once (A B A B ...) so machine drift hits all modes alike. Every row of
+a call samples with the same `--sampling` item; its draw moves with the iteration. Warm-up calls are run and
+dropped.
 
 Timing (see docs/bench.md): a barrier before every call, then each rank stamps the call's start and end with
 time.perf_counter_ns (CLOCK_MONOTONIC, one clock for all processes of a host). The parent takes, per call,
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from bench.sampling_spec import parse_sampling
 from engine_hooks.comm import default_communicator
 from engine_hooks.logits_path import LogitsPath
 from engine_hooks.modes import Mode, ModeTable
@@ -38,6 +40,8 @@ class SweepConfig:
     warmup: int
     device: str = "cpu"  # "cpu" (gloo) or "cuda" (NCCL, rank r on cuda:r)
     seed: int = 0
+    samplings: tuple[str, ...] = ("greedy",)  # bench.sampling_spec labels
+    logit_scale: float = 1.0
 
     @property
     def backend(self) -> str:
@@ -52,22 +56,28 @@ class CallTimes:
     end: list[int] = field(default_factory=list)
     collective: list[int] = field(default_factory=list)  # gather or all_gather, as the path recorded it
     sample: list[int] = field(default_factory=list)
-    broadcast: list[int] = field(default_factory=list)  # token broadcast (gather mode); 0 in all_gather
+    broadcast: list[int] = field(default_factory=list)  # second op: token broadcast or shard_resolve, else 0
+    wire_bytes: list[int] = field(default_factory=list)  # bytes this rank's collectives moved (as recorded)
+    topp_rows: int = 0
+    fallback_rows: int = 0  # top-p rows that took the sharded full-row fallback
 
 
-ShapeKey = tuple[int, str, int, str]  # (vocab, dtype, rows, mode)
+ShapeKey = tuple[int, str, str, int, str]  # (vocab, dtype, sampling, rows, mode)
 
 
 class _PhaseRecorder:
     """Keeps the phase marks of the last call (LogitsPath's CallRecorder protocol)."""
 
     def __init__(self) -> None:
-        self.last = (0, 0, 0)
+        self.last = (0, 0, 0, 0, 0, 0)
 
     def record(self, call_index: int, mode: Mode, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int) -> None:
-        self.last = (coll_end - coll_start, sample_end - sample_start, bcast_end - bcast_start)
+               sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
+               fallback_rows: int = 0) -> None:
+        second = bcast_end - bcast_start
+        wire = nbytes + (resolve_nbytes if mode == Mode.SHARDED else (rows + 1) * 8 if second else 0)
+        self.last = (coll_end - coll_start, sample_end - sample_start, second, wire, topp_rows, fallback_rows)
 
 
 def sweep_rank(rank: int, world: int, cfg: SweepConfig) -> dict[ShapeKey, CallTimes]:
@@ -87,11 +97,13 @@ def sweep_rank(rank: int, world: int, cfg: SweepConfig) -> dict[ShapeKey, CallTi
             paths = {m: LogitsPath(comm, vocab, dtype=DTYPES[dtype_name], device=device,
                                    initial_table=ModeTable.uniform(Mode.parse(m)), recorder=recorders[m])
                      for m in cfg.modes}
-            for rows in cfg.rows:
-                _fill(paths, rows, gen)
-                times = {m: out.setdefault((vocab, dtype_name, rows, m), CallTimes()) for m in cfg.modes}
-                batch = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
+            for sampling, rows in ((s, r) for s in cfg.samplings for r in cfg.rows):
+                _fill(paths, rows, gen, cfg.logit_scale)
+                times = {m: out.setdefault((vocab, dtype_name, sampling, rows, m), CallTimes()) for m in cfg.modes}
+                spec = parse_sampling(sampling)
+                params = SamplingParams(spec.temperature, spec.top_k, spec.top_p, seed=cfg.seed)
                 for it in range(cfg.warmup + cfg.iters):
+                    batch = [SamplingRow(params, request_id=i, position=it) for i in range(rows)]
                     for m in cfg.modes:  # interleaved: A B A B ...
                         path = paths[m]
                         barrier()
@@ -105,20 +117,23 @@ def sweep_rank(rank: int, world: int, cfg: SweepConfig) -> dict[ShapeKey, CallTi
                             t = times[m]
                             t.start.append(start)
                             t.end.append(end)
-                            coll, samp, bcast = recorders[m].last
+                            coll, samp, bcast, wire, topp, fallback = recorders[m].last
                             t.collective.append(coll)
                             t.sample.append(samp)
                             t.broadcast.append(bcast)
+                            t.wire_bytes.append(wire)
+                            t.topp_rows += topp
+                            t.fallback_rows += fallback
                 if rank == 0:
-                    print(f"[bench] vocab={vocab} dtype={dtype_name} rows={rows} done "
+                    print(f"[bench] vocab={vocab} dtype={dtype_name} {sampling} rows={rows} done "
                           f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
             del paths  # free this shape's buffers before the next (vocab, dtype)
     return out
 
 
-def _fill(paths: dict[str, LogitsPath], rows: int, gen: torch.Generator) -> None:
+def _fill(paths: dict[str, LogitsPath], rows: int, gen: torch.Generator, scale: float = 1.0) -> None:
     """Random logits, written once per shape into every mode's send buffer (the LM head's job)."""
     first = next(iter(paths.values()))
-    logits = torch.randn(rows, first.width, generator=gen)
+    logits = torch.randn(rows, first.width, generator=gen) * scale
     for path in paths.values():
         path.logits_buffer(rows).copy_(logits)

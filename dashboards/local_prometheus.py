@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from dashboards.child_process import start_child
+
 CONFIG = Path(__file__).parent / "prometheus" / "prometheus.yml"
 SIDECAR_JOB = "gatherwise-sidecar"
 
@@ -78,7 +80,7 @@ def start_prometheus(config: Path, data_dir: Path, port: int, timeout: float = 2
     if binary is None:
         raise FileNotFoundError("prometheus is not installed (apt-get install --no-install-recommends prometheus)")
     with log_path.open("wb") as log:  # the child keeps its own descriptor
-        process = subprocess.Popen(
+        process = start_child(  # dies with whoever started it, never left running
             [
                 binary,
                 f"--config.file={config}",

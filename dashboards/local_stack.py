@@ -7,10 +7,8 @@ run it next to anything else. `stop()` ends every process it started and removes
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +17,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dashboards.child_process import start_child
 from dashboards.local_prometheus import LocalPrometheus, start_prometheus, write_local_config
 
 
@@ -32,7 +31,7 @@ def private_shm_dir() -> Path:
     """A fresh directory on tmpfs (/dev/shm when writable), so the rings are real shared memory."""
     base = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path("/tmp")
     path = base / f"gatherwise-stack-{os.getpid()}-{os.urandom(4).hex()}"
-    path.mkdir()
+    path.mkdir(mode=0o700)  # private at any umask (the engine refuses a shm_dir others can write)
     return path
 
 
@@ -66,19 +65,9 @@ class LocalStack:
         self.stop()
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGTERM this child when the process that started the stack dies, even by SIGKILL, so a killed
-    demo or test never leaves an engine running (and holding shared memory) forever."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _gatherwise(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     with log.open("wb") as out:  # a file, not a pipe: nobody reads it while the stack runs
-        return subprocess.Popen([sys.executable, "-m", "gatherwise_cli", *args], stdout=out, stderr=out, env=env,
-                                preexec_fn=_die_with_parent)
+        return start_child([sys.executable, "-m", "gatherwise_cli", *args], stdout=out, stderr=out, env=env)
 
 
 def wait_ready(url: str, processes: list[subprocess.Popen], timeout: float) -> None:

@@ -1,7 +1,10 @@
 """One configuration schema for engine hooks and sidecar (config/gatherwise.yaml documents every key).
 
 Loading validates everything: an unknown key, a wrong type or an out-of-range value raises ConfigError naming
-the file and the key. Environment variables GATHERWISE_<SECTION>_<KEY> override keys (parsed as YAML scalars).
+the file and the key. Environment variables GATHERWISE_<SECTION>_<KEY> override keys: the value of a string key
+is taken verbatim (`GATHERWISE_SIDECAR_API_TOKEN='#secret'` is the token `#secret`, not a YAML comment), any
+other key's value is parsed as YAML (numbers, true/false, lists); an empty value means "unset". Every error names
+the file or the variable it came from.
 Stdlib + pyyaml only: the sidecar imports this module.
 """
 
@@ -64,6 +67,7 @@ class SidecarSection:
     poll_interval_seconds: float = 0.02
     api_token: str | None = None
     heartbeat_stale_seconds: float = 5.0
+    max_records_per_poll: int = 16384
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,7 @@ _RULES: dict[tuple[str, str], Any] = {
     ("sidecar", "port"): _between(0, 65535),
     ("sidecar", "poll_interval_seconds"): _between(0.001, 10.0),
     ("sidecar", "heartbeat_stale_seconds"): _between(0.1, 3600.0),
+    ("sidecar", "max_records_per_poll"): _between(64, 1 << 22),
     ("traces", "sample_ratio"): _between(0.0, 1.0),
     ("traces", "every_nth"): _between(0, 1 << 30),
     ("policy", "mode"): _in(("manual", "auto")),
@@ -137,7 +142,9 @@ def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | 
     raw: dict[str, Any] = {}
     if path is not None:
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
+            raw = yaml.safe_load(Path(path).read_bytes().decode("utf-8")) or {}
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start}): a config file must be UTF-8") from None
         except (OSError, yaml.YAMLError) as exc:
             raise ConfigError(f"{source}: cannot read config: {exc}") from None
         if not isinstance(raw, dict):
@@ -156,16 +163,33 @@ def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | 
         if not isinstance(entry, dict):
             raise ConfigError(f"{source}: {section}: must be a mapping")
         key = rest[len(section) + 1:]
-        entry[key] = yaml.safe_load(value) if value != "" else None
+        entry[key] = _env_value(name, value, get_type_hints(_section_class(section)).get(key))
         origins[(section, key)] = f"environment variable {name}"
 
     built = {}
     for name, value in raw.items():
         if name not in sections:
             raise ConfigError(f"{source}: unknown section {name!r} (known: {', '.join(sections)})")
-        cls = GatherwiseConfig.__dataclass_fields__[name].default_factory
+        cls = _section_class(name)
         built[name] = _build_section(source, name, cls, value, origins)
     return GatherwiseConfig(**built)
+
+
+def _section_class(section: str) -> Any:
+    return GatherwiseConfig.__dataclass_fields__[section].default_factory
+
+
+def _env_value(name: str, value: str, hint: Any) -> Any:
+    """A string key's value verbatim; any other key's value parsed as YAML. Errors name the variable."""
+    if value == "":
+        return None
+    if hint is not None and str in (get_args(hint) or (hint,)):
+        return value
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"environment variable {name}: {value!r} is not a valid value ({problem})") from None
 
 
 def _build_section(source: str, section: str, cls: Any, values: Any, origins: dict[tuple[str, str], str]) -> Any:

@@ -16,6 +16,7 @@ import time
 from engine_hooks.modes import ModeTable
 from engine_hooks.shm_format import control as fmt
 from engine_hooks.shm_format.control import CMD_SEQ, HB_CALL, HB_LOCK, HB_NS
+from engine_hooks.shm_format.private_files import open_regular_file, write_private_file
 from engine_hooks.table_source import AppliedStatus, TableRequest
 
 log = logging.getLogger("gatherwise.control")
@@ -29,11 +30,8 @@ class ControlBlockSource:
         self.path = os.fspath(path)
         self.engine_id, self.tp_size = engine_id, tp_size
         block = fmt.new_block(engine_id, tp_size, table.encode(), time.time_ns(), os.getpid())
-        tmp = f"{self.path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:  # complete before it becomes visible under its name
-            f.write(block)
-        os.replace(tmp, self.path)
-        fd = os.open(self.path, os.O_RDWR)
+        write_private_file(self.path, bytes(block))  # complete before it becomes visible under its name
+        fd = open_regular_file(self.path, os.O_RDWR)
         try:
             self._mm: mmap.mmap | None = mmap.mmap(fd, fmt.BLOCK_SIZE)
         finally:

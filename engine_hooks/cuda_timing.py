@@ -2,10 +2,17 @@
 
 On CUDA, perf_counter_ns around a collective measures the launch, not the work, and synchronizing to measure
 it would stall the stream. So the path's clock records a CUDA event on the current stream and returns a token
-(an int id, never 0: 0 means "no such mark"). The resolver receives those tokens in record(), keeps the call
-pending, and on later calls asks the call's last event whether it has completed (event.query(), which never
-blocks). Once it has, every earlier event on the stream has too: it converts the marks to ns with
-elapsed_time() and forwards them to the real recorder (RingRecorder), a few calls late.
+(an int id, never 0: 0 means "no such mark"). The resolver receives those tokens in record(), counts the call in
+the ring header at once (calls and bytes are known on the host: RingRecorder.count), keeps the call pending,
+and on later calls asks the call's last event whether it has completed (event.query(), which never blocks).
+Once it has, every earlier event on the stream has too: it converts the marks to ns with elapsed_time() and
+hands them to the ring (RingRecorder.record_timed: the record and the time counters), a few calls late.
+
+A device far behind the host (max_pending calls waiting) never makes the host wait: the oldest call's timings
+are given up and counted as dropped (reason timing_backlog in the ring header); calls still waiting when the
+recorder closes are counted as timing_at_close. Their calls and bytes were counted already, so the header's
+calls and bytes counters are exact whatever the device does; only records and time counters can miss calls,
+and the header says how many.
 
 Absolute times: a call's start is the host time (perf_counter_ns) when its first event was enqueued; the
 other marks are that plus GPU-measured offsets. Durations are exact GPU times; the start can be early by
@@ -19,6 +26,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from engine_hooks.shm_format.ring import DROP_TIMING_AT_CLOSE, DROP_TIMING_BACKLOG
+
 
 class Event(Protocol):
     """The part of torch.cuda.Event this module uses."""
@@ -30,10 +39,17 @@ class Event(Protocol):
     def elapsed_time(self, end: Any) -> float: ...  # milliseconds
 
 
-class Recorder(Protocol):
-    def record(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
-               coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int) -> None: ...
+class SplitRecorder(Protocol):
+    """The part of RingRecorder the resolver uses: count at call time, time later, count what never will be."""
+
+    def count(self, mode: int, rows: int, nbytes: int, broadcast: bool, resolve_nbytes: int = 0,
+              topp_rows: int = 0, fallback_rows: int = 0) -> None: ...
+
+    def record_timed(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
+                     coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
+                     sample_start: int, sample_end: int, t_end: int, fallback_rows: int = 0) -> None: ...
+
+    def drop(self, reason: int, calls: int = 1) -> None: ...
 
 
 def _timing_event() -> Event:
@@ -80,13 +96,14 @@ class EventClock:
 class EventResolver:
     """A CallRecorder for an EventClock: resolves calls when their events completed, forwards ns marks."""
 
-    def __init__(self, clock: EventClock, recorder: Recorder, *, max_pending: int = 64) -> None:
+    def __init__(self, clock: EventClock, recorder: SplitRecorder, *, max_pending: int = 64) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.clock, self.recorder, self.max_pending = clock, recorder, max_pending
-        self._pending: deque[tuple[tuple[int, ...], tuple[int, ...]]] = deque()
+        self._pending: deque[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = deque()
         self.resolved = 0
-        self.dropped = 0  # calls given up on because max_pending calls were still waiting for their events
+        self.dropped = 0  # calls whose timings were given up: max_pending calls were still waiting for events
+        self.dropped_at_close = 0  # calls whose events had not completed when the resolver closed
 
     @property
     def pending(self) -> int:
@@ -94,26 +111,31 @@ class EventResolver:
 
     def record(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int) -> None:
+               sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
+               fallback_rows: int = 0) -> None:
+        # counted now, whatever the device does; the sharded counts travel only when a call has them
+        counts = (resolve_nbytes, topp_rows, fallback_rows) if resolve_nbytes or topp_rows else ()
+        self.recorder.count(mode, rows, nbytes, bool(bcast_start), *counts)
         self._pending.append(((call_index, mode, rows, epoch, nbytes),
                               (t_start, coll_start, coll_end, bcast_start, bcast_end, sample_start, sample_end,
-                               t_end)))
+                               t_end), (fallback_rows,) if fallback_rows else ()))
         self.poll()
         while len(self._pending) > self.max_pending:  # the GPU is far behind: never wait, drop the oldest
-            _, marks = self._pending.popleft()
+            _, marks, _ = self._pending.popleft()
             self.clock.release_through(marks[-1])
             self.dropped += 1
+            self.recorder.drop(DROP_TIMING_BACKLOG)
 
     def poll(self) -> int:
         """Forward every leading pending call whose last event has completed; returns how many. Never blocks."""
         done = 0
         while self._pending:
-            info, marks = self._pending[0]
+            info, marks, fallback = self._pending[0]
             end_event, _ = self.clock.entry(marks[-1])
             if not end_event.query():
                 break
             self._pending.popleft()
-            self.recorder.record(*info, *self._to_ns(marks))
+            self.recorder.record_timed(*info, *self._to_ns(marks), *fallback)
             self.clock.release_through(marks[-1])
             done += 1
         self.resolved += done
@@ -131,14 +153,19 @@ class EventResolver:
         return self.poll()
 
     def close(self) -> None:
-        """Forward what has completed by now (never waits), then close the recorder."""
+        """Forward what has completed by now (never waits), count the rest as dropped, close the recorder."""
         self.poll()
+        if self._pending:
+            self.dropped_at_close += len(self._pending)
+            self.recorder.drop(DROP_TIMING_AT_CLOSE, len(self._pending))
+            self.clock.release_through(self._pending[-1][1][-1])
+            self._pending.clear()
         close = getattr(self.recorder, "close", None)
         if close is not None:
             close()
 
 
-def cuda_recording(recorder: Recorder, *, max_pending: int = 64) -> tuple[EventClock, EventResolver]:
+def cuda_recording(recorder: SplitRecorder, *, max_pending: int = 64) -> tuple[EventClock, EventResolver]:
     """The (clock, recorder) pair to pass to LogitsPath on a CUDA device: LogitsPath(clock=c, recorder=r)."""
     clock = EventClock()
     return clock, EventResolver(clock, recorder, max_pending=max_pending)

@@ -6,6 +6,7 @@ adapters (tp_engine, vLLM, SGLang) differ only in the communicator they pass.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -22,6 +23,7 @@ from engine_hooks.handshake import handshake
 from engine_hooks.logits_path import LogitsPath
 from engine_hooks.modes import Mode, ModeTable
 
+log = logging.getLogger("gatherwise.install")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -32,6 +34,7 @@ class InstalledHooks:
     engine_dir: Path | None
     config: GatherwiseConfig
     _closables: list[Any] = field(default_factory=list)
+    liveness: Any = None  # engine_hooks.shm_format.liveness.LivenessLock of this rank, released last
 
     def close(self) -> None:
         """Close the ring and control block; rank 0 removes the engine's shared-memory directory."""
@@ -40,6 +43,9 @@ class InstalledHooks:
         self._closables.clear()
         if self.path.rank == 0 and self.engine_dir is not None:
             shutil.rmtree(self.engine_dir, ignore_errors=True)
+        if self.liveness is not None:
+            self.liveness.close()
+            self.liveness = None
 
 
 def logits_dtype(config: GatherwiseConfig) -> torch.dtype:
@@ -70,12 +76,9 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
     handshake(comm, config_hash=config_hash(cfg), table=table, vocab=vocab, dtype=dtype, device=device)
     engine_id = share_engine_id(comm, device)
     closables: list[Any] = []
-    recorder = source = engine_dir = None
+    recorder = source = engine_dir = liveness = None
     if cfg.telemetry.enabled or cfg.control.enabled:
-        from engine_hooks.shm_format.ring import engine_dir as dir_of
-
-        engine_dir = Path(dir_of(cfg.engine.shm_dir, engine_id))
-        engine_dir.mkdir(parents=True, exist_ok=True)
+        engine_dir, liveness = _create_engine_dir(cfg.engine.shm_dir, engine_id, comm.rank)
     if cfg.telemetry.enabled:
         from engine_hooks.recorder import RingRecorder
         from engine_hooks.shm_format.ring import ring_path
@@ -103,4 +106,21 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
         comm = DelayedCommunicator(comm, cfg.control.inject_delay)
     path = LogitsPath(comm, vocab, dtype=dtype, device=device, initial_table=table, table_source=source,
                       recorder=recorder, clock=clock, keep_log=keep_log)
-    return InstalledHooks(path, engine_id, engine_dir, cfg, closables)
+    return InstalledHooks(path, engine_id, engine_dir, cfg, closables, liveness)
+
+
+def _create_engine_dir(shm_dir: str, engine_id: int, rank: int) -> tuple[Path, Any]:
+    """`<shm_dir>/<engine id>`, private to this user (see shm_format/private_files.py), with this rank's liveness
+    lock in it. Rank 0 first removes the directories of engines that died without removing theirs."""
+    from engine_hooks.shm_format.liveness import LivenessLock, remove_dead_engine_dirs
+    from engine_hooks.shm_format.private_files import ensure_private_dir
+    from engine_hooks.shm_format.ring import engine_dir
+
+    ensure_private_dir(shm_dir)  # UnsafePathError names the directory and what is wrong with it
+    if rank == 0:
+        removed = remove_dead_engine_dirs(shm_dir)
+        if removed:
+            log.info("gatherwise: removed %d directories of engines that are gone from %s: %s", len(removed), shm_dir,
+                     ", ".join(removed))
+    directory = Path(ensure_private_dir(engine_dir(shm_dir, engine_id)))
+    return directory, LivenessLock(directory, rank)

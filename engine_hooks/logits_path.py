@@ -1,9 +1,11 @@
-"""The logits -> tokens path: one collective in the mode of this call, sampling, token distribution.
+"""The logits -> tokens path: the collectives in the mode of this call, sampling, token distribution.
 
-Protocol (DESIGN §4): the mode of a call comes from the table every rank holds. Rank 0 appends the
-64-bit control word (table, epoch) to what it sends in the call's own collective — after its shard in
-all_gather mode, after the token ids in gather mode — and every rank, rank 0 included, adopts it from the
-next call on. No extra collective, and no two ranks ever disagree on a mode.
+Protocol (docs/architecture.md): the mode of a call comes from the table every rank holds. Rank 0 appends
+the 64-bit control word (table, epoch) to what it sends in the call's own first collective — after its shard
+in all_gather mode, after the token ids in gather mode, ahead of its summaries in sharded mode
+(engine_hooks.sharded_exchange) — and every rank, rank 0 included, adopts it ADOPT_LAG
+calls later (engine_hooks.deferred_word): no rank reads a device value on the host during the call, no extra
+collective, and no two ranks ever disagree on a mode.
 
 Buffers are preallocated and reused: the engine's LM head writes straight into `logits_buffer(rows)`, a view
 of the send buffer that already has room for the control word, so nothing is copied to append 8 bytes.
@@ -12,14 +14,17 @@ of the send buffer that already has room for the control word, so nothing is cop
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 import torch
 
 from engine_hooks.comm import Communicator
-from engine_hooks.modes import ControlWord, Mode, ModeTable
+from engine_hooks.deferred_word import ADOPT_LAG, DeferredWords
+from engine_hooks.modes import EPOCH_BITS, ControlWord, Mode, ModeTable
 from engine_hooks.sampling import SamplingRow, sample
+from engine_hooks.sharded_exchange import ShardedCall, ShardedSampler
 from engine_hooks.table_source import AppliedStatus, TableSource
 
 _ALIGN = 4  # shard widths are padded to a multiple of 4 so the control word slot is 8-byte aligned
@@ -30,7 +35,12 @@ class CallRecorder(Protocol):
 
     def record(self, call_index: int, mode: Mode, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int) -> None: ...
+               sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
+               fallback_rows: int = 0) -> None: ...
+
+
+def _no_clock() -> int:
+    return 0
 
 
 def shard_width(vocab: int, world_size: int) -> int:
@@ -61,22 +71,41 @@ class LogitsPath:
         self._valid = max(0, min(self.width, vocab - self.rank * self.width))  # real columns of this rank
         self._applied_seq = 0
         self._word = ControlWord(initial_table).pack_signed()  # the word of the current (table, epoch)
+        # Rank 0: the word it puts on the wire; ahead of `_word` for ADOPT_LAG calls after a request.
+        self._sent = ControlWord(initial_table)
+        self._sent_word = self._word
+        # The word to send lives on the device and reaches the send buffers by a device copy: no host value is
+        # baked into a captured CUDA graph, and a new word costs one fill, only when it changes.
+        self._word_dev = torch.full((1,), self._word, dtype=torch.int64, device=self.device)
+        self._deferred = DeferredWords(self.device)
+        self._capture: Mode | None = None  # set while a CUDA graph variant is captured (engine_hooks.graphs)
+        self._captured_word_in: dict[tuple[Mode, int], torch.Tensor | None] = {}
+        self._captured_open: set[tuple[Mode, int]] = set()  # variants that captured exchange() only
         self._capacity = 0
         self._rows = 0
-        self._call: tuple | None = None  # (mode, rows, word, t_start, coll_start, coll_end) in flight
+        self._call: tuple | None = None  # (mode, rows, t_start, coll_start, coll_end, word_in) in flight
         self.mode_log: list[Mode] | None = [] if keep_log else None
         self.collective_log: list[int] | None = [] if keep_log else None
+        self._sharded = ShardedSampler(comm, self.width, dtype=dtype, device=self.device, clock=clock)
+        self._begun = -1  # the call index begin_call() last ran for
 
     # -- buffers ---------------------------------------------------------------------------------------
     def _ensure_capacity(self, rows: int) -> None:
         if rows <= self._capacity:
             return
+        if self._captured_word_in:  # captured graphs hold the current buffers' addresses
+            raise RuntimeError(f"{rows} rows exceed the {self._capacity} reserved before CUDA graphs were captured: "
+                               "call reserve(max_rows) before capturing")
         cap = max(rows, 2 * self._capacity, 8)
         chunk = cap * self.width + self._word_elems
         self._send = torch.empty(chunk, dtype=self.dtype, device=self.device)
         self._recv = torch.empty(self.world_size * chunk, dtype=self.dtype, device=self.device)
         self._tokens = torch.empty(cap + 1, dtype=torch.int64, device=self.device)
         self._capacity = cap
+
+    def reserve(self, rows: int) -> None:
+        """Allocate the buffers for up to `rows` rows now (before capturing CUDA graphs, which pin them)."""
+        self._ensure_capacity(rows)
 
     def logits_buffer(self, rows: int) -> torch.Tensor:
         """A [rows, width] view the engine's LM head writes this rank's shard into (valid until run())."""
@@ -92,9 +121,11 @@ class LogitsPath:
         t_start = self.clock()
         if self._rows != len(rows) or self._rows == 0:
             raise ValueError(f"logits_buffer({self._rows}) was filled but run() got {len(rows)} rows")
+        if self._capture is None and self.begin_call(self._rows) == Mode.SHARDED:
+            return self._run_sharded(rows, t_start)
         mode, shards = self.exchange(t_start=t_start)
         if mode == Mode.ALL_GATHER or self.rank == 0:
-            sample_start = self._call[5]  # sampling starts as the collective ends: one clock read for both
+            sample_start = self._call[4]  # sampling starts as the collective ends: one clock read for both
             tokens = sample(shards, self.vocab, rows)
             return self.complete(tokens, sample_start=sample_start, sample_end=self.clock())
         return self.complete(None)
@@ -105,6 +136,8 @@ class LogitsPath:
         Returns (mode, shards [P, B, width]); in gather mode the shards are valid on rank 0 only. `mode`
         overrides the table for this call and must then be the same on every rank. Finish the call with
         complete(): it carries the control word to the other ranks in gather mode and records the call.
+        Sharded mode samples inside the path (run()): where the table says sharded, exchange() runs all_gather
+        (recorded as such), so an engine with its own sampler gets the full logits as it always did.
         """
         clock = self.clock
         t_start = clock() if t_start is None else t_start
@@ -113,24 +146,53 @@ class LogitsPath:
             raise ValueError("exchange() needs logits_buffer(rows) filled first")
         if self._call is not None:
             raise RuntimeError("exchange() called again before complete() finished the previous call")
-        mode = self.table.mode_for_rows(batch) if mode is None else mode
-        word = self._word_to_send() if self.rank == 0 else None
+        if mode == Mode.SHARDED:
+            raise ValueError("a sharded call samples inside the path: use run(), not exchange()")
+        if self._capture is None:
+            table_mode = self.begin_call(batch)
+            mode = (Mode.ALL_GATHER if table_mode == Mode.SHARDED else table_mode) if mode is None else mode
+        elif mode is None or mode == self._capture:
+            mode = self._capture
+        else:
+            raise ValueError(f"capturing the {self._capture.label} variant, but exchange() was asked for {mode.label}")
         n = batch * self.width
         chunk = n + self._word_elems
         send = self._send[:chunk]
         if self._valid < self.width:
             send[:n].view(batch, self.width)[:, self._valid:] = float("-inf")
-        if word is not None:
-            send[n:].view(torch.int64).fill_(word)
+        if self.rank == 0:
+            send[n:].view(torch.int64).copy_(self._word_dev)
         recv = self._recv[: self.world_size * chunk].view(self.world_size, chunk)
         coll_start = clock()
+        word_in = None
         if mode == Mode.ALL_GATHER:
             self.comm.all_gather(recv, send)
-            self._adopt(int(recv[0, n:].view(torch.int64).item()))
+            word_in = recv[0, n:].view(torch.int64)
         else:
             self.comm.gather(recv if self.rank == 0 else None, send)
-        self._call = (mode, batch, word, t_start, coll_start, clock())
+        self._call = (mode, batch, t_start, coll_start, clock(), word_in)
+        if self._capture is not None:
+            self._captured_word_in[(mode, batch)] = word_in  # None in gather mode: complete() brings it
         return mode, recv[:, :n].view(self.world_size, batch, self.width)
+
+    def begin_call(self, rows: int) -> Mode:
+        """Host part of the start of a call: adopt the word that is due, let rank 0 read its table source,
+        and return this call's mode from the table. exchange() calls it; an engine that replays a captured
+        CUDA graph calls it (through engine_hooks.graphs) to choose the variant before replay. Runs once per
+        call: a second call for the same call index only returns the mode."""
+        if self._begun == self.call_index:
+            return self.table.mode_for_rows(rows)
+        self._begun = self.call_index
+        word = self._deferred.take(self.call_index)
+        if word is not None and word != self._word:  # decode only when the word changed
+            cw = ControlWord.unpack(word)
+            self.table, self.epoch, self._word = cw.table, cw.epoch, word
+        if self.table_source is not None:
+            word = self._word_to_send()
+            if word != self._sent_word:
+                self._word_dev.fill_(word)  # a kernel with the value as argument: no synchronization
+                self._sent_word = word
+        return self.table.mode_for_rows(rows)
 
     def complete(self, tokens: torch.Tensor | None, *, sample_start: int | None = None,
                  sample_end: int | None = None) -> torch.Tensor | None:
@@ -142,7 +204,7 @@ class LogitsPath:
         if self._call is None:
             raise RuntimeError("complete() without exchange()")
         clock = self.clock
-        mode, batch, word, t_start, coll_start, coll_end = self._call
+        mode, batch, t_start, coll_start, coll_end, word_in = self._call
         self._call = None
         if sample_start is None or sample_end is None:
             sample_start = sample_end = coll_end  # this rank did not sample
@@ -151,36 +213,99 @@ class LogitsPath:
             tokens_buf = self._tokens[: batch + 1]
             if self.rank == 0:
                 tokens_buf[:batch] = tokens
-                tokens_buf[batch] = word
+                tokens_buf[batch:].copy_(self._word_dev)
             bcast_start = clock()
             self.comm.broadcast(tokens_buf)
             bcast_end = clock()
             tokens = tokens_buf[:batch].clone()
-            self._adopt(int(tokens_buf[batch].item()))
-        t_end = clock()
-        if self.recorder is not None:
+            word_in = tokens_buf[batch:]
+        if self._capture is not None:  # graph capture: device work only; the replay does the host part
+            self._captured_word_in[(mode, batch)] = word_in
+            self._rows = 0
+            return tokens
+        self._end_call(mode, batch, word_in, t_start, coll_start, coll_end, bcast_start, bcast_end, sample_start,
+                       sample_end)
+        return tokens
+
+    def _end_call(self, mode: Mode, batch: int, word_in: torch.Tensor, t_start: int, coll_start: int,
+                  coll_end: int, bcast_start: int, bcast_end: int, sample_start: int, sample_end: int,
+                  sharded: ShardedCall | None = None) -> None:
+        """Host part of the end of a call: stash the received word for later adoption, record, count."""
+        self._deferred.stash(self.call_index, word_in)
+        t_end = self.clock()
+        if self.recorder is not None and sharded is not None:
+            self.recorder.record(self.call_index, mode, batch, self.epoch, sharded.exchange_bytes, t_start,
+                                 coll_start, coll_end, bcast_start, bcast_end, sample_start, sample_end, t_end,
+                                 sharded.resolve_bytes, sharded.topp_rows, sharded.fallback_rows)
+        elif self.recorder is not None:
             chunk = batch * self.width + self._word_elems
             nbytes = (self.world_size if mode == Mode.ALL_GATHER or self.rank == 0 else 1) * chunk * self._elem_size
             self.recorder.record(self.call_index, mode, batch, self.epoch, nbytes, t_start, coll_start, coll_end,
                                  bcast_start, bcast_end, sample_start, sample_end, t_end)
         if self.mode_log is not None:
             self.mode_log.append(mode)
-            self.collective_log.append(1 if mode == Mode.ALL_GATHER else 2)
+            self.collective_log.append(sharded.collectives if sharded is not None else
+                                       1 if mode == Mode.ALL_GATHER else 2)
         self.call_index += 1
         self._rows = 0
-        return tokens
+
+    def _run_sharded(self, rows: list[SamplingRow], t_start: int) -> torch.Tensor:
+        """A whole sharded call (after begin_call): exchange, sample and resolve in engine_hooks.sharded_exchange,
+        then the host part of the end of the call."""
+        batch = self._rows
+        logits = self._send[: batch * self.width].view(batch, self.width)
+        if self._valid < self.width:
+            logits[:, self._valid:] = float("-inf")
+        call = self._sharded.run(logits, rows, self._word_dev)
+        self._end_call(Mode.SHARDED, batch, call.word_in, t_start, call.coll_start, call.coll_end,
+                       call.resolve_start, call.resolve_end, call.sample_start, call.sample_end, call)
+        return call.tokens
+
+    # -- CUDA graphs (driven by engine_hooks.graphs) ---------------------------------------------------
+    @contextmanager
+    def capturing(self, mode: Mode) -> Iterator[None]:
+        """While open, exchange()/complete() enqueue only the device work of a `mode` call (what a CUDA graph
+        can hold) and remember where its control word lands; finish_replay() does the host part per replay."""
+        if self._call is not None or self._capture is not None:
+            raise RuntimeError("capturing() inside a call or another capture")
+        self._capture, clock = mode, self.clock
+        self.clock = _no_clock  # nothing may be timed inside a graph (a CUDA event clock would record into it)
+        try:
+            yield
+        finally:
+            self._capture, self.clock = None, clock
+            if self._call is not None:  # only exchange() was captured: complete() runs after each replay
+                self._captured_open.add((mode, self._call[1]))
+                self._call = None
+
+    def finish_replay(self, mode: Mode, rows: int, t_start: int, t_end: int) -> None:
+        """After replaying the captured (mode, rows) variant: the host part of the call. Inside a graph the
+        path cannot read clocks, so the collective mark spans the replay and sampling and the broadcast
+        are recorded with zero duration (docs/architecture.md). A variant that captured exchange() only
+        leaves the call open: the engine finishes it with complete(), as after an eager exchange()."""
+        if (mode, rows) not in self._captured_word_in:
+            raise KeyError(f"no captured variant for mode {mode.label} with {rows} rows")
+        word_in = self._captured_word_in[(mode, rows)]
+        if (mode, rows) in self._captured_open:
+            self._rows = rows
+            self._call = (mode, rows, t_start, t_start, t_end, word_in)
+            return
+        bcast = t_end if mode != Mode.ALL_GATHER else 0
+        self._end_call(mode, rows, word_in, t_start, t_start, t_end, bcast, bcast, t_end, t_end)
 
     def _word_to_send(self) -> int:
-        """Rank 0: the control word for this call — the current table, or a newly requested one."""
-        request = self.table_source.poll(self.call_index) if self.table_source is not None else None
+        """Rank 0: the control word for this call — the last one sent, or a newly requested one."""
+        request = self.table_source.poll(self.call_index)
         if request is None or request.seq == self._applied_seq:
-            return self._word
+            return self._sent_word
         self._applied_seq = request.seq
-        epoch = self.epoch if request.table == self.table else (self.epoch + 1) % (1 << 24)
-        self.table_source.report(AppliedStatus(request.seq, self.call_index + 1, request.table, epoch))
-        return ControlWord(request.table, epoch, request.flags).pack_signed()
+        sent = self._sent
+        epoch = sent.epoch if request.table == sent.table else (sent.epoch + 1) % (1 << EPOCH_BITS)
+        self._sent = ControlWord(request.table, epoch, request.flags)
+        self.table_source.report(AppliedStatus(request.seq, self.call_index + ADOPT_LAG, request.table, epoch))
+        return self._sent.pack_signed()
 
-    def _adopt(self, word: int) -> None:
-        if word != self._word:  # decode only when the word changed
-            cw = ControlWord.unpack(word)
-            self.table, self.epoch, self._word = cw.table, cw.epoch, word
+    @property
+    def adopt_waits(self) -> int:
+        """Calls that had to wait for the device to deliver a control word (the host ran too far ahead)."""
+        return self._deferred.waits

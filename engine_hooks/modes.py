@@ -1,4 +1,4 @@
-"""Modes, batch-size buckets, mode tables and the 64-bit control word (DESIGN §4).
+"""Modes, batch-size buckets, mode tables and the 64-bit control word (docs/architecture.md).
 
 Stdlib only: the sidecar imports this module too, and it must never pull in torch.
 """
@@ -19,7 +19,7 @@ class Mode(IntEnum):
 
     ALL_GATHER = 0
     GATHER = 1
-    SHARDED = 2  # reserved for sharded sampling; not implemented, rejected by validation
+    SHARDED = 2  # every rank samples from its own shard; only what sampling needs is exchanged
 
     @property
     def label(self) -> str:
@@ -31,12 +31,10 @@ class Mode(IntEnum):
             mode = cls[text.strip().upper()]
         except KeyError:
             raise ValueError(f"unknown mode {text!r}: expected one of {', '.join(IMPLEMENTED_LABELS)}") from None
-        if mode not in IMPLEMENTED:
-            raise ValueError(f"mode {text!r} is reserved and not implemented")
         return mode
 
 
-IMPLEMENTED = (Mode.ALL_GATHER, Mode.GATHER)
+IMPLEMENTED = (Mode.ALL_GATHER, Mode.GATHER, Mode.SHARDED)
 IMPLEMENTED_LABELS = tuple(m.label for m in IMPLEMENTED)
 
 
@@ -78,8 +76,9 @@ class ModeTable:
         if len(self.modes) != NUM_BUCKETS:
             raise ValueError(f"a mode table has {NUM_BUCKETS} buckets, got {len(self.modes)}")
         for m in self.modes:
-            if Mode(m) not in IMPLEMENTED:
-                raise ValueError(f"mode {Mode(m).label!r} is reserved and not implemented")
+            if m not in tuple(IMPLEMENTED):
+                raise ValueError(f"mode code {int(m)} is not a mode: expected one of "
+                                 f"{', '.join(f'{int(x)} ({x.label})' for x in IMPLEMENTED)}")
         object.__setattr__(self, "modes", tuple(Mode(m) for m in self.modes))
 
     @classmethod
@@ -109,7 +108,7 @@ class ModeTable:
         if not 0 <= word < 1 << (BITS_PER_BUCKET * NUM_BUCKETS):
             raise ValueError(f"table word out of range: {word:#x}")
         mask = (1 << BITS_PER_BUCKET) - 1
-        return cls(tuple(Mode((word >> (BITS_PER_BUCKET * b)) & mask) for b in range(NUM_BUCKETS)))
+        return cls(tuple((word >> (BITS_PER_BUCKET * b)) & mask for b in range(NUM_BUCKETS)))
 
     def as_labels(self) -> dict[str, str]:
         """{"1": "all_gather", "2": "gather", ...}: the form the HTTP API and YAML use."""
@@ -123,7 +122,10 @@ class ModeTable:
         return cls(tuple(modes))
 
     def __str__(self) -> str:
-        return " ".join(f"{bucket_label(b)}:{'A' if m == Mode.ALL_GATHER else 'G'}" for b, m in enumerate(self.modes))
+        return " ".join(f"{bucket_label(b)}:{_LETTER[m]}" for b, m in enumerate(self.modes))
+
+
+_LETTER = {Mode.ALL_GATHER: "A", Mode.GATHER: "G", Mode.SHARDED: "S"}
 
 
 # Control word layout, least significant bit first:

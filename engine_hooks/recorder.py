@@ -1,9 +1,11 @@
 """RingRecorder: the engine side of the telemetry ring (one writer per rank; format in shm_format/ring.py).
 
-record() runs once per logits call on every rank and costs about a microsecond: one pack_into of the record, a
-few u64 counter updates in the header, one store of the write index. It never blocks and never waits for readers.
-Stdlib only, so it is cheap to import and usable without torch.
-"""
+record() runs once per logits call on every rank and costs well under a microsecond: one pack_into of the
+record, a few u64 counter updates in the header, one store of the write index. It never blocks and never waits
+for readers. On CUDA the timings arrive calls later (engine_hooks.cuda_timing): count() puts the call's calls
+and bytes into the header at the time of the call, record_timed() adds the record and the time counters once its
+events completed, and drop() counts calls whose timings never will be — so the calls and bytes counters stay
+exact whatever the device does. Stdlib only, so it is cheap to import and usable without torch."""
 
 from __future__ import annotations
 
@@ -14,14 +16,37 @@ import sys
 import time
 
 from engine_hooks.shm_format import ring as fmt
+from engine_hooks.shm_format.private_files import create_private_file, temporary_name
 
-_ALL_GATHER = 0  # Mode.ALL_GATHER; the collective op of every other mode is gather
+try:  # the compiled record() (engine_hooks/_ring_writer.c), built by pip install when a C compiler is there
+    from engine_hooks import _ring_writer
+except ImportError:
+    _ring_writer = None
+
+PURE_PYTHON_ENV = "GATHERWISE_PURE_PYTHON_RECORDER"  # "1": never use the compiled record()
+
+_GATHER = 1  # Mode.GATHER; modes above it (sharded) have their own pair of ops
 _ROW_WORDS = 1 + 2 * len(fmt.OPS)  # a counter row: calls, then (ns, bytes) per op
 _ROW0 = fmt.COUNTERS_OFFSET // 8  # header word index of the first counter row
 _WRITE_INDEX_WORD = fmt.WRITE_INDEX_OFFSET // 8
+_DROP0 = fmt.DROPS_OFFSET // 8
+_RECORD_SIZE = fmt.RECORD_SIZE
+_BCAST_BYTES_PER_ROW = fmt.BROADCAST_BYTES_PER_ROW
 # word offsets inside a row: ns of an op at 1 + 2 * op, its bytes right after
-_AG, _GA, _BC, _SA, _PA = (1 + 2 * op for op in (fmt.OP_ALL_GATHER, fmt.OP_GATHER, fmt.OP_BROADCAST, fmt.OP_SAMPLE,
-                                                 fmt.OP_PATH))
+_AG, _GA, _BC, _SA, _PA, _SX, _SR = (1 + 2 * op for op in (fmt.OP_ALL_GATHER, fmt.OP_GATHER, fmt.OP_BROADCAST,
+                                                           fmt.OP_SAMPLE, fmt.OP_PATH, fmt.OP_SHARD_EXCHANGE,
+                                                           fmt.OP_SHARD_RESOLVE))
+_FIRST_OP = (_AG, _GA, _SX)  # by mode code
+_TOPP_ROWS_WORD = fmt.TOPP_ROWS_OFFSET // 8
+_TOPP_FALLBACK_WORD = fmt.TOPP_FALLBACK_ROWS_OFFSET // 8
+
+
+def _flags(mode: int, second_op: int, fallback_rows: int) -> int:
+    """Record flags: which second operation the broadcast fields time, and the top-p fallback rows."""
+    flags = (fmt.FLAG_RESOLVE if mode > _GATHER else fmt.FLAG_BROADCAST) if second_op else 0
+    if fallback_rows:
+        flags |= min(fallback_rows, fmt.FALLBACK_MAX) << fmt.FALLBACK_SHIFT
+    return flags
 
 
 def _u32(value: int) -> int:
@@ -45,69 +70,156 @@ class RingRecorder:
         self.dtype_code = fmt.dtype_code(dtype)
         size = fmt.ring_file_size(capacity)
         # Build the file under a temporary name and rename it into place: readers never see a blank header.
-        tmp = f"{self.path}.tmp-{os.getpid()}"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        tmp = temporary_name(self.path)
+        fd = create_private_file(tmp)  # 0600, never through a planted file or link
         try:
             os.ftruncate(fd, size)
             self._mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        self._seq = 0
         fmt.HEADER_FIXED.pack_into(self._mm, 0, fmt.MAGIC, fmt.FORMAT_VERSION, fmt.HEADER_SIZE, fmt.RECORD_SIZE,
                                    capacity, engine_id, rank, tp_size, vocab, self.dtype_code, time.time_ns(),
                                    0, os.getpid(), fmt.STATE_OPEN, time.perf_counter_ns())
         os.replace(tmp, self.path)
         self._pack_record = fmt.RECORD.pack_into
+        self._slot0 = fmt.HEADER_SIZE
         self._words = memoryview(self._mm)[: fmt.HEADER_SIZE].cast("Q")  # header as native u64 words
+        self._native = None
+        if _ring_writer is not None and os.environ.get(PURE_PYTHON_ENV, "") in ("", "0"):
+            self._native = _ring_writer.Writer(self._mm, capacity, vocab, rank, self.dtype_code)
+            self.record = self._native.record  # the same bytes as the Python record() below, in one C call
+
+    @property
+    def native(self) -> bool:
+        """True when record() is the compiled writer."""
+        return self._native is not None
 
     @property
     def write_index(self) -> int:
-        return self._seq
+        return self._words[_WRITE_INDEX_WORD]
 
     def record(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int) -> None:
-        seq = self._seq + 1
+               sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
+               fallback_rows: int = 0) -> None:
+        """One call with its timings: the record, then all of its counters (the CPU path; one pass).
+
+        In gather mode the bcast marks time the token broadcast; in sharded mode they time the second
+        collective (shard_resolve, `resolve_nbytes` bytes), 0 when the call ran only one. `topp_rows` and
+        `fallback_rows` count a sharded call's top-p rows and those that took the full-row fallback."""
+        seq = self._words[_WRITE_INDEX_WORD] + 1  # the header is the one source (shared with the C writer)
         coll_ns = coll_end - coll_start
         sample_ns = sample_end - sample_start
         path_ns = t_end - t_start
+        flags = _flags(mode, bcast_start, fallback_rows)
         if bcast_start:
-            flags, bcast_off, bcast_ns = fmt.FLAG_BROADCAST, bcast_start - t_start, bcast_end - bcast_start
+            bcast_off, bcast_ns = bcast_start - t_start, bcast_end - bcast_start
         else:
-            flags = bcast_off = bcast_ns = 0
-        offset = fmt.HEADER_SIZE + ((seq - 1) % self.capacity) * fmt.RECORD_SIZE
+            bcast_off = bcast_ns = 0
+        mm = self._mm
         try:
-            self._pack_record(self._mm, offset, seq, t_start, call_index, nbytes, epoch, rows, self.vocab, self.rank,
-                              mode, self.dtype_code, coll_start - t_start, coll_ns, bcast_off, bcast_ns,
-                              sample_start - t_start, sample_ns, path_ns, flags, seq)
+            self._pack_record(mm, self._slot0 + ((seq - 1) % self.capacity) * _RECORD_SIZE, seq, t_start, call_index,
+                              nbytes, epoch, rows, self.vocab, self.rank, mode, self.dtype_code, coll_start - t_start,
+                              coll_ns, bcast_off, bcast_ns, sample_start - t_start, sample_ns, path_ns, flags, seq)
         except struct.error:  # a duration beyond ~4.29 s or a clock running backwards: saturate, never raise
+            self._pack_saturated(seq, call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_ns, flags,
+                                 bcast_off, bcast_ns, sample_start, sample_ns, path_ns)
             coll_ns, bcast_ns, sample_ns, path_ns = (max(0, v) for v in (coll_ns, bcast_ns, sample_ns, path_ns))
-            self._pack_record(self._mm, offset, seq, t_start, call_index, nbytes, epoch, rows, self.vocab, self.rank,
-                              mode, self.dtype_code, *map(_u32, (coll_start - t_start, coll_ns, bcast_off, bcast_ns,
-                                                                 sample_start - t_start, sample_ns, path_ns)),
-                              flags, seq)
-        # Counters: aligned u64 stores straight into the header (one store each, never torn).
+        # Counters: aligned u64 stores straight into the header (one store each, never torn; never pack_into,
+        # which zero-fills its span before writing it).
         c = self._words
         base = _ROW0 + _ROW_WORDS * mode
         c[base] += 1
-        k = base + (_AG if mode == _ALL_GATHER else _GA)
+        k = base + _FIRST_OP[mode]
         c[k] += coll_ns
         c[k + 1] += nbytes
-        if flags:
-            bcast_bytes = (rows + 1) * fmt.BROADCAST_BYTES_PER_ROW
+        if flags & fmt.FLAG_BROADCAST:
+            bcast_bytes = (rows + 1) * _BCAST_BYTES_PER_ROW
             c[base + _BC] += bcast_ns
             c[base + _BC + 1] += bcast_bytes
             nbytes += bcast_bytes
+        elif flags & fmt.FLAG_RESOLVE:
+            c[base + _SR] += bcast_ns
+            c[base + _SR + 1] += resolve_nbytes
+            nbytes += resolve_nbytes
+        if topp_rows:
+            c[_TOPP_ROWS_WORD] += topp_rows
+            c[_TOPP_FALLBACK_WORD] += fallback_rows
         c[base + _SA] += sample_ns
         c[base + _PA] += path_ns
         c[base + _PA + 1] += nbytes
         c[_WRITE_INDEX_WORD] = seq  # publish last: readers trust every seq <= write_index
-        self._seq = seq
+
+    # -- split recording: count at call time, time later (engine_hooks.cuda_timing) -------------------------
+    def count(self, mode: int, rows: int, nbytes: int, broadcast: bool, resolve_nbytes: int = 0,
+              topp_rows: int = 0, fallback_rows: int = 0) -> None:
+        """A call's calls and bytes counters, at the time of the call (before its timings are known).
+        `broadcast`: the call ran its second operation (token broadcast, or shard_resolve in sharded mode)."""
+        c = self._words
+        base = _ROW0 + _ROW_WORDS * mode
+        c[base] += 1
+        c[base + _FIRST_OP[mode] + 1] += nbytes
+        if broadcast and mode > _GATHER:
+            c[base + _SR + 1] += resolve_nbytes
+            nbytes += resolve_nbytes
+        elif broadcast:
+            bcast_bytes = (rows + 1) * _BCAST_BYTES_PER_ROW
+            c[base + _BC + 1] += bcast_bytes
+            nbytes += bcast_bytes
+        if topp_rows:
+            c[_TOPP_ROWS_WORD] += topp_rows
+            c[_TOPP_FALLBACK_WORD] += fallback_rows
+        c[base + _PA + 1] += nbytes
+
+    def record_timed(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
+                     coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
+                     sample_start: int, sample_end: int, t_end: int, fallback_rows: int = 0) -> None:
+        """The record and the time counters of a call already count()ed."""
+        seq = self._words[_WRITE_INDEX_WORD] + 1  # the header is the one source (shared with the C writer)
+        coll_ns = max(0, coll_end - coll_start)
+        sample_ns = max(0, sample_end - sample_start)
+        path_ns = max(0, t_end - t_start)
+        flags = _flags(mode, bcast_start, fallback_rows)
+        if bcast_start:
+            bcast_off, bcast_ns = bcast_start - t_start, max(0, bcast_end - bcast_start)
+        else:
+            bcast_off = bcast_ns = 0
+        self._pack_saturated(seq, call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_ns, flags,
+                             bcast_off, bcast_ns, sample_start, sample_ns, path_ns)
+        c = self._words
+        base = _ROW0 + _ROW_WORDS * mode
+        c[base + _FIRST_OP[mode]] += coll_ns
+        if flags & fmt.FLAG_BROADCAST:
+            c[base + _BC] += bcast_ns
+        elif flags & fmt.FLAG_RESOLVE:
+            c[base + _SR] += bcast_ns
+        c[base + _SA] += sample_ns
+        c[base + _PA] += path_ns
+        c[_WRITE_INDEX_WORD] = seq
+
+    def drop(self, reason: int, calls: int = 1) -> None:
+        """Count calls whose timings will never be recorded (fmt.DROP_REASONS); they were count()ed."""
+        self._words[_DROP0 + reason] += calls
+
+    @staticmethod
+    def _closed_record(*marks: int) -> None:
+        raise ValueError("record() on a closed ring")
+
+    def _pack_saturated(self, seq: int, call_index: int, mode: int, rows: int, epoch: int, nbytes: int,
+                        t_start: int, coll_start: int, coll_ns: int, flags: int, bcast_off: int, bcast_ns: int,
+                        sample_start: int, sample_ns: int, path_ns: int) -> None:
+        self._pack_record(self._mm, self._slot0 + ((seq - 1) % self.capacity) * _RECORD_SIZE, seq, t_start,
+                          call_index, nbytes, epoch, rows, self.vocab, self.rank, mode, self.dtype_code,
+                          *map(_u32, (coll_start - t_start, coll_ns, bcast_off, bcast_ns, sample_start - t_start,
+                                      sample_ns, path_ns)), flags, seq)
 
     def close(self, unlink: bool = False) -> None:
         """Mark the ring closed and unmap it; unlink=True also removes the file. Idempotent."""
         if self._mm is not None:
             fmt.STATE.pack_into(self._mm, fmt.STATE_OFFSET, fmt.STATE_CLOSED)
+            if self._native is not None:
+                self._native.release()
+                self.record = self._closed_record
             self._words.release()
             self._mm.close()
             self._mm = None

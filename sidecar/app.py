@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from engine_hooks import HOOKS_VERSION
 from sidecar import routes_control, routes_engine, routes_health, routes_metrics, validation_errors
+from sidecar.body_limit import BodySizeLimit
 from sidecar.state import SidecarState
 
 # Routers and their prefixes; the control issue appends (routes_control.router, "/v1").
@@ -45,4 +46,5 @@ def create_app(state: SidecarState) -> FastAPI:
     for router, prefix in ROUTERS:
         app.include_router(router, prefix=prefix)
     validation_errors.install(app)
+    app.add_middleware(BodySizeLimit)  # outermost: a too-large body is refused before anything reads it
     return app

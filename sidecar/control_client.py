@@ -2,12 +2,12 @@
 
 The sidecar is the only writer of the command area; rank 0 the only writer of heartbeat and status. Reads are
 seqlock copies that retry briefly; a block that stays inconsistent (its writer died mid-write) reads as an error,
-never as made-up values.
+never as made-up values. Every access is a pread/pwrite on a descriptor, not a mapping: a block someone
+truncates gives a ControlFormatError here, never a SIGBUS in the sidecar.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import time
 from dataclasses import dataclass
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from engine_hooks.modes import ModeTable
 from engine_hooks.shm_format import control as fmt
 from engine_hooks.shm_format.control import Command, ControlFormatError, ControlHeader, Heartbeat, Status
+from engine_hooks.shm_format.private_files import open_regular_file
 
 _READ_DEADLINE_S = 0.05
 
@@ -40,27 +41,27 @@ class ControlClient:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
-        fd = os.open(self.path, os.O_RDWR)
+        self._fd: int | None = open_regular_file(self.path, os.O_RDWR)  # no symlink, no FIFO
         try:
-            size = os.fstat(fd).st_size
+            size = os.fstat(self._fd).st_size
             if size != fmt.BLOCK_SIZE:
                 raise ControlFormatError(f"{self.path}: {size} bytes, a control block is {fmt.BLOCK_SIZE}")
-            self._mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        try:
-            self.header = fmt.parse_header(self._mm, self.path)
-        except ControlFormatError:
-            self._mm.close()
+            self.header = fmt.parse_header(fmt.read_block(self._fd), self.path)
+        except BaseException:
+            self.close()
             raise
-        self._words = memoryview(self._mm).cast("Q")
         self.engine_id, self.tp_size = self.header.engine_id, self.header.tp_size
+
+    def _descriptor(self) -> int:
+        if self._fd is None:
+            raise ControlFormatError(f"{self.path}: control client is closed")
+        return self._fd
 
     # -- reads ---------------------------------------------------------------------------------------------
     def _read(self, lock: int, count: int, what: str) -> tuple[int, ...]:
         deadline = time.monotonic() + _READ_DEADLINE_S
         while True:
-            values = fmt.seqlock_read(self._words, lock, count)
+            values = fmt.fd_seqlock_read(self._descriptor(), lock, count)
             if values is not None:
                 return values
             if time.monotonic() > deadline:
@@ -70,7 +71,7 @@ class ControlClient:
 
     def check_header(self) -> ControlHeader:
         """Re-validate the header (someone may have overwritten the block since it was opened)."""
-        header = fmt.parse_header(self._mm, self.path)
+        header = fmt.parse_header(fmt.read_block(self._descriptor()), self.path)
         if header.engine_id != self.engine_id:
             raise ControlFormatError(f"{self.path}: engine id changed from {self.engine_id:016x} to "
                                      f"{header.engine_id:016x}: the block was overwritten")
@@ -106,11 +107,10 @@ class ControlClient:
             raise ValueError(f"command flags must fit in 4 bits, got {flags}")
         self.check_header()
         seq = self.next_seq()
-        fmt.seqlock_write(self._words, fmt.CMD_LOCK, (seq, table.encode(), flags, time.monotonic_ns()))
+        fmt.fd_seqlock_write(self._descriptor(), fmt.CMD_LOCK, (seq, table.encode(), flags, time.monotonic_ns()))
         return seq
 
     def close(self) -> None:
-        if self._words is not None:
-            self._words.release()
-            self._words = None
-            self._mm.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

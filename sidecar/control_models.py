@@ -29,8 +29,12 @@ class ModeState(BaseModel):
     pending: bool = Field(description="true while the last command is not applied yet")
 
 
+# Request bodies are strict: JSON true or 8.0 is not the integer 1 or 8, and "8" is not a number.
+STRICT_REQUEST = ConfigDict(extra="forbid", strict=True)
+
+
 class SetModeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_REQUEST
     mode: Literal["all_gather", "gather", "auto"] = Field(
         description="pin the buckets to a mode, or release them to the auto policy")
     buckets: list[int] | None = Field(
@@ -108,7 +112,7 @@ class PolicyParamsModel(BaseModel):
 class PolicyUpdate(BaseModel):
     """Any subset of the parameters; the others keep their values."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_REQUEST
     margin: float | None = Field(default=None, ge=0.0, le=10.0, allow_inf_nan=False)
     min_samples: int | None = Field(default=None, ge=1, le=1 << 20)
     window: int | None = Field(default=None, ge=8, le=1 << 20)

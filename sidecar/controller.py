@@ -94,11 +94,11 @@ class Controller:
     def _follow_engine(self) -> None:
         eng = self.ingest.engine
         att = self.attached
-        if att is not None and (eng is None or eng.engine_id == att.engine_id):
+        if (att is None and eng is None) or (att is not None and eng is not None and eng.engine_id == att.engine_id):
             return
         if att is not None:
-            log.info("engine %s replaced by %s: control state of the old instance dropped", att.label,
-                     eng.label if eng else None)
+            log.info("engine %s %s: control state of the old instance dropped", att.label,
+                     f"replaced by {eng.label}" if eng else "no longer attached")
             self._save(att)
             att.client.close()
             self.attached = None
@@ -145,7 +145,11 @@ class Controller:
                  snap.active_table)
 
     def _recover(self, state_path: str, snap: ControlSnapshot) -> tuple[AutoPolicy, dict[str, Any]]:
-        text = load_state(state_path)
+        try:
+            text = load_state(state_path)
+        except (OSError, ValueError) as exc:  # a symlink, FIFO or oversized file in its place: not ours
+            log.warning("%s: not read (%s); starting from the control block alone", state_path, exc)
+            text = None
         if text is not None:
             try:
                 policy = policy_from_json(text)
@@ -222,6 +226,16 @@ class Controller:
                               f"with control.enabled and engine.shm_dir={self.config.engine.shm_dir}?)")
         return att
 
+    def require_running(self) -> Attached:
+        """The attached engine, if a command written now can still be applied; else NotAttached (409)."""
+        att = self.require()
+        eng = self.ingest.engine
+        reason = (self.ingest.stopped_reason(eng) if eng is not None and eng.engine_id == att.engine_id
+                  else "the sidecar no longer follows it")
+        if reason:
+            raise NotAttached(f"engine {att.label} is not running ({reason}): a command would never be applied")
+        return att
+
     def snapshot(self) -> tuple[Attached, ControlSnapshot]:
         with self.lock:
             att = self.require()
@@ -230,7 +244,7 @@ class Controller:
     def set_mode(self, mode: str, buckets: list[int] | None) -> tuple[int, Decision]:
         """Pin buckets to a mode, or release them to the auto policy; returns (command seq, decision)."""
         with self.lock:
-            att = self.require()
+            att = self.require_running()
             att.policy.clock_wall = time.time()
             now = time.monotonic()
             if mode == "auto":

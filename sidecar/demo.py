@@ -2,8 +2,11 @@
 
 Starts `gatherwise engine` (TP=2, a workload whose batch size moves across 1..64) and `gatherwise sidecar`
 with the auto policy on, in a private shared-memory directory; then prints, every second, per-bucket latency
-by mode, the active table and recent switches, read from the sidecar's own HTTP API. Ctrl-C (or --duration)
-stops every process it started and removes the shared-memory files.
+by mode, the active table and recent switches, read from the sidecar's own HTTP API. Ctrl-C, SIGTERM (or
+--duration) stops every process it started, removes the shared-memory files and exits 0 — however the demo was
+started: a shell that runs it in the background starts it with SIGINT ignored, so the handlers are installed
+explicitly, and the children run in their own session with the parent-death signal (dashboards/child_process.py),
+so they neither see the terminal's Ctrl-C (the demo stops them in order) nor outlive a killed demo.
 """
 
 from __future__ import annotations
@@ -126,11 +129,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+class StopRequested(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived: stop everything and exit 0."""
+
+
+def _request_stop(signum: int, _frame: object) -> None:
+    raise StopRequested(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     token = secrets.token_urlsafe(12)
     work_dir = Path(tempfile.mkdtemp(prefix="gatherwise-demo-"))
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
+    for sig in (signal.SIGINT, signal.SIGTERM):  # explicitly: an inherited "ignore" must not win
+        signal.signal(sig, _request_stop)
     stack = None
     try:
         stack = start_stack(args, token, work_dir)
@@ -143,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]), file=sys.stderr)
         return 1
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the cleanup short
+            signal.signal(sig, signal.SIG_IGN)
         print("\nstopping every process the demo started ...", flush=True)
         if stack is not None:
             stack.stop()

@@ -5,11 +5,20 @@ it), joins them across ranks by call index, and turns each call into histogram o
 sampled, a trace. A call is joined when every rank's record has arrived, or after a bounded delay (then it
 counts as incomplete and only its per-rank parts are observed). A new engine instance id in shm_dir is an
 engine restart: the loop switches to it and drops the old instance's series, so series never mix.
+
+Discovery is built for a directory other processes may litter: it tries engine directories newest first until
+one attaches (an empty or half-built directory never hides a live engine), skips what is not a real directory
+or regular file (a FIFO never blocks the loop, a symlink is never followed), does not re-read directories that
+did not change, and removes the directories of engines whose processes are gone (their liveness locks are free,
+engine_hooks/shm_format/liveness.py). One poll reads at most `max_records_per_poll` records per rank, and a
+newly attached engine is read from at most that many records back, so a full ring of the largest allowed
+capacity costs bounded time and memory per poll.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from engine_hooks.modes import Mode, bucket_label, bucket_of
+from engine_hooks.shm_format.liveness import Liveness, is_removable, liveness
+from engine_hooks.shm_format.private_files import check_private_dir
 from sidecar.header_counters import rank_counters
 from sidecar.metrics import CallSeries, EngineCounters, RankSeries, SidecarMetrics
 from sidecar.periodic import PeriodicThread
@@ -27,6 +38,7 @@ log = logging.getLogger("gatherwise.sidecar.ingest")
 
 _MODE_LABEL = {int(m): m.label for m in Mode}
 _BUCKET_LABEL = [bucket_label(bucket_of(rows)) for rows in range(1, 1 << 15)]
+DEFAULT_MAX_RECORDS_PER_POLL = 16384  # sidecar.max_records_per_poll
 
 
 def rows_bucket_label(rows: int) -> str:
@@ -53,6 +65,8 @@ class AttachedEngine:
     attached_ns: int
     headers: list[Any] = field(default_factory=list)  # latest RingHeader per rank
     dropped: list[int] = field(default_factory=list)
+    unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why its ring is no longer read
+    exited: bool = False  # its liveness locks were found free: every rank's process has ended
     last_record_end_ns: int = 0
     pending: dict[int, _Pending] = field(default_factory=dict)
     rank_series: dict[tuple[int, int, int], RankSeries] = field(default_factory=dict)  # (rank, mode, rows)
@@ -82,8 +96,18 @@ class EngineInfo:
 class Ingest:
     def __init__(self, shm_dir: str | Path, metrics: SidecarMetrics, tracer: CallTracer | None = None, *,
                  poll_interval: float = 0.02, join_timeout: float = 0.5, heartbeat_stale: float = 5.0,
-                 discover_interval: float = 0.5, clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 discover_interval: float = 0.5, clock: Callable[[], int] = time.monotonic_ns,
+                 max_records_per_poll: int = DEFAULT_MAX_RECORDS_PER_POLL, remove_dead_dirs: bool = True) -> None:
+        if max_records_per_poll < 1:
+            raise ValueError(f"max_records_per_poll must be >= 1, got {max_records_per_poll}")
         self.shm_dir = Path(shm_dir)
+        self.max_records_per_poll = max_records_per_poll
+        self.remove_dead_dirs = remove_dead_dirs
+        self._dir_cache: dict = {}  # discover_engines' per-directory cache
+        self._dead: set[str] = set()  # directories whose engine is gone (it never comes back)
+        self._unattachable: dict[str, EngineFiles] = {}  # directory -> its listing that did not attach
+        self._no_locks: dict[str, EngineFiles] = {}  # directory -> its listing that had no liveness locks
+        self._warned_dirs: set[str] = set()
         self.metrics, self.tracer = metrics, tracer
         self.poll_interval = poll_interval
         self.join_timeout_ns = int(join_timeout * 1e9)
@@ -119,8 +143,16 @@ class Ingest:
         read = 0
         pending, tp = eng.pending, eng.tp_size
         for rank, reader in enumerate(eng.readers):
-            records, missed = reader.read_new()
-            eng.headers[rank] = reader.header()
+            if rank in eng.unreadable:
+                continue
+            try:
+                records, missed = reader.read_new(self.max_records_per_poll)
+                eng.headers[rank] = reader.header()
+            except (RingFormatError, OSError) as exc:  # truncated or replaced under us: stop reading this rank
+                eng.unreadable[rank] = str(exc)
+                log.warning("engine %s rank %d: ring no longer readable, its telemetry stops here: %s", eng.label,
+                            rank, exc)
+                continue
             eng.dropped[rank] += missed
             read += len(records)
             for rec in records:
@@ -185,21 +217,77 @@ class Ingest:
     # -- discovery and engine restarts ------------------------------------------------------------------
     def _discover(self, now: int) -> None:
         try:
-            found = discover_engines(self.shm_dir)
-        except OSError:
-            return
-        if not found:
-            return
-        newest = found[0]
-        if self.engine is not None and newest.engine_id == self.engine.engine_id:
+            check_private_dir(self.shm_dir)
+        except FileNotFoundError:
+            return  # no engine has started yet
+        except OSError as exc:  # another user's (or a world-writable) directory: its files could be anyone's
+            self._warn_dir(str(self.shm_dir), f"not reading engines from {self.shm_dir}: {exc}")
             return
         try:
-            attached = self._attach(newest, now)
-        except Exception as exc:  # rings still being created, or foreign files: try again next time
-            log.debug("cannot attach engine %016x yet: %s", newest.engine_id, exc)
+            found = discover_engines(self.shm_dir, self._dir_cache)
+        except OSError as exc:  # shm_dir unreadable (not ours): say so once, keep what is attached
+            self._warn_dir(str(self.shm_dir), f"engine discovery in {self.shm_dir} failed: {exc}")
             return
+        names = {files.dir.name for files in found}
+        self._dead &= names
+        for cache in (self._unattachable, self._no_locks):
+            for name in set(cache) - names:
+                del cache[name]
+        current = self.engine
+        for files in found:  # newest first
+            if self._gone(files):
+                continue
+            if current is not None and files.engine_id == current.engine_id:
+                return  # the attached engine is still the newest one running
+            attached = self._try_attach(files, now)
+            if attached is not None:
+                self._switch(attached)
+                return
+
+    def _gone(self, files: EngineFiles) -> bool:
+        """Whether the directory's engine has exited (its liveness locks are all free); removes such directories
+        when they are ours. The attached engine's readers keep their open files, so its last numbers remain."""
+        name = files.dir.name
+        if name in self._dead:
+            return True
+        if self._no_locks.get(name) is files:
+            return False  # no lock files in this very listing: a lock file appearing changes the listing
+        try:
+            state = liveness(files.dir)
+        except OSError:
+            return True  # removed meanwhile
+        if state is Liveness.UNKNOWN:
+            self._no_locks[name] = files
+        if state is not Liveness.DEAD:
+            return False
+        self._dead.add(name)
+        if self.engine is not None and self.engine.engine_id == files.engine_id:
+            self.engine.exited = True
+        if self.remove_dead_dirs:
+            try:
+                if is_removable(files.dir):
+                    shutil.rmtree(files.dir)
+                    log.info("removed %s: its engine exited without removing it", files.dir)
+            except OSError as exc:
+                log.debug("cannot remove %s: %s", files.dir, exc)
+        return True
+
+    def _try_attach(self, files: EngineFiles, now: int) -> AttachedEngine | None:
+        name = files.dir.name
+        if self._unattachable.get(name) is files:
+            return None  # this very listing failed before: retry once the directory changes (new listing)
+        try:
+            attached = self._attach(files, now)
+        except Exception as exc:  # rings still being created, or foreign files: try again when it changes
+            log.debug("cannot attach engine %016x yet: %s", files.engine_id, exc)
+            attached = None
         if attached is None:
-            return
+            self._unattachable[name] = files
+        else:
+            self._unattachable.pop(name, None)
+        return attached
+
+    def _switch(self, attached: AttachedEngine) -> None:
         old, self.engine = self.engine, attached
         self.engines_seen += 1
         if old is not None:
@@ -212,6 +300,26 @@ class Ingest:
         for listener in self.listeners:
             listener(old, attached)
 
+    def _warn_dir(self, key: str, message: str) -> None:
+        if key not in self._warned_dirs:
+            self._warned_dirs.add(key)
+            log.warning(message)
+
+    def stopped_reason(self, eng: AttachedEngine) -> str | None:
+        """Why the attached engine is not running any more, or None while it may be (a command still reaches
+        it): it closed its rings, its processes are gone (liveness locks free), or its directory was removed."""
+        if any(h.closed for h in eng.headers):
+            return "it shut down (its rings are closed)"
+        if eng.exited:
+            return "its processes exited"
+        try:
+            state = liveness(eng.dir)
+        except FileNotFoundError:
+            return "its shared-memory directory was removed"
+        except OSError:
+            return None
+        return "its processes exited" if state is Liveness.DEAD else None
+
     def _attach(self, files: EngineFiles, now: int) -> AttachedEngine | None:
         if 0 not in files.rings:
             return None
@@ -219,7 +327,14 @@ class Ingest:
             tp = probe.header().tp_size
         if sorted(files.rings) != list(range(tp)):
             return None  # not every rank has created its ring yet
-        readers = [RingReader(files.rings[r]) for r in range(tp)]
+        readers = []
+        try:
+            for r in range(tp):
+                readers.append(RingReader(files.rings[r], max_backlog=self.max_records_per_poll))
+        except BaseException:
+            for reader in readers:
+                reader.close()
+            raise
         headers = [r.header() for r in readers]
         if any(h.rank != i or h.engine_id != files.engine_id for i, h in enumerate(headers)):
             for r in readers:
@@ -235,15 +350,16 @@ class Ingest:
         return max(0.0, (self.clock() - (eng.last_record_end_ns or eng.attached_ns)) * 1e-9)
 
     def is_up(self, eng: AttachedEngine, age: float) -> bool:
-        """Fresh heartbeat, and the engine has not closed its rings (a clean shutdown)."""
-        return age < self.heartbeat_stale and not any(h.closed for h in eng.headers)
+        """Fresh heartbeat, the engine has not closed its rings (a clean shutdown) and its processes still exist."""
+        return age < self.heartbeat_stale and not eng.exited and not any(h.closed for h in eng.headers)
 
     def counters(self) -> EngineCounters | None:
         eng = self.engine
         if eng is None:
             return None
         age = self.heartbeat_age_seconds(eng)
-        ranks = [rank_counters(h, rank, eng.dropped[rank]) for rank, h in enumerate(eng.headers)]
+        ranks = [rank_counters(h, rank, {"overwritten": r.overwritten, "torn": r.torn})
+                 for rank, (h, r) in enumerate(zip(eng.headers, eng.readers, strict=True))]
         return EngineCounters(eng.label, self.is_up(eng, age), age, ranks)
 
     def info(self) -> EngineInfo:

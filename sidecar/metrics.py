@@ -2,8 +2,8 @@
 
 The sidecar owns its own CollectorRegistry (not prometheus_client's multiprocess mode: that has no
 exemplars). Histograms are fed from ring records by the ingest loop; the `*_total` counters and the engine
-gauges are read at scrape time from the latest ring-header snapshot, so they are exact even when records were
-overwritten before the sidecar read them, and they continue across sidecar restarts.
+gauges are read at scrape time from the latest ring-header snapshot (sidecar.header_counters), so they are exact
+even when records were overwritten before the sidecar read them, and they continue across sidecar restarts.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ RANK_SKEW_SECONDS = "gatherwise_rank_skew_seconds"
 COLLECTIVE_BYTES = "gatherwise_collective_bytes"  # exposed as ..._total
 CALLS = "gatherwise_calls"  # exposed as ..._total
 RECORDS_DROPPED = "gatherwise_records_dropped"  # exposed as ..._total
+OP_SECONDS = "gatherwise_op_seconds"  # exposed as ..._total: the ring header's per-op time counters
+LOGITS_PATH_BYTES = "gatherwise_logits_path_bytes"  # exposed as ..._total: the header's per-call bytes in total
 ENGINE_UP = "gatherwise_engine_up"
 ENGINE_HEARTBEAT_AGE_SECONDS = "gatherwise_engine_heartbeat_age_seconds"
 # Control families (issue 4), fed by sidecar.controller:
@@ -46,7 +48,9 @@ class RankCounters:
     rank: int
     calls: dict[str, int] = field(default_factory=dict)  # mode label -> calls
     bytes: dict[tuple[str, str], int] = field(default_factory=dict)  # (op, mode label) -> bytes
-    dropped: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> records that never reached the histograms
+    seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (op, mode label) -> seconds
+    path_bytes: dict[str, int] = field(default_factory=dict)  # mode label -> bytes of every op of the path
 
 
 @dataclass
@@ -71,8 +75,16 @@ class HeaderCountersCollector(Collector):
                                     labels=["engine", "rank", "mode"])
         nbytes = CounterMetricFamily(COLLECTIVE_BYTES, "Bytes received by each collective (ring header).",
                                      labels=["engine", "rank", "op", "mode"], unit="bytes")
-        dropped = CounterMetricFamily(RECORDS_DROPPED, "Records overwritten or torn before the sidecar read them.",
-                                      labels=["engine", "rank"])
+        dropped = CounterMetricFamily(RECORDS_DROPPED, "Calls whose record never reached the histograms, by reason: "
+                                      "overwritten or torn before this sidecar read it, or timings the engine "
+                                      "gave up (timing_backlog, timing_at_close; from the ring header).",
+                                      labels=["engine", "rank", "reason"])
+        seconds = CounterMetricFamily(OP_SECONDS, "Time spent in each op of the logits path, per rank and mode "
+                                      "(ring header; op=logits_path is the whole path).",
+                                      labels=["engine", "rank", "op", "mode"], unit="seconds")
+        path_bytes = CounterMetricFamily(LOGITS_PATH_BYTES, "Bytes received by every collective of the logits "
+                                         "path together, per rank and mode (ring header).",
+                                         labels=["engine", "rank", "mode"], unit="bytes")
         up = GaugeMetricFamily(ENGINE_UP, "1 while the attached engine's heartbeat is fresh.", labels=["engine"])
         age = GaugeMetricFamily(ENGINE_HEARTBEAT_AGE_SECONDS, "Seconds since the engine last completed a call.",
                                 labels=["engine"], unit="seconds")
@@ -83,11 +95,16 @@ class HeaderCountersCollector(Collector):
                     calls.add_metric([snap.engine, rank, mode], value)
                 for (op, mode), value in sorted(rc.bytes.items()):
                     nbytes.add_metric([snap.engine, rank, op, mode], value)
-                dropped.add_metric([snap.engine, rank], rc.dropped)
+                for (op, mode), value in sorted(rc.seconds.items()):
+                    seconds.add_metric([snap.engine, rank, op, mode], value)
+                for mode, value in sorted(rc.path_bytes.items()):
+                    path_bytes.add_metric([snap.engine, rank, mode], value)
+                for reason, value in sorted(rc.dropped.items()):
+                    dropped.add_metric([snap.engine, rank, reason], value)
             up.add_metric([snap.engine], 1.0 if snap.up else 0.0)
             if snap.heartbeat_age_seconds is not None:
                 age.add_metric([snap.engine], snap.heartbeat_age_seconds)
-        yield from (calls, nbytes, dropped, up, age)
+        yield from (calls, nbytes, seconds, path_bytes, dropped, up, age)
 
 
 @dataclass

@@ -4,8 +4,10 @@ Why a JSON file and not a fixed area in the control block: the engine never read
 size (decision log, sample windows), and only the sidecar writes it. Keeping it out of the block keeps the
 block's ABI small and the engine's hot path oblivious. The file lives in the engine's directory
 (`<shm_dir>/<engine id>/sidecar-state.json`), so an engine restart (new id, new directory) starts fresh and old
-state is never mixed in, and rank 0 removes it with the directory. It is written to a temporary file and renamed,
-so a sidecar killed mid-write leaves the previous complete file. What the engine is really running (active
+state is never mixed in, and rank 0 removes it with the directory. It is written to a fresh 0600 temporary file
+(O_CREAT|O_EXCL|O_NOFOLLOW: a planted file or symlink under that name is never written through) and renamed, so a
+sidecar killed mid-write leaves the previous complete file; it is read without following links and only up to
+MAX_STATE_BYTES. What the engine is really running (active
 table, epoch, last command) is always taken from the control block itself, never from this file.
 """
 
@@ -13,13 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any
 
 from engine_hooks.modes import Mode, ModeTable
+from engine_hooks.shm_format.private_files import read_small_file, write_private_file
 from sidecar.policy import AutoPolicy, Decision, PolicyParams, Probe
 
 STATE_VERSION = 1
+MAX_STATE_BYTES = 64 << 20  # far above what the bounded decision log and sample windows produce
 
 
 def policy_to_json(policy: AutoPolicy, extra: dict[str, Any] | None = None) -> str:
@@ -69,15 +72,13 @@ def policy_from_json(text: str) -> AutoPolicy:
 
 
 def save_state(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_private_file(path, text.encode())
 
 
 def load_state(path: str) -> str | None:
+    """The saved text, or None when there is none. OSError/ValueError for a file that is not ours to read
+    (a symlink, a FIFO, too large) or not UTF-8; the caller then starts from the control block alone."""
     try:
-        with open(path) as f:
-            return f.read()
+        return read_small_file(path, MAX_STATE_BYTES).decode()
     except FileNotFoundError:
         return None

@@ -1,17 +1,20 @@
 """Read the per-rank telemetry rings an engine writes into shared memory (format: engine_hooks/shm_format/ring.py).
 
-Stdlib only — never torch. A reader maps the file read-only, so it can neither block nor disturb the writer;
-it detects records that were overwritten before it got to them or torn while it copied them, and counts them.
+Stdlib only — never torch. A reader opens the file read-only and copies what it needs with pread(): it can
+neither block nor disturb the writer, and a file that someone truncates under it gives a RingTruncatedError,
+never a SIGBUS (a read through a mapping beyond a file's end kills the reading process). It detects records
+that were overwritten before it got to them or torn while it copied them, and counts them.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine_hooks.shm_format import ring as fmt
+from engine_hooks.shm_format.liveness import is_engine_dir_name
+from engine_hooks.shm_format.private_files import open_regular_file
 from engine_hooks.shm_format.ring import CallRecord, RingHeader
 
 _SNAPSHOT_TRIES = 4
@@ -21,38 +24,51 @@ class RingFormatError(ValueError):
     """The file is not a gatherwise ring this reader understands (foreign, corrupt, other version)."""
 
 
-class RingReader:
-    """Reads one ring. start="oldest": every record still in the ring; start="now": only records written later."""
+class RingTruncatedError(RingFormatError):
+    """The ring file became shorter than its header says while it was being read."""
 
-    def __init__(self, path: str | os.PathLike, *, start: str = "oldest") -> None:
+
+class RingReader:
+    """Reads one ring. start="oldest": every record still in the ring; start="now": only records written later.
+    max_backlog: start at most this many records behind the newest (older ones are only in the counters)."""
+
+    def __init__(self, path: str | os.PathLike, *, start: str = "oldest", max_backlog: int | None = None) -> None:
         if start not in ("oldest", "now"):
             raise ValueError(f"start must be 'oldest' or 'now', got {start!r}")
         self.path = os.fspath(path)
-        fd = os.open(self.path, os.O_RDONLY)
+        self._fd: int | None = open_regular_file(self.path)  # no symlink, no FIFO: UnsafePathError
         try:
-            size = os.fstat(fd).st_size
+            size = os.fstat(self._fd).st_size
             if size < fmt.HEADER_SIZE:
                 raise RingFormatError(f"{self.path}: {size} bytes is too small for a gatherwise ring "
                                       f"(header alone is {fmt.HEADER_SIZE} bytes)")
-            self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
-        try:
             self._validate(size)
-        except RingFormatError:
-            self._mm.close()
+            first = self.header()
+        except BaseException:
+            self.close()
             raise
-        first = self.header()
         self.engine_id, self.rank, self.capacity = first.engine_id, first.rank, first.capacity
         self.dtype = first.dtype
         self._end = fmt.HEADER_SIZE + self.capacity * fmt.RECORD_SIZE
         w = first.write_index
         self.cursor = w if start == "now" else max(0, w - self.capacity + 1)  # last seq consumed
+        if max_backlog is not None:
+            self.cursor = max(self.cursor, w - max_backlog)
         self.overwritten = 0  # records lost because the writer lapped this reader
         self.torn = 0  # records whose two sequence numbers disagreed with their slot
 
+    def _pread(self, size: int, offset: int) -> bytes:
+        if self._fd is None:
+            raise RingTruncatedError(f"{self.path}: reader is closed")
+        data = os.pread(self._fd, size, offset)
+        if len(data) != size:
+            raise RingTruncatedError(f"{self.path}: file shrank below {offset + size} bytes while being read "
+                                     f"(truncated or replaced by another process)")
+        return data
+
     def _validate(self, size: int) -> None:
-        (magic, version, header_size, record_size, capacity, *_rest) = fmt.HEADER_FIXED.unpack_from(self._mm, 0)
+        (magic, version, header_size, record_size, capacity, *_rest) = fmt.HEADER_FIXED.unpack(
+            self._pread(fmt.HEADER_FIXED.size, 0))
         if magic != fmt.MAGIC:
             raise RingFormatError(f"{self.path}: not a gatherwise ring (magic {magic!r}, expected {fmt.MAGIC!r})")
         if version != fmt.FORMAT_VERSION:
@@ -66,21 +82,24 @@ class RingReader:
                                   f"({fmt.ring_file_size(capacity)} bytes): truncated or corrupt")
 
     def _write_index(self) -> int:
-        return fmt.WRITE_INDEX.unpack_from(self._mm, fmt.WRITE_INDEX_OFFSET)[0]
+        return fmt.WRITE_INDEX.unpack(self._pread(fmt.WRITE_INDEX.size, fmt.WRITE_INDEX_OFFSET))[0]
 
     def header(self) -> RingHeader:
         """A consistent snapshot of the header and counters (read twice until both copies agree)."""
-        raw = self._mm[: fmt.HEADER_SIZE]
+        raw = self._pread(fmt.HEADER_SIZE, 0)
         for _ in range(_SNAPSHOT_TRIES):
-            again = self._mm[: fmt.HEADER_SIZE]
+            again = self._pread(fmt.HEADER_SIZE, 0)
             if again == raw:
                 break
             raw = again
         (_magic, version, _hs, record_size, capacity, engine_id, rank, tp_size, vocab, dtype, created_ns,
          write_index, pid, state, created_mono_ns) = fmt.HEADER_FIXED.unpack_from(raw, 0)
         counters = fmt.counters_from_values(fmt.COUNTERS.unpack_from(raw, fmt.COUNTERS_OFFSET))
+        drops = dict(zip(fmt.DROP_REASONS, fmt.DROPS.unpack_from(raw, fmt.DROPS_OFFSET), strict=True))
+        topp_rows, topp_fallback_rows = fmt.TOPP_COUNTERS.unpack_from(raw, fmt.TOPP_ROWS_OFFSET)
         return RingHeader(version, engine_id, rank, tp_size, vocab, fmt.dtype_name(dtype), record_size, capacity,
-                          created_ns, created_mono_ns, write_index, pid, state == fmt.STATE_CLOSED, counters)
+                          created_ns, created_mono_ns, write_index, pid, state == fmt.STATE_CLOSED, counters, drops,
+                          topp_rows, topp_fallback_rows)
 
     def read_new(self, max_records: int | None = None) -> tuple[list[CallRecord], int]:
         """Records written since the last call (at most max_records), and how many were missed meanwhile."""
@@ -95,15 +114,16 @@ class RingReader:
         last = w if max_records is None else min(w, first + max_records - 1)
         if first > last:
             self.overwritten += missed
+            self.cursor = max(self.cursor, first - 1)
             return [], missed
         n = last - first + 1
         slot = (first - 1) % cap
         begin = fmt.HEADER_SIZE + slot * fmt.RECORD_SIZE
         if slot + n <= cap:
-            data = self._mm[begin: begin + n * fmt.RECORD_SIZE]
+            data = self._pread(n * fmt.RECORD_SIZE, begin)
         else:
-            data = self._mm[begin: self._end] + self._mm[fmt.HEADER_SIZE: fmt.HEADER_SIZE + (slot + n - cap) *
-                                                        fmt.RECORD_SIZE]
+            data = (self._pread(self._end - begin, begin)
+                    + self._pread((slot + n - cap) * fmt.RECORD_SIZE, fmt.HEADER_SIZE))
         # The writer may by now be writing seq w2 + 1, whose slot held seq w2 + 1 - cap: anything at or below
         # that seq may have changed under the copy, so it counts as overwritten (none if w2 == w).
         stale = min(n, max(0, self._write_index() + 2 - cap - first))
@@ -114,15 +134,18 @@ class RingReader:
         return records, missed + stale + torn
 
     def close(self) -> None:
-        if self._mm is not None:
-            self._mm.close()
-            self._mm = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> RingReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_SECOND_OP = fmt.FLAG_BROADCAST | fmt.FLAG_RESOLVE
 
 
 def _decode(data: bytes, first_seq: int, skip: int) -> tuple[list[CallRecord], int]:
@@ -141,8 +164,9 @@ def _decode(data: bytes, first_seq: int, skip: int) -> tuple[list[CallRecord], i
         else:
             append(CallRecord(seq, call_index, mode, rows, vocab, names.get(dtype) or fmt.dtype_name(dtype), rank,
                               epoch, nbytes, start, start + coll_off, coll_ns,
-                              start + bcast_off if flags & fmt.FLAG_BROADCAST else 0, bcast_ns,
-                              start + sample_off, sample_ns, start + path_ns))
+                              start + bcast_off if flags & _SECOND_OP else 0, bcast_ns,
+                              start + sample_off, sample_ns, start + path_ns, fmt.second_op_of(flags),
+                              flags >> fmt.FALLBACK_SHIFT))
         expected += 1
     return out, torn
 
@@ -156,53 +180,78 @@ class EngineFiles:
     created_ns: int = 0  # from the lowest rank's ring header, else the directory's mtime
 
 
-def writer_alive(pid: int) -> bool:
-    """Whether the process that wrote a ring still exists (on this host)."""
-    if pid <= 0:
-        return False
+def discover_engines(shm_dir: str | os.PathLike,
+                     cache: dict[str, tuple[tuple[int, int], EngineFiles]] | None = None) -> list[EngineFiles]:
+    """Engine instances under shm_dir (directories named by a 16-hex-digit id), newest first.
+
+    Only real directories and regular files count: a symlink, a FIFO or a device in their place is skipped, so
+    discovery never follows a link out of shm_dir and never blocks. `cache` (kept by the caller between calls)
+    maps a directory name to what was found there, keyed by the directory's inode and mtime: a directory whose
+    entries did not change is not read again, so many leftover directories cost one stat each per discovery.
+    """
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def discover_engines(shm_dir: str | os.PathLike) -> list[EngineFiles]:
-    """Engine instances under shm_dir (directories named by a 16-hex-digit id), newest first."""
-    root = Path(shm_dir)
-    if not root.is_dir():
+        entries = list(os.scandir(shm_dir))
+    except (FileNotFoundError, NotADirectoryError):
         return []
     found = []
-    for entry in root.iterdir():
-        if len(entry.name) != 16 or not entry.is_dir():
+    seen = set()
+    for entry in entries:
+        if not is_engine_dir_name(entry.name):
             continue
         try:
-            engine_id = int(entry.name, 16)
-        except ValueError:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
             continue
-        rings = {}
-        for f in entry.glob(f"{fmt.RING_PREFIX}*"):
-            suffix = f.name[len(fmt.RING_PREFIX):]
-            if suffix.isdigit():
-                rings[int(suffix)] = f
-        rings = dict(sorted(rings.items()))
-        control = entry / fmt.CONTROL_NAME
-        found.append(EngineFiles(engine_id, entry, rings, control if control.exists() else None,
-                                 _created_ns(entry, rings)))
+        key = (st.st_ino, st.st_mtime_ns)
+        seen.add(entry.name)
+        hit = cache.get(entry.name) if cache is not None else None
+        if hit is not None and hit[0] == key:
+            found.append(hit[1])
+            continue
+        try:
+            files = _engine_files(Path(entry.path), int(entry.name, 16), st.st_mtime_ns)
+        except OSError:
+            continue  # removed while we looked
+        if cache is not None:
+            cache[entry.name] = (key, files)
+        found.append(files)
+    if cache is not None:
+        for name in set(cache) - seen:
+            del cache[name]
     found.sort(key=lambda e: e.created_ns, reverse=True)
     return found
 
 
-def _created_ns(directory: Path, rings: dict[int, Path]) -> int:
+def _engine_files(directory: Path, engine_id: int, mtime_ns: int) -> EngineFiles:
+    rings = {}
+    control = None
+    with os.scandir(directory) as it:
+        for f in it:
+            if not f.is_file(follow_symlinks=False):  # regular files only: no links, FIFOs, devices
+                continue
+            if f.name == fmt.CONTROL_NAME:
+                control = Path(f.path)
+            elif f.name.startswith(fmt.RING_PREFIX) and f.name[len(fmt.RING_PREFIX):].isdigit():
+                rings[int(f.name[len(fmt.RING_PREFIX):])] = Path(f.path)
+    rings = dict(sorted(rings.items()))
+    return EngineFiles(engine_id, directory, rings, control, _created_ns(rings) or mtime_ns)
+
+
+def _created_ns(rings: dict[int, Path]) -> int:
+    """Creation time from the first readable ring header (one small pread, no mapping), else 0."""
     for path in rings.values():
         try:
-            with RingReader(path) as reader:
-                return reader.header().created_ns
-        except (OSError, RingFormatError):
+            fd = open_regular_file(path)
+        except OSError:
             continue
-    try:
-        return directory.stat().st_mtime_ns
-    except OSError:
-        return 0
+        try:
+            raw = os.pread(fd, fmt.HEADER_FIXED.size, 0)
+        finally:
+            os.close(fd)
+        if len(raw) == fmt.HEADER_FIXED.size:
+            fields = fmt.HEADER_FIXED.unpack(raw)
+            if fields[0] == fmt.MAGIC:
+                return fields[10]
+    return 0

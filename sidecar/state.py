@@ -43,7 +43,8 @@ def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = Non
     tracer = build_tracer(config.traces, env=env, processor=span_processor)
     poll = config.sidecar.poll_interval_seconds
     ingest = Ingest(config.engine.shm_dir, metrics, tracer, poll_interval=poll, join_timeout=max(0.25, 10 * poll),
-                    heartbeat_stale=config.sidecar.heartbeat_stale_seconds)
+                    heartbeat_stale=config.sidecar.heartbeat_stale_seconds,
+                    max_records_per_poll=config.sidecar.max_records_per_poll)
     from sidecar.controller import Controller
     from sidecar.decision_events import DecisionEvents
 

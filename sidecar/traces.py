@@ -22,13 +22,14 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from engine_hooks.modes import Mode
+from engine_hooks.shm_format.ring import MODE_OPS
 
 if TYPE_CHECKING:
     from engine_hooks.shm_format.ring import CallRecord
 
 ROOT_SPAN = "logits.call"
 MODE_SWITCH_SPAN = "mode.switch"
-_COLLECTIVE_OP = {Mode.ALL_GATHER: "all_gather", Mode.GATHER: "gather"}
+_COLLECTIVE_OP = {mode: first for mode, (first, _) in MODE_OPS.items()}  # shm_format names every mode's ops
 _OTLP_ENV = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
@@ -133,6 +134,8 @@ def _operations(rec: CallRecord, mode: Mode) -> list[tuple[str, int, int]]:
         ops.append(("broadcast", rec.broadcast_start_ns, rec.broadcast_ns))
     else:
         ops.append(("sample", rec.sample_start_ns, rec.sample_ns))
+        if rec.second_op is not None:  # sharded mode's shard_resolve
+            ops.append((rec.second_op, rec.broadcast_start_ns, rec.broadcast_ns))
     ops.append(("logits_path", rec.start_ns, rec.end_ns - rec.start_ns))
     return ops
 

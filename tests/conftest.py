@@ -33,6 +33,6 @@ def shm_dir(tmp_path):
     """A private shared-memory directory for one test (under /dev/shm when available, else tmp_path)."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else str(tmp_path)
     path = os.path.join(base, f"gatherwise-test-{os.getpid()}-{os.urandom(4).hex()}")
-    os.makedirs(path)
+    os.makedirs(path, mode=0o700)  # private at any umask, as the engine requires of its shm_dir
     yield path
     shutil.rmtree(path, ignore_errors=True)

@@ -23,7 +23,9 @@ from engine_hooks.table_file import load_table_file, read_table_file, save_table
         (["--vocab", "0"], "--vocab must be >= 1, got 0"),
         (["--dtype", "float32,int8"], "--dtype: unknown dtype 'int8'"),
         (["--modes", "all_gather,scatter"], "--modes: unknown mode 'scatter'"),
-        (["--modes", "sharded"], "--modes: mode 'sharded' is reserved"),
+        (["--sampling", "greedy,top_k=0"], "--sampling: bad sampling 'top_k=0'"),
+        (["--sampling", "top_p=1"], "--sampling: bad sampling 'top_p=1'"),
+        (["--sampling", "beam"], "--sampling: bad sampling 'beam'"),
         (["--tp", "0"], "--tp must be >= 1, got 0"),
         (["--iters", "0"], "--iters must be >= 1, got 0"),
         (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
@@ -63,22 +65,31 @@ def test_cuda_without_gpus_is_an_argument_error(capsys):
 def test_tiny_sweep_end_to_end(tmp_path, capsys):
     out = tmp_path / "sweep"
     rc = main(["--tp", "2", "--rows", "1,2", "--vocab", "1000", "--dtype", "float32,bfloat16",
-               "--iters", "2", "--warmup", "1", "--out", str(out), "--timeout", "150"])
+               "--sampling", "greedy,top_p=0.9", "--iters", "2", "--warmup", "1", "--out", str(out),
+               "--timeout", "150"])
     assert rc == 0
     printed = capsys.readouterr().out
-    assert "winner" in printed and "busbw" in printed
+    assert "winner" in printed and "busbw" in printed and "full-row fallback" in printed
 
     doc = json.loads((out / "results.json").read_text())
     assert doc["config"]["tp"] == 2 and doc["config"]["iters"] == 2
-    assert len(doc["results"]) == 2 * 2  # rows x dtypes (one vocab)
+    assert doc["config"]["samplings"] == ["greedy", "top_p=0.9"]
+    assert len(doc["results"]) == 2 * 2 * 2  # rows x dtypes x samplings (one vocab)
     for shape in doc["results"]:
-        assert set(shape["modes"]) == {"all_gather", "gather"}
-        assert shape["bytes"] == 2 * shape["rows"] * 500 * (4 if shape["dtype"] == "float32" else 2)
+        assert set(shape["modes"]) == {"all_gather", "gather", "sharded"}
+        elem = 4 if shape["dtype"] == "float32" else 2
+        assert shape["bytes"] == 2 * shape["rows"] * 500 * elem
         for st in shape["modes"].values():
             assert 0 < st["p10_us"] <= st["median_us"] <= st["p90_us"]
             assert st["busbw_gbs"] == pytest.approx(st["algbw_gbs"] / 2)
-        assert shape["modes"]["gather"]["broadcast_us"] > 0
-        assert shape["modes"]["all_gather"]["broadcast_us"] == 0
+        ag, ga, sh = (shape["modes"][m] for m in ("all_gather", "gather", "sharded"))
+        assert ga["broadcast_us"] > 0 and ag["broadcast_us"] == 0
+        assert ag["wire_bytes"] == 2 * (shape["rows"] * 500 * elem + 8)  # each rank receives both shards + word
+        if shape["sampling"] == "greedy":  # one exchange of (max, index) per row + the word, from each rank
+            assert sh["broadcast_us"] == 0 and sh["wire_bytes"] == 2 * (1 + 2 * shape["rows"]) * 8
+            assert sh["fallback_share"] is None
+        else:  # random logits are flat: the nucleus is never inside 64 candidates, every row falls back
+            assert sh["broadcast_us"] > 0 and sh["fallback_share"] == 1.0
         fastest = min(shape["modes"], key=lambda m: shape["modes"][m]["median_us"])
         assert shape["winner"] == fastest and shape["ratio"] >= 1.0
         assert 0.0 <= shape["paired_win_share"] <= 1.0
@@ -86,12 +97,15 @@ def test_tiny_sweep_end_to_end(tmp_path, capsys):
     png = (out / "crossover.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 1000
 
-    # one starting table per (vocab, dtype)
+    # one starting table per (vocab, dtype, sampling)
+    assert set(doc["table_files"]) == {"1000/float32", "1000/bfloat16", "1000/float32/top_p=0.9",
+                                       "1000/bfloat16/top_p=0.9"}
     for dtype in ("float32", "bfloat16"):
         name = doc["table_files"][f"1000/{dtype}"]
         loaded = read_table_file(out / name)
         assert loaded.meta["tp"] == 2 and loaded.meta["vocab"] == 1000 and loaded.meta["dtype"] == dtype
-        clear = {s["rows"]: s["winner"] for s in doc["results"] if s["dtype"] == dtype and s["clear"]}
+        clear = {s["rows"]: s["winner"] for s in doc["results"]
+                 if s["dtype"] == dtype and s["clear"] and s["sampling"] == "greedy"}
         beyond = {loaded.table.mode_for_rows(r).label for r in (2, 3, 256, 100_000)}
         assert len(beyond) == 1  # everything past the last measured bucket copies it
         for rows, winner in clear.items():  # clear winners are kept (ties take a decided neighbour)
@@ -132,7 +146,6 @@ def test_table_file_missing_buckets_take_the_nearest_listed_one(tmp_path):
         ("table:\n  '3': gather\n", "table key '3'"),
         ("table:\n  'x': gather\n", "table key 'x'"),
         ("table:\n  '1': scatter\n", "table['1']: unknown mode 'scatter'"),
-        ("table:\n  '2': sharded\n", "table['2']: mode 'sharded' is reserved"),
         ("table:\n  '2': 1\n", "table['2']: mode must be a string"),
         ("table: {}\n", "key 'table' must be a non-empty mapping"),
         ("tp: 2\n", "key 'table' must be a non-empty mapping"),

@@ -24,7 +24,7 @@ def test_every_shipped_config_loads(example):
     ("sidecar:\n  port: '80'\n", "sidecar.port: must be int"),
     ("sidecar:\n  port: 70000\n", "sidecar.port: must be in"),
     ("policy:\n  mode: fast\n", "policy.mode: must be one of manual, auto"),
-    ("engine:\n  initial_mode: sharded\n", "engine.initial_mode"),
+    ("engine:\n  initial_mode: scatter\n", "engine.initial_mode"),
     ("telemetry:\n  enabled: 1\n", "telemetry.enabled: must be bool"),
     ("control:\n  inject_delay: [{after_seconds: 0, mode: fast, seconds: 1}]\n", "control.inject_delay[0]"),
     ("- a\n- b\n", "top level must be a mapping"),
@@ -53,3 +53,23 @@ def test_config_hash_covers_what_ranks_must_share():
     base = GatherwiseConfig()
     assert config_hash(base) == config_hash(load_config(None, env={"GATHERWISE_SIDECAR_PORT": "1"}))
     assert config_hash(base) != config_hash(load_config(None, env={"GATHERWISE_ENGINE_LOGITS_DTYPE": "bfloat16"}))
+
+
+def test_environment_values_of_string_keys_are_strings():
+    cfg = load_config(None, env={"GATHERWISE_SIDECAR_API_TOKEN": "#secret", "GATHERWISE_ENGINE_SHM_DIR": "/x: [y"})
+    assert cfg.sidecar.api_token == "#secret" and cfg.engine.shm_dir == "/x: [y"
+    assert load_config(None, env={"GATHERWISE_SIDECAR_API_TOKEN": "123"}).sidecar.api_token == "123"
+    assert load_config(None, env={"GATHERWISE_SIDECAR_API_TOKEN": ""}).sidecar.api_token is None
+
+
+@pytest.mark.parametrize("value", ["[", "{a: 1", "'unclosed"])
+def test_invalid_yaml_in_the_environment_names_the_variable(value):
+    with pytest.raises(ConfigError, match="environment variable GATHERWISE_POLICY_MARGIN"):
+        load_config(None, env={"GATHERWISE_POLICY_MARGIN": value})
+
+
+def test_non_utf8_config_file_names_the_file(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("sidecar:\n  api_token: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=f"{path}: not UTF-8"):
+        load_config(path, env={})

@@ -64,12 +64,10 @@ def test_invalid_command_is_ignored_with_one_warning(block, caplog):
     path, source, client = block
     good = client.write_command(GATHER)
     assert source.poll(0).seq == good
-    words = memoryview(client._mm).cast("Q")
     with caplog.at_level(logging.WARNING, "gatherwise.control"):
-        for i in range(3):  # reserved mode 2 in bucket 0, three times: one warning
-            fmt.seqlock_write(words, fmt.CMD_LOCK, (good + 1 + i, 2, 0, 0))
+        for i in range(3):  # mode code 3 (not a mode) in bucket 0, three times: one warning
+            fmt.fd_seqlock_write(client._fd, fmt.CMD_LOCK, (good + 1 + i, 3, 0, 0))
             assert source.poll(1 + i).table == GATHER
-    words.release()
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
     assert "invalid control command" in caplog.text and source.ignored_commands == 3
     assert client.write_command(ALL_GATHER) and source.poll(9).table == ALL_GATHER  # later good commands apply

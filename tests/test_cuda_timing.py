@@ -6,6 +6,7 @@ import pytest
 
 from engine_hooks.cuda_timing import EventClock, EventResolver
 from engine_hooks.modes import Mode
+from engine_hooks.shm_format import ring as fmt
 
 
 class FakeGpuStream:
@@ -49,12 +50,22 @@ class FakeCudaEvent:
 
 
 class ListRecorder:
+    """Keeps what the resolver hands a RingRecorder (the real one is exercised in test_recorder_path.py)."""
+
     def __init__(self) -> None:
-        self.calls: list[tuple[int, ...]] = []
+        self.calls: list[tuple[int, ...]] = []  # record_timed() arguments
+        self.counted: list[tuple[int, int, int, bool]] = []
+        self.drops: dict[int, int] = {}
         self.closed = False
 
-    def record(self, *args: int) -> None:
+    def count(self, mode: int, rows: int, nbytes: int, broadcast: bool) -> None:
+        self.counted.append((mode, rows, nbytes, broadcast))
+
+    def record_timed(self, *args: int) -> None:
         self.calls.append(args)
+
+    def drop(self, reason: int, calls: int = 1) -> None:
+        self.drops[reason] = self.drops.get(reason, 0) + calls
 
     def close(self) -> None:
         self.closed = True
@@ -142,6 +153,8 @@ def test_a_far_behind_gpu_drops_the_oldest_calls_instead_of_waiting():
     for i in range(20):
         run_call(clock, resolver, i, Mode.ALL_GATHER)
     assert resolver.pending == 8 and resolver.dropped == 12 and sink.calls == []
+    assert len(sink.counted) == 20  # every call counted at once, timed or not
+    assert sink.drops == {fmt.DROP_TIMING_BACKLOG: 12}
     assert all(e.synchronize_calls == 0 for e in created)
     stream.advance()
     resolver.poll()
@@ -165,6 +178,8 @@ def test_flush_with_wait_is_explicit_and_close_forwards_what_completed():
     run_call(clock, resolver, 1, Mode.ALL_GATHER)
     resolver.close()
     assert sink.closed and len(sink.calls) == 1  # close never waits for the GPU
+    assert len(sink.counted) == 2 and sink.drops == {fmt.DROP_TIMING_AT_CLOSE: 1}  # ... and says what it left
+    assert clock.outstanding == 0
 
 
 def test_max_pending_must_be_positive():

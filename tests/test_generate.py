@@ -19,8 +19,9 @@ import torch
 from engine_hooks.handshake import HandshakeError, handshake
 from engine_hooks.modes import Mode, ModeTable
 from engine_hooks.sampling import SamplingParams
+from engine_hooks.sharded_exchange import collectives_for
 from tp_engine.cli import generate_main
-from tp_engine.config import config_from_hf
+from tp_engine.hf_config import config_from_hf
 from tp_engine.launch import LaunchError, launch
 from tp_engine.runner import DTYPES, Engine, GenerateSpec, ModelSpec, generate_rank, make_path
 from tp_engine.scheduler import make_requests
@@ -97,17 +98,18 @@ def run_suite(rank: int, world: int, models: list[ModelSpec], cases: list[Case])
         model = loaded[case.model]
         vocab = model.config.vocab_size
         path = make_path(comm, vocab, case.mode, DTYPES[case.logits_dtype], model.device)
-        counted, last = [], [comm.count]
+        counted, last, sharded_calls = [], [comm.count], []
 
-        def on_step(batch, tokens, counted=counted, last=last) -> None:
+        def on_step(batch, tokens, counted=counted, last=last, sharded_calls=sharded_calls, width=path.width) -> None:
             counted.append(comm.count - last[0])
             last[0] = comm.count
+            sharded_calls.append(collectives_for(batch.rows, width))  # what this call costs in sharded mode
 
         requests = make_requests(case.num, vocab, case.max_new_tokens, case.seed, list(case.params),
                                  max_gap=case.max_gap)
         run = Engine(model, path, case.max_batch).generate(requests, on_step)
         results.append(dict(tokens=run.tokens, modes=run.modes, collectives=run.collectives, counted=counted,
-                            batch_sizes=run.batch_sizes))
+                            batch_sizes=run.batch_sizes, sharded_calls=sharded_calls))
     synthetic = Engine(loaded[1], lambda: make_path(comm, VOCABS[1], "schedule:21", torch.float32, torch.device("cpu")),
                        max_batch=64).synthetic(SYNTHETIC_SIZES)
     return {"probes": probes, "cases": results, "synthetic": [m.label for m in synthetic.mode_log]}
@@ -186,7 +188,7 @@ def suite(checkpoints) -> tuple[list[ModelSpec], list[Case]]:
     models = [ModelSpec(vocab=32000), ModelSpec(vocab=1001, weights_seed=1)]
     models += [ModelSpec(checkpoint=str(c)) for c in checkpoints]
     cases = []
-    for mode in ("all_gather", "gather", "schedule:7"):
+    for mode in ("all_gather", "gather", "sharded", "schedule:7"):
         cases.append(Case(f"32000 {mode} greedy", 0, mode, SAMPLING[:1], seed=1))
         cases.append(Case(f"32000 {mode} sampled", 0, mode, SAMPLING, seed=2))
     for s in range(NUM_SCHEDULES):
@@ -239,31 +241,35 @@ def test_tokens_match_tp1_in_every_mode_and_schedule(world, suite, runs):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("world", [2, 3])
-def test_modes_agree_and_collectives_are_one_or_two_per_call(world, suite, runs):
+def test_modes_agree_and_collectives_are_fixed_by_mode_and_kinds(world, suite, runs):
     reference, ranks = runs(1)[0], runs(world)
     for i, case in enumerate(suite[1]):
         modes = reference["cases"][i]["modes"]
         for rank, result in enumerate(ranks):
             got = result["cases"][i]
             assert got["modes"] == modes, f"{case.name}: rank {rank} modes differ"
-            want = [1 if m == "all_gather" else 2 for m in modes]
+            # all_gather: 1; gather: gather + broadcast; sharded: 1, or 2 when temperature/top-p rows need it
+            want = [1 if m == "all_gather" else 2 if m == "gather" else s
+                    for m, s in zip(modes, got["sharded_calls"], strict=True)]
             assert got["collectives"] == want and got["counted"] == want, f"{case.name}: rank {rank}"
-        if case.mode in ("all_gather", "gather"):
+        if case.mode in ("all_gather", "gather", "sharded"):
             assert set(modes) == {case.mode}
 
 
 def test_schedules_really_switch(suite, runs):
     cases = [i for i, c in enumerate(suite[1]) if c.name.startswith("1001 schedule:")]
     assert len(cases) >= 50
-    both = sum(len(set(runs(1)[0]["cases"][i]["modes"])) == 2 for i in cases)
-    assert both >= 25, f"only {both} of {len(cases)} schedules ran both modes"
+    seen = [set(runs(1)[0]["cases"][i]["modes"]) for i in cases]
+    assert set().union(*seen) == {"all_gather", "gather", "sharded"}
+    switched = sum(len(s) >= 2 for s in seen)
+    assert switched >= 25, f"only {switched} of {len(cases)} schedules ran more than one mode"
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("world", [2, 3])
 def test_synthetic_load_up_to_64_rows_agrees_on_modes(world, runs):
     want = runs(1)[0]["synthetic"]
-    assert len(want) == len(SYNTHETIC_SIZES) and set(want) == {"all_gather", "gather"}
+    assert len(want) == len(SYNTHETIC_SIZES) and len(set(want)) >= 2
     assert all(r["synthetic"] == want for r in runs(world))
 
 
@@ -297,7 +303,7 @@ def test_random_model_matches_the_reference_too(tmp_path):
     raw = dict(model_type="llama", vocab_size=1001, hidden_size=config.hidden_size,
                intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
                num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
-               rms_norm_eps=config.rms_norm_eps, rope_theta=config.rope_theta)
+               rms_norm_eps=config.rms_norm_eps, rope_theta=config.rope.theta)
     ckpt = write_checkpoint(tmp_path / "random", raw, torch.float64, files=1, seed=1)
     result = run_suite(0, 1, [spec, ModelSpec(checkpoint=str(ckpt))], [])
     want = reference_logits(ckpt, probe_tokens(1001))
@@ -360,10 +366,12 @@ def test_cli_tp2_prints_tp1_tokens():
     args = ("--mode", "schedule:4", "--prompts", "5", "--max-new-tokens", "5", "--temperature", "0.9", "--top-k",
             "50", "--top-p", "0.95", "--seed", "3")
     one, two = _cli("--tp", "1", *args), _cli("--tp", "2", *args)
-    assert set(two) == {"tokens", "modes", "collectives"}
+    assert set(two) == {"prompt_ids", "tokens", "finish_reasons", "modes", "collectives"}  # no tokenizer: no text
     assert two["tokens"] == one["tokens"] and len(two["tokens"]) == 5
+    assert two["prompt_ids"] == one["prompt_ids"] and len(two["prompt_ids"]) == 5
     assert len(two["modes"]) == 2 and two["modes"][0] == two["modes"][1] == one["modes"][0]
-    assert two["collectives"][0] == [1 if m == "all_gather" else 2 for m in two["modes"][0]]
+    # every row samples top-k (with top-p inside it): a sharded call is one exchange of the k best per row
+    assert two["collectives"][0] == [{"all_gather": 1, "gather": 2, "sharded": 1}[m] for m in two["modes"][0]]
 
 
 @pytest.mark.parametrize("argv, message", [

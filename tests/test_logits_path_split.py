@@ -27,7 +27,7 @@ def _split_path(rank, world, first_mode):
     gen = torch.Generator().manual_seed(9)
     tokens, expected = [], []
     for step, batch in enumerate(BATCHES):
-        if step == 3 and rank == 0:  # flip the table while call 3 runs: every rank switches at call 4
+        if step == 3 and rank == 0:  # flip the table while call 3 runs: every rank switches at call 3 + ADOPT_LAG
             source.request(ModeTable.uniform(Mode.GATHER if first_mode == "all_gather" else Mode.ALL_GATHER))
         full = torch.randn(batch, VOCAB, generator=gen)
         expected.append(full.argmax(-1).tolist())
@@ -49,7 +49,7 @@ def test_split_call_gives_every_rank_the_tokens_and_one_mode_per_call():
     for first in ("all_gather", "gather"):
         results = run_ranks(_split_path, 2, first, timeout=120)
         other = "gather" if first == "all_gather" else "all_gather"
-        want_modes = [first] * 4 + [other] * 2 + ["all_gather"] + [other]
+        want_modes = [first] * 5 + [other] + ["all_gather"] + [other]  # ADOPT_LAG == 2 (test_logits_path.py)
         for tokens, expected, modes, epoch in results:
             assert tokens == expected
             assert modes == want_modes

@@ -5,6 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine_hooks.modes import (
+    IMPLEMENTED,
     NUM_BUCKETS,
     ControlWord,
     Mode,
@@ -15,7 +16,7 @@ from engine_hooks.modes import (
     parse_buckets,
 )
 
-tables = st.lists(st.sampled_from([Mode.ALL_GATHER, Mode.GATHER]), min_size=NUM_BUCKETS, max_size=NUM_BUCKETS).map(
+tables = st.lists(st.sampled_from(IMPLEMENTED), min_size=NUM_BUCKETS, max_size=NUM_BUCKETS).map(
     lambda modes: ModeTable(tuple(modes))
 )
 
@@ -65,13 +66,20 @@ def test_control_word_rejects_wrong_version():
         ControlWord.unpack(word)
 
 
-def test_reserved_and_unknown_modes_are_rejected():
-    with pytest.raises(ValueError, match="reserved"):
-        Mode.parse("sharded")
+def test_sharded_is_a_mode_and_unknown_modes_are_rejected():
+    assert Mode.parse("sharded") == Mode.SHARDED == 2
+    assert Mode.SHARDED in IMPLEMENTED
+    table = ModeTable.decode(0b10_01_00)  # buckets 0, 1, 2 = all_gather, gather, sharded
+    assert table.modes[:3] == (Mode.ALL_GATHER, Mode.GATHER, Mode.SHARDED)
+    assert ModeTable.decode(table.encode()) == table
+    assert table.as_labels()["4"] == "sharded"
+    assert ModeTable.from_labels({"4": "sharded"}).modes[2] == Mode.SHARDED
+    assert ControlWord.unpack(ControlWord(table, 7).pack()).table == table
+    assert str(table).startswith("1:A 2:G 4:S 8:A")
     with pytest.raises(ValueError, match="unknown mode"):
         Mode.parse("scatter")
-    with pytest.raises(ValueError, match="reserved"):
-        ModeTable.decode(0b10)  # bucket 0 = SHARDED
+    with pytest.raises(ValueError, match="mode code 3 is not a mode"):
+        ModeTable.decode(0b11)  # bucket 0 = code 3
     with pytest.raises(ValueError, match="16 buckets"):
         ModeTable((Mode.GATHER,) * 3)
 

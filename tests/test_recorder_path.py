@@ -112,3 +112,61 @@ def test_event_clock_through_the_real_path_into_a_ring(tmp_path):
     assert [r.broadcast_ns for r in records] == [0 if b == 1 else step for b in BATCHES]
     resolver.close()
     assert reader.header().closed
+
+
+def _run_lagging_device(rank, world, shm_dir, engine_ids):
+    """The same calls twice on real gloo ranks: once timed on the CPU clock, once through the CUDA timing design
+    with a stand-in device that falls far behind (tests.test_cuda_timing's fake events)."""
+    from engine_hooks.comm import default_communicator
+    from engine_hooks.cuda_timing import EventClock, EventResolver
+    from engine_hooks.logits_path import LogitsPath
+    from engine_hooks.recorder import RingRecorder
+    from tests.test_cuda_timing import FakeCudaEvent, FakeGpuStream
+
+    plain_id, lagging_id = engine_ids
+    stream = FakeGpuStream()
+    clock = EventClock(lambda: FakeCudaEvent(stream))
+    recorders = [RingRecorder(fmt.ring_path(shm_dir, e, rank), engine_id=e, rank=rank, tp_size=world, vocab=VOCAB,
+                              dtype=torch.float32, capacity=64) for e in engine_ids]
+    resolver = EventResolver(clock, recorders[1], max_pending=3)
+    paths = [LogitsPath(default_communicator(), VOCAB, initial_table=_table(), recorder=recorders[0]),
+             LogitsPath(default_communicator(), VOCAB, initial_table=_table(), recorder=resolver, clock=clock)]
+    gen = torch.Generator().manual_seed(3)
+    for step, batch in enumerate(BATCHES * 3):
+        full = torch.randn(batch, VOCAB, generator=gen)
+        for path in paths:
+            part = full[:, rank * path.width: (rank + 1) * path.width]
+            path.logits_buffer(batch)[:, : part.shape[1]] = part
+            path.run(_rows(step, batch))
+        if step == 9:
+            stream.advance()  # the device catches up once: the 3 calls still pending resolve
+    recorders[0].close()
+    resolver.close()  # 3 calls still waiting for the device: counted as dropped at close
+    return resolver.resolved, resolver.dropped, resolver.dropped_at_close
+
+
+@pytest.mark.timeout(180)
+def test_counters_stay_exact_when_the_device_falls_behind(tmp_path):
+    plain_id, lagging_id = 0x21, 0x22
+    for engine_id in (plain_id, lagging_id):
+        os.makedirs(fmt.engine_dir(tmp_path, engine_id))
+    results = run_ranks(_run_lagging_device, 2, str(tmp_path), (plain_id, lagging_id), timeout=150)
+    calls = len(BATCHES) * 3
+    for rank, (resolved, dropped, at_close) in enumerate(results):
+        assert (resolved, dropped, at_close) == (3, calls - 6, 3)
+        with RingReader(fmt.ring_path(tmp_path, plain_id, rank)) as plain, \
+                RingReader(fmt.ring_path(tmp_path, lagging_id, rank)) as lagging:
+            p, lg = plain.header(), lagging.header()
+            # every call counted with its bytes, although only 3 of 18 ever got timings
+            for mode in (Mode.ALL_GATHER, Mode.GATHER):
+                assert lg.counters[mode].calls == p.counters[mode].calls > 0
+                assert {op: c.bytes for op, c in lg.counters[mode].ops.items()} == \
+                    {op: c.bytes for op, c in p.counters[mode].ops.items()}
+            assert p.drops == {"timing_backlog": 0, "timing_at_close": 0}
+            assert lg.drops == {"timing_backlog": dropped, "timing_at_close": at_close}
+            assert lg.write_index + dropped + at_close == calls == p.write_index
+            records, _ = lagging.read_new()
+            assert [r.call_index for r in records] == [7, 8, 9]  # the three pending when the device caught up
+            for mode in (Mode.ALL_GATHER, Mode.GATHER):  # time counters hold exactly the timed calls
+                mine = [r for r in records if r.mode == mode]
+                assert lg.counters[mode].ops["path"].ns == sum(r.path_ns for r in mine)

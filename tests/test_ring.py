@@ -255,3 +255,27 @@ def test_concurrent_writer_process_and_reader_never_misparse(tmp_path):
     finally:
         if proc.is_alive():
             proc.kill()
+
+
+def test_sharded_calls_have_their_own_ops_and_fallback_counts(tmp_path):
+    rec = make_recorder(tmp_path)
+    reader = RingReader(rec.path)
+    t0 = 1_000_000
+    # one collective only (greedy rows), then two (shard_resolve) with 3 of 5 top-p rows falling back
+    rec.record(0, Mode.SHARDED, 4, 0, 64, t0, t0 + 10, t0 + 30, 0, 0, t0, t0 + 40, t0 + 50)
+    # + (resolve_nbytes, topp_rows, fallback_rows), positional like every record() argument
+    rec.record(1, Mode.SHARDED, 8, 0, 96, t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100, 500, 5, 3)
+    (a, b), missed = reader.read_new()
+    assert missed == 0
+    assert (a.second_op, a.broadcast_start_ns, a.broadcast_ns, a.fallback_rows) == (None, 0, 0, 0)
+    assert (b.second_op, b.broadcast_start_ns, b.broadcast_ns, b.fallback_rows) == ("shard_resolve", t0 + 40, 50, 3)
+    sh = reader.header().counters[Mode.SHARDED]
+    assert sh.calls == 2
+    assert sh.ops["shard_exchange"] == fmt.OpCounters(40, 160)
+    assert sh.ops["shard_resolve"] == fmt.OpCounters(50, 500)
+    assert sh.ops["path"] == fmt.OpCounters(150, 660)
+    for op in ("all_gather", "gather", "broadcast"):  # nothing of a sharded call is counted under other names
+        assert sh.ops[op] == fmt.OpCounters(0, 0)
+    h = reader.header()
+    assert (h.topp_rows, h.topp_fallback_rows) == (5, 3)
+    assert fmt.MODE_OPS[Mode.SHARDED] == ("shard_exchange", "shard_resolve")

@@ -95,3 +95,35 @@ def test_row_uniform_is_a_pure_function_of_seed_request_position():
     assert len(set(first)) == len(first)  # each of seed, request, position changes the draw
     many = [row_uniform(7, r, 0) for r in range(4000)]
     assert abs(sum(many) / len(many) - 0.5) < 0.02
+
+
+LARGEST_BELOW_ONE = 1.0 - 2.0**-53  # the largest uniform row_uniform can return
+
+
+@pytest.mark.parametrize("u", [LARGEST_BELOW_ONE, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_draw_at_the_top_of_the_cdf_stays_in_the_vocab(u, dtype, monkeypatch):
+    """u at (or, forced, past) the end of the CDF: rounding puts the target at or beyond the last cumulative
+    mass; the search must stop at the last real token with mass, never run into padding columns."""
+    import engine_hooks.shard_sampling as shard_sampling
+
+    monkeypatch.setattr(shard_sampling, "row_uniform", lambda *_: u)
+    gen = torch.Generator().manual_seed(5)
+    vocab, batch = 1001, 64  # P=3: width 336, the last shard has 329 real columns and 7 of padding
+    full = (torch.randn(batch, vocab, generator=gen) * 2).to(dtype)
+    full[: batch // 2, -40:] = -1e4  # rows whose last real columns carry no mass at all
+    for params in PARAMS[1:]:
+        for world in (1, 2, 3):
+            tokens = sample(sharded(full, world), vocab, rows_for(params, batch))
+            assert int(tokens.max()) < vocab, f"{params} P={world}"
+            picked = full.gather(1, tokens[:, None]).squeeze(1).to(torch.float64)
+            assert bool((torch.exp((picked - full.to(torch.float64).amax(1)) / params.temperature) > 0).all())
+
+
+def test_the_in_shard_search_is_clamped_to_the_last_column_with_mass():
+    from engine_hooks.shard_sampling import find_in_shard
+
+    cum = torch.tensor([[0.5, 1.0, 1.0, 1.0], [0.25, 0.5, 0.75, 1.0]], dtype=torch.float64)  # row 0: 2 zero columns
+    beyond = torch.tensor([1.0 + 2**-52, 1.0], dtype=torch.float64)  # targets past the end by rounding
+    assert find_in_shard(cum, beyond).tolist() == [1, 3]
+    assert torch.searchsorted(cum, beyond[:, None], right=True).squeeze(1).tolist() == [4, 4]  # unclamped: past

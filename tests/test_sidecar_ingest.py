@@ -107,8 +107,10 @@ def test_dropped_records_counted_and_calls_exact(tmp_path: Path) -> None:
     ingest.poll_once()
     got = samples(metrics)
     assert value(got, "gatherwise_calls_total", engine="0000000000000002", rank="0", mode="all_gather") == 40
-    dropped = value(got, "gatherwise_records_dropped_total", engine="0000000000000002", rank="0")
-    assert dropped >= 40 - 16  # the reader also gives up the slot the writer may be rewriting
+    dropped = {reason: value(got, "gatherwise_records_dropped_total", engine="0000000000000002", rank="0",
+                             reason=reason) for reason in ("overwritten", "torn", "timing_backlog", "timing_at_close")}
+    assert dropped["overwritten"] >= 40 - 16  # the reader also gives up the slot the writer may be rewriting
+    assert dropped["torn"] == dropped["timing_backlog"] == dropped["timing_at_close"] == 0
     info = ingest.info()
     assert info.records_ingested + info.records_dropped == 2 * 40
 

@@ -27,7 +27,9 @@ HISTOGRAMS = {
 SCALARS = {
     "gatherwise_collective_bytes_total": {"engine", "rank", "op", "mode"},
     "gatherwise_calls_total": {"engine", "rank", "mode"},
-    "gatherwise_records_dropped_total": {"engine", "rank"},
+    "gatherwise_records_dropped_total": {"engine", "rank", "reason"},
+    "gatherwise_op_seconds_total": {"engine", "rank", "op", "mode"},
+    "gatherwise_logits_path_bytes_total": {"engine", "rank", "mode"},
     "gatherwise_engine_up": {"engine"},
     "gatherwise_engine_heartbeat_age_seconds": {"engine"},
 }

@@ -1,5 +1,8 @@
 """`gatherwise generate`: run the TP engine on P local ranks and print the tokens (and modes) it produced.
 
+Prompts are text (`--prompt`, encoded with the checkpoint's own tokenizer, optionally through its chat
+template) or token ids (`--prompt-ids`), in command-line order; without either, `--prompts N` random prompts.
+With a checkpoint, generation stops at its end-of-sequence ids unless `--ignore-eos`.
 torch is imported only after the arguments parse, so a bad argument fails fast with argparse's exit 2.
 """
 
@@ -34,16 +37,41 @@ def _ranged(kind: type, low: float, high: float | None = None, low_open: bool = 
     return parse
 
 
+def _text_prompt(text: str) -> tuple[str, str]:
+    if not text:
+        raise argparse.ArgumentTypeError("empty prompt")
+    return ("text", text)
+
+
+def _ids_prompt(text: str) -> tuple[str, tuple[int, ...]]:
+    try:
+        ids = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of token ids") from None
+    if any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"{text!r}: token ids must be >= 0")
+    return ("ids", ids)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gatherwise generate",
                                 description="Run the tensor-parallel engine on P local ranks and print its tokens.")
     p.add_argument("--tp", type=_ranged(int, 1, 64), default=1, help="tensor-parallel size P (local ranks)")
     p.add_argument("--mode", type=_mode, default="all_gather",
                    help="all_gather | gather | schedule:SEED (random table switches drawn from SEED)")
-    p.add_argument("--prompts", type=_ranged(int, 1, 4096), default=8, help="number of requests")
+    p.add_argument("--prompts", type=_ranged(int, 1, 4096), default=None,
+                   help="number of random-prompt requests (default 8; not with --prompt/--prompt-ids)")
+    p.add_argument("--prompt", dest="prompt_items", action="append", type=_text_prompt, default=[], metavar="TEXT",
+                   help="a text prompt, encoded with the checkpoint's tokenizer.json (repeatable)")
+    p.add_argument("--prompt-ids", dest="prompt_items", action="append", type=_ids_prompt, metavar="ID,ID,...",
+                   help="a prompt of token ids, e.g. 1,2,3 (repeatable)")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap each --prompt as one user message in the checkpoint's chat template")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="generate the full token budget even past the checkpoint's end-of-sequence ids")
     p.add_argument("--max-new-tokens", type=_ranged(int, 1, 4096), default=16,
-                   help="token budget T; each request draws its own in [ceil(T/2), T] so requests leave at "
-                        "different steps")
+                   help="token budget T; given prompts get T each, random ones draw their own in [ceil(T/2), T] so "
+                        "requests leave at different steps")
     p.add_argument("--temperature", type=_ranged(float, 0.0), default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=_ranged(int, 0), default=0, help="0 = off")
     p.add_argument("--top-p", type=_ranged(float, 0.0, 1.0, low_open=True), default=1.0, help="1 = off")
@@ -59,8 +87,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_ranged(int, 1, 256), default=1,
                    help="torch CPU threads per rank (1 keeps P ranks from oversubscribing the cores)")
     p.add_argument("--timeout", type=_ranged(float, 1.0), default=600.0, help="seconds before the run is abandoned")
-    p.add_argument("--json", action="store_true", help="print one JSON object: tokens, modes, collectives")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: prompt ids, tokens, finish reasons, text (with a tokenizer), modes, "
+                        "collectives")
     return p
+
+
+def _encode_prompts(parser: argparse.ArgumentParser, items: list[tuple[str, object]], tokenizer, chat: bool,
+                    vocab: int) -> list[tuple[int, ...]]:
+    """Token ids of every --prompt / --prompt-ids, in command-line order; a bad one ends with argparse's exit 2."""
+    prompts = []
+    for kind, value in items:
+        try:
+            ids = value if kind == "ids" else tokenizer.encode_chat(value) if chat else tokenizer.encode(value)
+        except ValueError as exc:
+            parser.error(f"--prompt {value!r}: {exc}")
+        if not ids:
+            parser.error(f"--prompt {value!r} encodes to no tokens")
+        bad = [t for t in ids if t >= vocab]
+        if bad:
+            parser.error(f"prompt {list(ids)}: token id {bad[0]} outside the vocabulary 0..{vocab - 1}")
+        prompts.append(tuple(ids))
+    return prompts
 
 
 def generate_main(argv: list[str] | None = None) -> int:
@@ -68,23 +116,40 @@ def generate_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.checkpoint is not None and args.vocab is not None:
         parser.error("--vocab applies to the random model only; a checkpoint brings its own vocab")
+    if args.prompts is not None and args.prompt_items:
+        parser.error("--prompts N makes random prompts; it does not combine with --prompt/--prompt-ids")
+    texts = [value for kind, value in args.prompt_items if kind == "text"]
+    if texts and args.checkpoint is None:
+        parser.error("--prompt needs --checkpoint (a text prompt is encoded with the checkpoint's tokenizer.json)")
+    if args.chat and not texts:
+        parser.error("--chat applies to --prompt TEXT")
 
     import torch
 
     from engine_hooks.sampling import SamplingParams
-    from tp_engine.config import load_hf_config
+    from tp_engine.hf_config import eos_token_ids
     from tp_engine.launch import LaunchError, launch
     from tp_engine.runner import GenerateSpec, ModelSpec, generate_rank
+    from tp_engine.tokenizer import CheckpointTokenizer
 
     model = ModelSpec(vocab=args.vocab or 32000, checkpoint=args.checkpoint, weights_seed=args.weights_seed,
                       compute_dtype=args.compute_dtype, device=args.device)
-    spec = GenerateSpec(model=model, mode=args.mode, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-                        seed=args.seed, params=SamplingParams(args.temperature, args.top_k, args.top_p, args.seed),
-                        logits_dtype=args.dtype, max_batch=args.max_batch)
+    tokenizer = None
     try:
-        config = model.config_and_source()[0] if args.checkpoint is None else load_hf_config(args.checkpoint)
+        config = model.config_and_source()[0]
+        stop_ids = eos_token_ids(args.checkpoint) if args.checkpoint is not None and not args.ignore_eos else ()
+        if args.checkpoint is not None:
+            tokenizer = CheckpointTokenizer.of(args.checkpoint)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         parser.error(f"--checkpoint {args.checkpoint}: {exc}")
+    if texts and tokenizer is None:
+        parser.error(f"--prompt needs a tokenizer.json in the checkpoint directory {args.checkpoint}")
+    prompts = _encode_prompts(parser, args.prompt_items, tokenizer, args.chat, config.vocab_size)
+    spec = GenerateSpec(model=model, mode=args.mode, num_prompts=args.prompts or 8,
+                        max_new_tokens=args.max_new_tokens, seed=args.seed,
+                        params=SamplingParams(args.temperature, args.top_k, args.top_p, args.seed),
+                        logits_dtype=args.dtype, max_batch=args.max_batch, prompts=tuple(prompts),
+                        stop_ids=tuple(stop_ids))
     if args.tp > config.num_heads:
         parser.error(f"--tp {args.tp} exceeds the model's {config.num_heads} attention heads")
     if args.device == "cuda" and args.tp > torch.cuda.device_count():
@@ -100,16 +165,28 @@ def generate_main(argv: list[str] | None = None) -> int:
         print(f"gatherwise generate: error: {exc}", file=sys.stderr)
         return 1
     tokens = [results[0].tokens[i] for i in sorted(results[0].tokens)]
+    if not prompts:  # the random prompts the ranks drew: the same pure function of the seed, redrawn here
+        from tp_engine.scheduler import make_requests
+
+        prompts = [r.prompt for r in make_requests(spec.num_prompts, config.vocab_size, spec.max_new_tokens,
+                                                   spec.seed)]
+    reasons = ["stop" if toks and toks[-1] in stop_ids else "length" for toks in tokens]
+    texts_out = [tokenizer.decode(toks) for toks in tokens] if tokenizer is not None else None
     if args.json:
-        print(json.dumps({"tokens": tokens, "modes": [r.modes for r in results],
-                          "collectives": [r.collectives for r in results]}))
+        out = {"prompt_ids": [list(p) for p in prompts], "tokens": tokens, "finish_reasons": reasons}
+        if texts_out is not None:
+            out["text"] = texts_out
+        out.update(modes=[r.modes for r in results], collectives=[r.collectives for r in results])
+        print(json.dumps(out))
         return 0
     first = results[0]
     print(f"tp={args.tp} mode={args.mode} requests={len(tokens)} logits calls={len(first.modes)} "
           f"batch sizes {min(first.batch_sizes)}..{max(first.batch_sizes)}")
     for i, toks in enumerate(tokens):
         more = " ..." if len(toks) > 12 else ""
-        print(f"  request {i:3d}: {len(toks):3d} tokens  {' '.join(map(str, toks[:12]))}{more}")
+        print(f"  request {i:3d}: {len(toks):3d} tokens ({reasons[i]})  {' '.join(map(str, toks[:12]))}{more}")
+        if texts_out is not None:
+            print(f"               {json.dumps(texts_out[i], ensure_ascii=False)}")
     for mode in sorted(set(first.modes)):
         print(f"  {mode}: {first.modes.count(mode)} calls")
     agree = all(r.modes == first.modes for r in results)

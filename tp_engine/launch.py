@@ -2,15 +2,19 @@
 
 gloo on CPU, NCCL on CUDA (rank r uses cuda:r). Every rank's failure comes back with its traceback; a rank
 that dies without reporting, or a run past `timeout`, kills the rest and raises — never a hang.
+
+Results come back through one pipe per rank, not a multiprocessing.Queue: a spawn-context Queue (or Event) is
+built on named POSIX semaphores (/dev/shm/sem.mp-*), which stay in tmpfs forever when the whole process tree is
+killed at once (SIGKILL, OOM) and nobody is left to unlink them. A pipe is only a pair of descriptors.
 """
 
 from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import pickle
-import queue as queue_mod
 import socket
 import time
 import traceback
@@ -41,11 +45,12 @@ def _rank_main(fn: Callable, rank: int, world: int, port: int, backend: str, thr
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout))
-        # plain pickle, not the queue's: torch would pass tensors as shared-memory handles that die with this process
-        results.put((rank, "ok", pickle.dumps(fn(rank, world, *args))))
+        # plain pickle, not the pipe's: torch would pass tensors as shared-memory handles that die with this process
+        results.send((rank, "ok", pickle.dumps(fn(rank, world, *args))))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, raised there
-        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        results.send((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
+        results.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -60,39 +65,44 @@ def launch(fn: Callable, world: int, *args: Any, device: str = "cpu", timeout: f
         raise ValueError(f"world size must be >= 1, got {world}")
     backend = "nccl" if device == "cuda" else "gloo"
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world)]  # (parent's reader, rank's writer) per rank
     port = free_port()
     procs = [ctx.Process(target=_rank_main, daemon=True,
-                         args=(fn, r, world, port, backend, threads_per_rank, timeout, args, results))
+                         args=(fn, r, world, port, backend, threads_per_rank, timeout, args, pipes[r][1]))
              for r in range(world)]
     for p in procs:
         p.start()
+    for _, writer in pipes:
+        writer.close()  # the rank holds its own copy; EOF on the reader then means the rank is gone
+    readers = {pipes[r][0]: r for r in range(world)}
     done: dict[int, Any] = {}
     errors: dict[int, str] = {}
     deadline = time.monotonic() + timeout
     try:
         while len(done) + len(errors) < world:
-            try:
-                rank, status, value = results.get(timeout=0.2)
+            for reader in mp_connection.wait(list(readers), timeout=0.2):
+                r = readers.pop(reader)
+                try:
+                    rank, status, value = reader.recv()
+                except (EOFError, OSError):
+                    procs[r].join(timeout=2)
+                    errors[r] = f"died without reporting (exit code {procs[r].exitcode})"
+                    continue
+                finally:
+                    reader.close()
                 if status == "ok":
                     done[rank] = pickle.loads(value)
                 else:
                     errors[rank] = value
-                if errors:  # the others usually fail alike within moments; don't wait out the full timeout
-                    deadline = min(deadline, time.monotonic() + 10.0)
-                continue
-            except queue_mod.Empty:
-                pass
-            pending = [r for r in range(world) if r not in done and r not in errors]
-            dead = [r for r in pending if procs[r].exitcode is not None]
-            if dead:
-                time.sleep(0.5)  # its result may still be in flight through the pipe
-                if results.empty():
-                    errors.update({r: f"died without reporting (exit code {procs[r].exitcode})" for r in dead})
-            elif time.monotonic() > deadline:
+            if errors:  # the others usually fail alike within moments; don't wait out the full timeout
+                deadline = min(deadline, time.monotonic() + 10.0)
+            if time.monotonic() > deadline:
+                pending = [r for r in range(world) if r not in done and r not in errors]
                 errors.update({r: f"no result within {timeout:g}s (or 10s after another rank failed)"
                                for r in pending})
     finally:
+        for reader in readers:
+            reader.close()
         for p in procs:
             p.join(timeout=2)
             if p.is_alive():

@@ -91,8 +91,11 @@ def column_parallel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return F.linear(x, weight, bias)
 
 
-def row_parallel(x: torch.Tensor, weight: torch.Tensor, tp: TPGroup) -> torch.Tensor:
-    return tp.all_reduce(F.linear(x, weight))
+def row_parallel(x: torch.Tensor, weight: torch.Tensor, tp: TPGroup, bias: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """Partial sums all_reduced; the (whole) bias is added after the sum, so it counts once, not P times."""
+    out = tp.all_reduce(F.linear(x, weight))
+    return out if bias is None else out + bias
 
 
 def lm_head_into(hidden: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:

@@ -21,26 +21,12 @@ from tp_engine.layers import (
     vocab_parallel_embedding,
     vocab_span,
 )
+from tp_engine.rope import apply_rope, rope_tables
 from tp_engine.weights import RankWeights
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
-
-
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """cos and sin [T, head_dim] in the HF Llama layout (the two halves rotate together)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
-    freqs = positions.to(torch.float64)[:, None] * inv_freq[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 class TPModel:
@@ -66,9 +52,11 @@ class TPModel:
         cfg, w, tp = self.config, self.weights, self.tp
         num_tokens, hd = tokens.shape[0], cfg.head_dim
         nq, nkv = self.heads.q.size, self.heads.kv.size
-        cos, sin = rope_tables(positions, hd, cfg.rope_theta, self.dtype)
+        cos, sin = rope_tables(positions, hd, cfg.rope, self.dtype)
         length = int(positions.max()) + 1
-        future = torch.arange(length, device=self.device)[None, :] > positions[:, None]  # [T, L] causal mask
+        behind = positions[:, None] - torch.arange(length, device=self.device)[None, :]  # [T, L] query - key
+        future = behind < 0  # causal mask
+        windowed = {w: future | (behind >= w) for w in set(cfg.sliding_windows) if w is not None}
         scale = hd ** -0.5
         x = vocab_parallel_embedding(tokens, w.embed, self.vocab_start, tp)
         for i, layer in enumerate(w.layers):
@@ -81,10 +69,12 @@ class TPModel:
             keys, values = cache.read(i, slots, length)  # [T, nkv, L, hd]
             keys, values = keys[:, self.kv_of_q], values[:, self.kv_of_q]  # GQA: [T, nq, L, hd]
             scores = torch.einsum("thd,thld->thl", q, keys) * scale
-            scores.masked_fill_(future[:, None, :], float("-inf"))
+            window = cfg.sliding_window(i)
+            scores.masked_fill_((future if window is None else windowed[window])[:, None, :], float("-inf"))
             attn = torch.einsum("thl,thld->thd", scores.softmax(dim=-1), values).reshape(num_tokens, nq * hd)
-            x = x + row_parallel(attn, layer.o, tp)
+            x = x + row_parallel(attn, layer.o, tp, layer.o_bias)
             h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
-            x = x + row_parallel(F.silu(column_parallel(h, layer.gate)) * column_parallel(h, layer.up), layer.down, tp)
+            act = F.silu(column_parallel(h, layer.gate, layer.gate_bias)) * column_parallel(h, layer.up, layer.up_bias)
+            x = x + row_parallel(act, layer.down, tp, layer.down_bias)
         h = rms_norm(x[logit_rows], w.final_norm, cfg.rms_norm_eps)
         lm_head_into(h, w.lm_head, out)

@@ -24,12 +24,20 @@ from engine_hooks.logits_path import CallRecorder, LogitsPath
 from engine_hooks.modes import Mode, ModeTable
 from engine_hooks.sampling import SamplingParams, SamplingRow
 from engine_hooks.table_source import ScheduleTableSource, TableSource, initial_schedule_table
-from tp_engine.config import ModelConfig, load_hf_config, tiny_config
+from tp_engine.config import ModelConfig, tiny_config
+from tp_engine.hf_config import load_hf_config
 from tp_engine.kv_cache import KVCache
 from tp_engine.layers import TPGroup
 from tp_engine.model import TPModel
-from tp_engine.scheduler import Request, Scheduler, StepBatch, make_requests, max_sequence_length
-from tp_engine.weights import RandomSource, SafetensorsSource, TensorSource, shard_weights
+from tp_engine.scheduler import (
+    Request,
+    Scheduler,
+    StepBatch,
+    make_requests,
+    max_sequence_length,
+    prompt_requests,
+)
+from tp_engine.weights import RandomSource, SafetensorsSource, TensorSource, check_tensor_names, shard_weights
 
 GREEDY = SamplingParams()
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -55,7 +63,9 @@ class ModelSpec:
         if self.checkpoint is None:
             config = tiny_config(self.vocab)
             return config, RandomSource(config, self.weights_seed)
-        return load_hf_config(self.checkpoint), SafetensorsSource(self.checkpoint)
+        config, source = load_hf_config(self.checkpoint), SafetensorsSource(self.checkpoint)
+        check_tensor_names(source.names(), config)
+        return config, source
 
     def config_hash(self, config: ModelConfig) -> int:
         origin = self.checkpoint or f"random:{self.weights_seed}"
@@ -161,6 +171,8 @@ class GenerateSpec:
     params: SamplingParams = SamplingParams()
     logits_dtype: str = "float32"
     max_batch: int = 16
+    prompts: tuple[tuple[int, ...], ...] = ()  # token ids; empty = `num_prompts` random prompts
+    stop_ids: tuple[int, ...] = ()  # end-of-sequence ids every request stops at
 
 
 def generate_rank(rank: int, world_size: int, spec: GenerateSpec) -> RunResult:
@@ -175,5 +187,9 @@ def generate_rank(rank: int, world_size: int, spec: GenerateSpec) -> RunResult:
     handshake(comm, config_hash=spec.model.config_hash(config), table=table, vocab=config.vocab_size,
               dtype=logits_dtype, device=model.device)
     path = make_path(comm, config.vocab_size, spec.mode, logits_dtype, model.device)
-    requests = make_requests(spec.num_prompts, config.vocab_size, spec.max_new_tokens, spec.seed, spec.params)
+    if spec.prompts:
+        requests = prompt_requests(spec.prompts, config.vocab_size, spec.max_new_tokens, spec.params, spec.stop_ids)
+    else:
+        requests = make_requests(spec.num_prompts, config.vocab_size, spec.max_new_tokens, spec.seed, spec.params,
+                                 stop_ids=spec.stop_ids)
     return Engine(model, path, spec.max_batch).generate(requests)

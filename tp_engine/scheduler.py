@@ -2,12 +2,14 @@
 
 Each step: requests whose arrival step has come join (up to `max_batch` running) and are prefilled, running
 ones decode one token, and all of them produce one logits row -> one logits call per step. Requests leave after
-their own `max_new_tokens`, so the batch size moves between steps. Nothing depends on time or on the rank.
+their own `max_new_tokens` or at a stop token (end of sequence; kept as the last token, as transformers does), so
+the batch size moves between steps. Nothing depends on time or on the rank.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from engine_hooks.sampling import SamplingParams, SamplingRow
@@ -23,6 +25,7 @@ class Request:
     max_new_tokens: int
     arrival_step: int = 0
     params: SamplingParams = GREEDY
+    stop_ids: frozenset[int] = frozenset()  # the request ends after sampling one of these
 
     def __post_init__(self) -> None:
         if not self.prompt:
@@ -106,7 +109,7 @@ class Scheduler:
         still = []
         for run, token in zip(batch.running, new_tokens, strict=True):
             run.generated.append(int(token))
-            if len(run.generated) >= run.request.max_new_tokens:
+            if len(run.generated) >= run.request.max_new_tokens or run.generated[-1] in run.request.stop_ids:
                 self.finished[run.request.request_id] = run.generated
                 self._cache.release(run.slot)
             else:
@@ -117,20 +120,31 @@ class Scheduler:
 
 def make_requests(num: int, vocab: int, max_new_tokens: int, seed: int = 0,
                   params: SamplingParams | list[SamplingParams] = GREEDY,
-                  max_prompt_len: int = 12, max_gap: int = 2) -> list[Request]:
+                  max_prompt_len: int = 12, max_gap: int = 2, stop_ids: Iterable[int] = ()) -> list[Request]:
     """Deterministic prompts of random ids and lengths 1..max_prompt_len, staggered arrivals (gaps of 0..max_gap
     steps) and budgets drawn in [ceil(T/2), T] so requests join and leave at different steps."""
     if num < 1:
         raise ValueError(f"need at least one request, got {num}")
     rng = random.Random(seed)
     plist = params if isinstance(params, list) else [params]
-    requests, arrival = [], 0
+    requests, arrival, stops = [], 0, frozenset(stop_ids)
     for i in range(num):
         prompt = tuple(rng.randrange(vocab) for _ in range(rng.randint(1, max_prompt_len)))
         budget = rng.randint((max_new_tokens + 1) // 2, max_new_tokens)
-        requests.append(Request(i, prompt, budget, arrival, plist[i % len(plist)]))
+        requests.append(Request(i, prompt, budget, arrival, plist[i % len(plist)], stops))
         arrival += rng.randint(0, max_gap)
     return requests
+
+
+def prompt_requests(prompts: Sequence[Sequence[int]], vocab: int, max_new_tokens: int,
+                    params: SamplingParams = GREEDY, stop_ids: Iterable[int] = ()) -> list[Request]:
+    """Given prompts (token ids), all arriving at once, each with the full budget `max_new_tokens`."""
+    for i, prompt in enumerate(prompts):
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt {i}: token id {bad[0]} outside the vocabulary 0..{vocab - 1}")
+    stops = frozenset(stop_ids)
+    return [Request(i, tuple(p), max_new_tokens, 0, params, stops) for i, p in enumerate(prompts)]
 
 
 def max_sequence_length(requests: list[Request]) -> int:

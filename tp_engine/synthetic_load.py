@@ -72,6 +72,7 @@ def max_rows(workload: str) -> int:
 
 
 def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: int) -> RankSummary:
+    # stop: the reading end of a pipe from the parent (multiprocessing Connection)
     """Rank main: model + hooks, then synthetic decode steps until rank 0 says stop."""
     import torch
 
@@ -101,7 +102,7 @@ def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: in
         while True:
             engine.synthetic([next(sizes) for _ in range(CALLS_PER_CHECK)], path=hooks.path)
             if rank == 0:
-                done = stop.is_set() or time.monotonic() >= deadline or os.getppid() != parent_pid
+                done = stop.poll() or time.monotonic() >= deadline or os.getppid() != parent_pid
                 flag.fill_(int(done))
             comm.broadcast(flag)
             if int(flag.item()):
@@ -145,9 +146,26 @@ def engine_main(argv: list[str] | None = None) -> int:
         return 2
     if args.shm_dir:
         cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, shm_dir=args.shm_dir))
+    if cfg.telemetry.enabled or cfg.control.enabled:
+        from engine_hooks.shm_format.private_files import ensure_private_dir
+
+        try:  # refuse an unsafe shm_dir here, with one line, rather than as a traceback from every rank
+            ensure_private_dir(cfg.engine.shm_dir)
+        except OSError as exc:
+            print(f"gatherwise engine: engine.shm_dir: {exc}", file=sys.stderr)
+            return 2
     spec = LoadSpec(args.tp, args.workload, args.duration, cfg, args.vocab, args.device, args.seed)
-    stop = mp.get_context("spawn").Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    # A pipe, not an Event: no named semaphore to leave in /dev/shm if the whole tree is killed. Rank 0 polls the
+    # reading end; a byte, or the end of the pipe when this process dies, both mean stop.
+    stop, stop_writer = mp.get_context("spawn").Pipe(duplex=False)
+
+    def request_stop(*_: object) -> None:
+        try:
+            stop_writer.send_bytes(b"s")
+        except OSError:
+            pass
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     timeout = (args.duration + 300.0) if args.duration is not None else 30 * 86400.0
     try:
         results = launch(engine_rank, args.tp, spec, stop, os.getpid(), device=args.device, timeout=timeout)

@@ -7,6 +7,7 @@ slices, so a checkpoint rank reads only its own rows/columns and the random mode
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -42,10 +43,14 @@ class LayerWeights:
     k_bias: torch.Tensor | None
     v_bias: torch.Tensor | None
     o: torch.Tensor  # [hidden, local q heads * head_dim] (row-parallel)
+    o_bias: torch.Tensor | None  # [hidden], whole on every rank: added once, after the all_reduce
     post_norm: torch.Tensor
     gate: torch.Tensor  # [local intermediate, hidden] (column-parallel)
     up: torch.Tensor
     down: torch.Tensor  # [hidden, local intermediate] (row-parallel)
+    gate_bias: torch.Tensor | None
+    up_bias: torch.Tensor | None
+    down_bias: torch.Tensor | None  # [hidden], whole on every rank
 
 
 @dataclass
@@ -69,24 +74,47 @@ def shard_weights(source: TensorSource, config: ModelConfig, rank: int, world_si
     layers = []
     for i in range(config.num_layers):
         name = lambda s: layer_name(i, s)  # noqa: E731, B023 - used immediately
-        bias = lambda s, rows: conv(source.read(name(s), 0, rows)) if config.qkv_bias else None  # noqa: E731, B023
+        def bias(suffix: str, present: bool, rows: Span | None = None) -> torch.Tensor | None:
+            return conv(source.read(name(suffix), 0, rows)) if present else None  # noqa: B023
+
         layers.append(LayerWeights(
             input_norm=conv(source.read(name("input_layernorm.weight"))),
             q=conv(source.read(name("self_attn.q_proj.weight"), 0, q_rows)),
             k=conv(source.read(name("self_attn.k_proj.weight"), 0, kv_rows)),
             v=conv(source.read(name("self_attn.v_proj.weight"), 0, kv_rows)),
-            q_bias=bias("self_attn.q_proj.bias", q_rows),
-            k_bias=bias("self_attn.k_proj.bias", kv_rows),
-            v_bias=bias("self_attn.v_proj.bias", kv_rows),
+            q_bias=bias("self_attn.q_proj.bias", config.qkv_bias, q_rows),
+            k_bias=bias("self_attn.k_proj.bias", config.qkv_bias, kv_rows),
+            v_bias=bias("self_attn.v_proj.bias", config.qkv_bias, kv_rows),
             o=conv(source.read(name("self_attn.o_proj.weight"), 1, q_rows)),
+            o_bias=bias("self_attn.o_proj.bias", config.o_bias),
             post_norm=conv(source.read(name("post_attention_layernorm.weight"))),
             gate=conv(source.read(name("mlp.gate_proj.weight"), 0, mlp)),
             up=conv(source.read(name("mlp.up_proj.weight"), 0, mlp)),
             down=conv(source.read(name("mlp.down_proj.weight"), 1, mlp)),
+            gate_bias=bias("mlp.gate_proj.bias", config.mlp_bias, mlp),
+            up_bias=bias("mlp.up_proj.bias", config.mlp_bias, mlp),
+            down_bias=bias("mlp.down_proj.bias", config.mlp_bias),
         ))
     head_name = LM_HEAD if source.has(LM_HEAD) and not config.tie_word_embeddings else EMBED
     return RankWeights(embed=conv(source.read(EMBED, 0, vocab)), layers=layers,
                        final_norm=conv(source.read(FINAL_NORM)), lm_head=conv(source.read(head_name, 0, vocab)))
+
+
+def check_tensor_names(names: Iterable[str], config: ModelConfig) -> None:
+    """Refuse a checkpoint whose tensors are not exactly those the config implies: a tensor the model would not
+    read (a bias the config does not switch on, an extra layer, ...) means config and weights disagree."""
+    expected = set(random_shapes(config))
+    names = set(names)
+    ignorable = {n for n in names if n.endswith(".rotary_emb.inv_freq")}  # a recomputed buffer older exports saved
+    if config.tie_word_embeddings:
+        ignorable.add(LM_HEAD)  # transformers ties the head to the embedding and ignores a stored copy too
+    missing = sorted(expected - names - ({LM_HEAD} if config.tie_word_embeddings else set()))
+    unused = sorted(names - expected - ignorable)
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} tensor(s) the config needs, e.g. {missing[0]!r}")
+    if unused:
+        raise ValueError(f"checkpoint has {len(unused)} tensor(s) its config does not use, e.g. {unused[0]!r}: "
+                         f"config.json and the weights disagree")
 
 
 def _slice(t: torch.Tensor, dim: int, span: Span | None) -> torch.Tensor:
@@ -127,6 +155,11 @@ def random_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], float
         if config.qkv_bias:
             layer.update({f"self_attn.{p}_proj.bias": ((n,), 0.0, 0.1) for p, n in
                           (("q", q_out), ("k", kv_out), ("v", kv_out))})
+        if config.o_bias:
+            layer["self_attn.o_proj.bias"] = ((h,), 0.0, 0.1)
+        if config.mlp_bias:
+            layer.update({f"mlp.{p}_proj.bias": ((n,), 0.0, 0.1) for p, n in (("gate", inter), ("up", inter),
+                                                                            ("down", h))})
         spec.update({layer_name(i, k): v for k, v in layer.items()})
     return spec
 
@@ -172,6 +205,9 @@ class SafetensorsSource:
 
     def has(self, name: str) -> bool:
         return name in self._where
+
+    def names(self) -> list[str]:
+        return list(self._where)
 
     def read(self, name: str, dim: int = 0, span: Span | None = None) -> torch.Tensor:
         if name not in self._where:

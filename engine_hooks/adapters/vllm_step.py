@@ -10,9 +10,14 @@ hooked calls is the same on every rank and each one is followed by exactly one s
 - gather mode: rank 0 gets the full logits and samples with vLLM's sampler; the other ranks get placeholder
   logits, skip the sampler and receive rank 0's token ids (plus the control word) by one broadcast, then go on
   as if they had sampled.
+- sharded mode: every rank reduces its own shard to (max, index) per row and one all_gather of those pairs
+  gives every rank the argmax (engine_hooks.sharded_exchange); all ranks get placeholder logits, skip vLLM's
+  sampler and return those tokens. Only for batches whose greedy token is the argmax of the raw logits
+  (`sharded_greedy_ok`: no penalties, logit bias, min-tokens, bad words, allowed-token masks, logprobs);
+  other all-greedy batches in a sharded bucket run all_gather.
 - vLLM keeps its TP ranks in step by giving every rank the same random stream. A rank that skips a random
   sample would fall out of that stream, so a batch that is not all-greedy always runs all_gather (recorded as
-  such); gather mode applies to all-greedy batches.
+  such); gather and sharded modes apply to all-greedy batches.
 
 The hooks are installed lazily at the first hooked call (torch.distributed and vLLM's TP group exist by then):
 handshake, engine id, ring recorder and control block come from engine_hooks.install.install_hooks.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +38,7 @@ import torch
 from engine_hooks.adapters.placeholder_logits import PlaceholderLogits
 from engine_hooks.config import GatherwiseConfig
 from engine_hooks.modes import Mode
+from engine_hooks.sampling_params import SamplingParams, SamplingRow
 
 log = logging.getLogger("gatherwise.vllm")
 
@@ -43,6 +50,8 @@ class VllmStepHooks:
         self.disabled: str | None = None  # why the hooks stay off in this worker
         self._runner: Any = None  # the model runner inside execute_model, else None
         self._pending: Mode | None = None  # mode of the hooked call whose sampling is still to come
+        self._sharded_tokens: torch.Tensor | None = None  # tokens of a sharded call, for its sampler call
+        self._greedy_rows: list[SamplingRow] = []
         self._placeholder = PlaceholderLogits()
 
     # -- scope: the step's logits call --------------------------------------------------------------------
@@ -82,6 +91,8 @@ class VllmStepHooks:
         self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
                                        device=logits.device, config=self.config)
         atexit.register(self.close)
+        # a forked vLLM worker ends through multiprocessing, which skips atexit but runs its finalizers
+        multiprocessing.util.Finalize(None, self.close, exitpriority=10)
         log.info("gatherwise: hooks installed on TP rank %d/%d, engine %016x, table %s", comm.rank,
                  comm.world_size, self.installed.engine_id, self.installed.path.table.as_labels())
         return self.installed.path
@@ -98,12 +109,32 @@ class VllmStepHooks:
         if path is None:
             return original(processor, logits)
         rows = logits.shape[0]
-        path.logits_buffer(rows).copy_(logits)  # the one copy vLLM's own all_gather does not make
-        all_greedy = runner.input_batch.sampling_metadata.all_greedy
+        buf = path.logits_buffer(rows)
+        buf.copy_(logits)  # the one copy vLLM's own all_gather does not make
+        metadata = runner.input_batch.sampling_metadata
+        all_greedy = metadata.all_greedy
+        # Every rank decides from the same table and the same (broadcast) sampling metadata. begin_call adopts
+        # what is due for this call and returns its mode; exchange()/run() below do not repeat it.
+        if all_greedy and path.begin_call(rows) == Mode.SHARDED:
+            if sharded_greedy_ok(metadata):
+                return self._sharded_greedy(path, buf, processor, rows, logits)
+            all_greedy = False  # the greedy token is not the raw argmax here: all_gather, as vLLM does
         mode, shards = path.exchange(mode=None if all_greedy else Mode.ALL_GATHER)
         self._pending = mode
         if mode == Mode.ALL_GATHER or path.rank == 0:
             return shards.permute(1, 0, 2).reshape(rows, -1)  # [B, P*Vs], the layout vLLM's all_gather gives
+        return self._placeholder.get(rows, path.world_size * path.width, logits.dtype, logits.device)
+
+    def _sharded_greedy(self, path: Any, buf: torch.Tensor, processor: Any, rows: int,
+                        logits: torch.Tensor) -> torch.Tensor:
+        """A sharded call now: every rank gets the argmax tokens; vLLM gets placeholder logits to pass along."""
+        real = getattr(processor, "org_vocab_size", None)  # vLLM pads the LM head; its padding is trimmed later
+        if real is not None:
+            buf[:, max(0, min(path.width, real - path.rank * path.width)):] = float("-inf")
+        if len(self._greedy_rows) < rows:
+            self._greedy_rows = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
+        self._sharded_tokens = path.run(self._greedy_rows[:rows])
+        self._pending = Mode.SHARDED
         return self._placeholder.get(rows, path.world_size * path.width, logits.dtype, logits.device)
 
     # -- Sampler.forward ------------------------------------------------------------------------------------
@@ -112,6 +143,11 @@ class VllmStepHooks:
         if mode is None:
             return original(sampler, logits, *args, **kwargs)
         path = self.installed.path
+        if mode == Mode.SHARDED:
+            tokens, self._sharded_tokens = self._sharded_tokens, None
+            from vllm.v1.outputs import SamplerOutput
+
+            return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1), logprobs_tensors=None)
         clock = getattr(path, "clock", time.perf_counter_ns)
         if mode == Mode.ALL_GATHER or path.rank == 0:
             start = clock()
@@ -124,3 +160,24 @@ class VllmStepHooks:
         from vllm.v1.outputs import SamplerOutput
 
         return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1), logprobs_tensors=None)
+
+
+def sharded_greedy_ok(metadata: Any) -> bool:
+    """Whether vLLM's greedy token for every row is the argmax of the raw logits, so sharded mode may pick it
+    from the shards: nothing that rewrites logits before the argmax, and no logprobs (they need every column).
+    Unknown logits processors that may move the argmax make it False."""
+    if not metadata.all_greedy or not metadata.no_penalties or metadata.allowed_token_ids_mask is not None:
+        return False
+    if metadata.bad_words_token_ids or metadata.max_num_logprobs is not None:
+        return False
+    if getattr(metadata, "logprob_token_ids", None) or getattr(metadata, "spec_token_ids", None):
+        return False
+    holder = getattr(metadata, "thinking_budget_state_holder", None)
+    if holder is not None and holder.has_tracked_requests():
+        return False
+    for proc in getattr(metadata.logitsprocs, "non_argmax_invariant", ()):
+        # vLLM's built-ins are idle when their per-request state is empty (logit_bias, min_tokens)
+        state = getattr(proc, "biases", getattr(proc, "min_toks", None))
+        if state is None or state:
+            return False
+    return True

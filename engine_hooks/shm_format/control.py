@@ -140,3 +140,48 @@ def seqlock_read(words: memoryview, lock_index: int, count: int, tries: int = 64
         if words[lock_index] == before:
             return values
     return None
+
+
+# -- the same protocol through a file descriptor (the sidecar: pread/pwrite never fault on a shrunk file) ----
+_U64 = struct.Struct("<Q")
+
+
+class ControlTruncatedError(ControlFormatError):
+    """The control block file became shorter than a block while it was being read or written."""
+
+
+def _pread(fd: int, size: int, offset: int) -> bytes:
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise ControlTruncatedError(f"control block shrank below {offset + size} bytes (truncated by another "
+                                    f"process?)")
+    return data
+
+
+def read_block(fd: int) -> bytes:
+    """The whole block, one pread (for the header; areas are read with fd_seqlock_read)."""
+    return _pread(fd, BLOCK_SIZE, 0)
+
+
+def fd_seqlock_read(fd: int, lock_index: int, count: int, tries: int = 64) -> tuple[int, ...] | None:
+    """seqlock_read through `fd`: lock and fields in one pread (copied in address order), then the lock again."""
+    offset = 8 * lock_index
+    for _ in range(tries):
+        words = struct.unpack(f"<{count + 1}Q", _pread(fd, 8 * (count + 1), offset))
+        if words[0] & 1:
+            continue
+        if _U64.unpack(_pread(fd, 8, offset))[0] == words[0]:
+            return words[1:]
+    return None
+
+
+def fd_seqlock_write(fd: int, lock_index: int, values: tuple[int, ...]) -> None:
+    """seqlock_write through `fd`: lock odd, fields, lock even; each an aligned pwrite of whole u64 words.
+    Refuses to write into a file that shrank (a pwrite there would grow it again)."""
+    if os.fstat(fd).st_size < BLOCK_SIZE:
+        raise ControlTruncatedError(f"control block is {os.fstat(fd).st_size} bytes, expected {BLOCK_SIZE}")
+    offset = 8 * lock_index
+    lock = _U64.unpack(_pread(fd, 8, offset))[0] | 1
+    os.pwrite(fd, _U64.pack(lock), offset)
+    os.pwrite(fd, struct.pack(f"<{len(values)}Q", *(v & U64_MASK for v in values)), offset + 8)
+    os.pwrite(fd, _U64.pack((lock + 1) & U64_MASK), offset)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAGIC = b"GWRING\x00\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HEADER_SIZE = 512  # records start here
 
 # -- directory layout: <shm_dir>/<engine_id as 16 hex digits>/rank-<r> and .../control -------------------
@@ -60,14 +60,35 @@ STATE = struct.Struct("<I")
 STATE_OPEN, STATE_CLOSED = 1, 2
 
 # Cumulative counters: one row per mode code (0..NUM_MODE_ROWS-1), each row = calls, then (ns, bytes) per op.
-OPS = ("all_gather", "gather", "broadcast", "sample", "path")
-OP_ALL_GATHER, OP_GATHER, OP_BROADCAST, OP_SAMPLE, OP_PATH = range(len(OPS))
-NUM_MODE_ROWS = 4  # 2-bit mode codes: all_gather, gather, sharded (reserved), spare
+OPS = ("all_gather", "gather", "broadcast", "sample", "path", "shard_exchange", "shard_resolve")
+OP_ALL_GATHER, OP_GATHER, OP_BROADCAST, OP_SAMPLE, OP_PATH, OP_SHARD_EXCHANGE, OP_SHARD_RESOLVE = range(len(OPS))
+NUM_MODE_ROWS = 3  # mode codes all_gather, gather, sharded (code 3 is not a mode)
 COUNTERS_OFFSET = 128
 COUNTER_ROW = struct.Struct(f"<{1 + 2 * len(OPS)}Q")
 COUNTERS = struct.Struct(f"<{NUM_MODE_ROWS * (1 + 2 * len(OPS))}Q")
-assert HEADER_FIXED.size <= COUNTERS_OFFSET
+# Top-p rows sampled in sharded mode, and how many of them took the full-row fallback (cumulative u64 each),
+# in the bytes after the fixed header fields.
+TOPP_ROWS_OFFSET = 80
+TOPP_FALLBACK_ROWS_OFFSET = 88
+TOPP_COUNTERS = struct.Struct("<QQ")
+assert HEADER_FIXED.size <= TOPP_ROWS_OFFSET
+assert TOPP_ROWS_OFFSET + TOPP_COUNTERS.size <= COUNTERS_OFFSET
 assert COUNTERS_OFFSET + COUNTERS.size <= HEADER_SIZE
+
+# Calls whose timings never reached a record, per reason (their calls and bytes are counted all the same):
+#   timing_backlog  the CUDA event resolver gave up on them: the device was too many calls behind the host
+#   timing_at_close their events had not completed when the recorder closed
+# Rings of writers that predate these counters hold zeros here (the area was reserved and zero).
+DROP_REASONS = ("timing_backlog", "timing_at_close")
+DROP_TIMING_BACKLOG, DROP_TIMING_AT_CLOSE = range(len(DROP_REASONS))
+DROPS_OFFSET = COUNTERS_OFFSET + COUNTERS.size  # 488
+DROPS = struct.Struct(f"<{len(DROP_REASONS)}Q")
+assert DROPS_OFFSET + DROPS.size <= HEADER_SIZE
+
+# The operations a call runs, by mode: (its first collective, its second operation or None). In a record the
+# first is timed by the collective fields, the second by the broadcast fields (flag FLAG_BROADCAST or
+# FLAG_RESOLVE says which second operation ran).
+MODE_OPS = {0: ("all_gather", None), 1: ("gather", "broadcast"), 2: ("shard_exchange", "shard_resolve")}
 
 # -- record ------------------------------------------------------------------------------------------------
 # seq, start_ns, call_index, nbytes, epoch, rows, vocab, rank, mode, dtype,
@@ -77,7 +98,10 @@ RECORD = struct.Struct("<QQQQIIIHBBIIIIIIIIQ")
 RECORD_SIZE = RECORD.size  # 88
 RECORD_FIELDS = 19
 U32_MAX = 0xFFFFFFFF
-FLAG_BROADCAST = 1  # the call broadcast tokens (gather mode); otherwise broadcast fields are 0
+FLAG_BROADCAST = 1  # the call broadcast tokens (gather mode); the broadcast fields time it
+FLAG_RESOLVE = 2  # sharded mode: the call ran its second collective (shard_resolve); the broadcast fields time it
+FALLBACK_SHIFT = 8  # flags bits 8..31: top-p rows of this call that took the full-row fallback (sharded mode)
+FALLBACK_MAX = (1 << 24) - 1
 BROADCAST_BYTES_PER_ROW = 8  # int64 token ids; plus one 8-byte control word per call
 
 
@@ -123,10 +147,24 @@ class RingHeader:
     writer_pid: int
     closed: bool
     counters: dict[int, ModeCounters]  # mode code -> counters (every row, including unused modes)
+    drops: dict[str, int] = field(default_factory=dict)  # DROP_REASONS -> calls recorded without timings
+    topp_rows: int = 0  # top-p rows sampled in sharded mode, cumulative
+    topp_fallback_rows: int = 0  # of those, rows that took the full-row fallback
 
     def mono_to_wall_ns(self, mono_ns: int) -> int:
         """Wall-clock ns (time.time_ns scale) of a monotonic timestamp from this ring."""
         return self.created_ns + (mono_ns - self.created_mono_ns)
+
+
+def second_op_of(flags: int) -> str | None:
+    """Which second operation a record's broadcast fields time, from its flags."""
+    if flags & FLAG_RESOLVE:
+        return "shard_resolve"
+    return "broadcast" if flags & FLAG_BROADCAST else None
+
+
+def fallback_rows_of(flags: int) -> int:
+    return flags >> FALLBACK_SHIFT
 
 
 def counters_from_values(values: tuple[int, ...]) -> dict[int, ModeCounters]:
@@ -160,6 +198,8 @@ class CallRecord:
     sample_start_ns: int
     sample_ns: int
     end_ns: int
+    second_op: str | None = None  # "broadcast" (gather mode), "shard_resolve" (sharded mode) or None
+    fallback_rows: int = 0  # top-p rows of this call that took the full-row fallback (sharded mode)
 
     @property
     def path_ns(self) -> int:

@@ -11,6 +11,9 @@ buckets occur):
   through the sidecar's HTTP API (PUT /v1/mode) between steps: gather, all_gather, gather again.
   Then the sidecar's /metrics and /v1/mode, and every rank's ring (call_index -> mode), are collected while
   the engine still runs.
+- three-mode switches (with --control-switch): the same stepping, the mode flipped between steps by writing
+  the engine's real control block (sidecar.control_client, what the sidecar itself writes): gather, sharded,
+  all_gather, sharded.
 """
 
 from __future__ import annotations
@@ -61,12 +64,42 @@ def run_switched(llm, sidecar: str, token: str) -> dict:
             "metrics": metrics, "mode": json.loads(mode) if code == 200 else None}
 
 
+def run_control_switched(llm, shm_dir: str) -> dict:
+    """Greedy requests stepped by hand; the table is flipped across all three modes through the control block."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from engine_hooks.modes import Mode, ModeTable
+    from sidecar.control_client import ControlClient
+    from sidecar.ring_reader import discover_engines
+
+    engine = llm.llm_engine
+    for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS, strict=True)):
+        engine.add_request(f"cs-{i}", TokensPrompt(prompt_token_ids=prompt),
+                           SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False))
+    plan = {2: Mode.GATHER, 6: Mode.SHARDED, 10: Mode.ALL_GATHER, 14: Mode.SHARDED}  # step -> mode before it
+    outputs, step, applied = {}, 0, []
+    client = None
+    while engine.has_unfinished_requests():
+        if step in plan:
+            if client is None:
+                client = ControlClient(discover_engines(shm_dir)[0].control)
+            applied.append({"step": step, "mode": plan[step].label,
+                            "seq": client.write_command(ModeTable.uniform(plan[step]))})
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = list(out.outputs[0].token_ids)
+        step += 1
+    return {"tokens": [outputs[f"cs-{i}"] for i in range(len(PROMPTS))], "commands": applied, "steps": step}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
     p.add_argument("--shm-dir")
     p.add_argument("--sidecar")
     p.add_argument("--token")
+    p.add_argument("--control-switch", action="store_true")
     args = p.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -82,6 +115,8 @@ def main() -> None:
               "seeded": token_ids(llm.generate(prompts, seeded, use_tqdm=False))}
     if args.sidecar:
         result["switched"] = run_switched(llm, args.sidecar, args.token)
+    if args.control_switch:
+        result["control_switched"] = run_control_switched(llm, args.shm_dir)
     if args.shm_dir:
         result["rings"] = read_rings(args.shm_dir)
     print("RESULT " + json.dumps(result), flush=True)

@@ -45,6 +45,16 @@ def gather_run(model, shm_root) -> dict:
 
 
 @pytest.fixture(scope="module")
+def sharded_run(model, shm_root) -> dict:
+    """Starts in sharded mode; after the greedy and seeded phases the table is flipped across all three modes
+    through the engine's control block (in-process engine core, so each step is one model step)."""
+    shm = os.path.join(shm_root, "sharded")
+    env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, GATHERWISE_ENGINE_INITIAL_MODE="sharded",
+                   VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    return run_engine(model, env, "--shm-dir", shm, "--control-switch")
+
+
+@pytest.fixture(scope="module")
 def switched_run(model, shm_root) -> dict:
     shm = os.path.join(shm_root, "switched")
     os.makedirs(shm, exist_ok=True)
@@ -69,9 +79,26 @@ def test_gather_mode_gives_vllms_greedy_tokens(plain, gather_run):
     assert mode_runs(rings["0"]["calls"]) == [Mode.GATHER, Mode.ALL_GATHER]
 
 
-def test_seeded_sampling_unchanged_by_the_plugin(plain, gather_run, switched_run):
+def test_sharded_mode_gives_vllms_greedy_tokens(plain, sharded_run):
+    assert sharded_run["greedy"] == plain["greedy"]
+    rings = sharded_run["rings"]
+    assert sorted(rings) == ["0", "1"]
+    # greedy phase sharded; the seeded phase is not all-greedy, so it runs all_gather; then sharded again until
+    # the control-block switches: gather, sharded, all_gather, sharded
+    assert mode_runs(rings["0"]["calls"]) == [Mode.SHARDED, Mode.ALL_GATHER, Mode.SHARDED, Mode.GATHER,
+                                              Mode.SHARDED, Mode.ALL_GATHER, Mode.SHARDED]
+
+
+def test_switches_across_three_modes_keep_vllms_greedy_tokens(plain, sharded_run):
+    cs = sharded_run["control_switched"]
+    assert [c["mode"] for c in cs["commands"]] == ["gather", "sharded", "all_gather", "sharded"]
+    assert cs["tokens"] == plain["greedy"]  # plain == sharded == switched across the three modes
+
+
+def test_seeded_sampling_unchanged_by_the_plugin(plain, gather_run, switched_run, sharded_run):
     assert gather_run["seeded"] == plain["seeded"]
     assert switched_run["seeded"] == plain["seeded"]
+    assert sharded_run["seeded"] == plain["seeded"]
 
 
 def test_all_gather_mode_gives_vllms_greedy_tokens(plain, switched_run):
@@ -89,7 +116,7 @@ def test_switch_through_sidecar_api_mid_generation(plain, switched_run):
                                                               Mode.GATHER]
 
 
-@pytest.mark.parametrize("run", ["gather_run", "switched_run"])
+@pytest.mark.parametrize("run", ["gather_run", "switched_run", "sharded_run"])
 def test_every_rank_runs_the_same_mode_per_call(run, request):
     rings = request.getfixturevalue(run)["rings"]
     assert all(r["missed"] == 0 for r in rings.values())

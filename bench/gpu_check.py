@@ -1,0 +1,623 @@
+"""The GPU check: what must hold (and what it costs) when the logits path runs on CUDA.
+
+    scripts/gpu_check.sh OUTDIR            # = python -m bench.gpu_check OUTDIR (from the repository root)
+    python -m bench.gpu_check OUTDIR --cpu # the same checks on the CPU (what `make test` runs; no GPU parts)
+
+Needs torch (with CUDA for the real check), pyyaml and, for the metrics part, prometheus-client; nothing else,
+no network, no install. Writes OUTDIR/gpu_check.json (every number) and OUTDIR/summary.txt (one line per
+check). Each check is independent: a failure is recorded with its message and the next check runs. A global
+deadline keeps the run under 8 minutes (checks that would start past it are recorded as skipped).
+
+Checks (every mode in engine_hooks.modes.IMPLEMENTED, so a new mode is covered without changing this file):
+  sync_free       TP=1 path on CUDA per mode and sampling kind, steady state under
+                  torch.cuda.set_sync_debug_mode("error"), with a mode switch; every rank's switch call
+  tp2_gloo_cuda   TP=2 on one GPU: two processes, gloo, CUDA tensors (if this torch's gloo takes them)
+  event_timing    CUDA-event timings of the path against wall clock (synchronized) per mode
+  graphs          capture + replay of one variant per mode (ModeGraphs), tokens vs eager, mode switch
+  sampler         the path's sampling per mode, B in {1, 64, 256}, V = 152064, bfloat16
+  hook_overhead   host time per call, recording off vs on, TP=1 path on the GPU
+  header_metrics  the ring header exported through the sidecar's metrics module (prometheus-client only)
+  pytest_gpu      tests/test_gpu.py, when pytest is installed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BUDGET_S = 450.0  # the whole run stays under 8 minutes with margin for process start and imports
+SAMPLER_ROWS = (1, 64, 256)
+SAMPLER_VOCAB = 152064
+KINDS = ("greedy", "temperature", "top_k", "top_p")
+
+
+class Skip(Exception):
+    """A check that cannot run here (no GPU, a package missing); the reason goes into the report."""
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+def _params(kind: str):
+    from engine_hooks.sampling import SamplingParams
+
+    return {"greedy": SamplingParams(), "temperature": SamplingParams(temperature=0.8, seed=1),
+            "top_k": SamplingParams(temperature=0.8, top_k=20, seed=1),
+            "top_p": SamplingParams(temperature=0.8, top_p=0.9, seed=1)}[kind]
+
+
+def _rows(kind: str, batch: int, position: int = 0):
+    from engine_hooks.sampling import SamplingRow
+
+    return [SamplingRow(_params(kind), request_id=i, position=position) for i in range(batch)]
+
+
+def _other_mode(mode):
+    from engine_hooks.modes import IMPLEMENTED
+
+    return IMPLEMENTED[(IMPLEMENTED.index(mode) + 1) % len(IMPLEMENTED)]
+
+
+def _sync(device) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _path(device, vocab: int, mode, *, dtype=None, recorder=None, clock=None, source=None, comm=None):
+    import torch
+
+    from engine_hooks.comm import SingleRankCommunicator
+    from engine_hooks.logits_path import LogitsPath
+    from engine_hooks.modes import ModeTable
+
+    kw = {"clock": clock} if clock is not None else {}
+    return LogitsPath(comm or SingleRankCommunicator(), vocab, dtype=dtype or torch.bfloat16, device=device,
+                      initial_table=ModeTable.uniform(mode), table_source=source, recorder=recorder, keep_log=True,
+                      **kw)
+
+
+def _recording(device, path_dir: str, name: str, vocab: int, dtype):
+    """(clock, recorder, ring) for a path on `device`: CUDA events + resolver on CUDA, perf_counter on CPU."""
+    import torch
+
+    from engine_hooks.cuda_timing import cuda_recording
+    from engine_hooks.recorder import RingRecorder
+
+    ring = RingRecorder(os.path.join(path_dir, name), engine_id=1, rank=0, tp_size=1, vocab=vocab, dtype=dtype,
+                        capacity=4096)
+    if torch.device(device).type == "cuda":
+        clock, recorder = cuda_recording(ring)
+        return clock, recorder, ring
+    return time.perf_counter_ns, ring, ring
+
+
+class _SyncDebug:
+    """torch.cuda.set_sync_debug_mode("error") for the block (CUDA only; a no-op on the CPU)."""
+
+    def __init__(self, device) -> None:
+        import torch
+
+        self.on = torch.device(device).type == "cuda"
+
+    def __enter__(self) -> None:
+        if self.on:
+            import torch
+
+            torch.cuda.set_sync_debug_mode("error")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.on:
+            import torch
+
+            torch.cuda.set_sync_debug_mode(0)
+
+
+def _fill(path, logits) -> None:
+    """The LM head's write: this rank's columns of `logits` [B, V] into the path's buffer (TP=1: all)."""
+    buf = path.logits_buffer(logits.shape[0])
+    cols = min(path.width, logits.shape[1] - path.rank * path.width)
+    buf[:, :cols] = logits[:, path.rank * path.width: path.rank * path.width + cols]
+
+
+# -- checks ----------------------------------------------------------------------------------------------
+def check_sync_free(ctx: dict) -> dict:
+    """Steady state (after warm-up calls) under sync debug "error": no call may synchronize the host."""
+    import torch
+
+    from engine_hooks.modes import IMPLEMENTED
+    from engine_hooks.table_source import InProcessTableSource
+
+    device, vocab, batch = ctx["device"], 32000, 4
+    warm, calls = (3, 8) if ctx["cpu"] else (6, 24)
+    out: dict[str, Any] = {"vocab": vocab, "rows": batch, "warmup_calls": warm, "checked_calls": calls, "runs": {}}
+    failed = []
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for mode in IMPLEMENTED:
+        for kind in KINDS:
+            key = f"{mode.label}/{kind}"
+            source = InProcessTableSource()
+            clock, recorder, ring = _recording(device, ctx["tmp"], f"sync-{mode.label}-{kind}", vocab, "bfloat16")
+            path = _path(device, vocab, mode, recorder=recorder, clock=clock, source=source)
+            logits = [torch.randn(batch, vocab, generator=gen).to(device, torch.bfloat16) for _ in range(4)]
+            request_at = warm + 3
+            run: dict[str, Any] = {}
+            try:
+                for i in range(warm):
+                    _fill(path, logits[i % 4])
+                    path.run(_rows(kind, batch, i))
+                _sync(device)
+                tokens = []
+                with _SyncDebug(device):
+                    for i in range(warm, warm + calls):
+                        if i == request_at:
+                            source.request(path.table.uniform(_other_mode(mode)))
+                        _fill(path, logits[i % 4])
+                        tokens.append(path.run(_rows(kind, batch, i)))
+                _sync(device)
+                modes = [m.label for m in path.mode_log]
+                switch = request_at + 2
+                want = [mode.label] * switch + [_other_mode(mode).label] * (warm + calls - switch)
+                run.update(status="pass" if modes == want else "fail", switch_call=switch,
+                           applied=[(s.seq, s.apply_call) for s in source.applied],
+                           tokens_in_range=bool(all(int(t.max()) < vocab for t in tokens)),
+                           adopt_waits=path.adopt_waits)
+                if kind == "greedy":
+                    ref = [logits[i % 4].float().argmax(-1).tolist() for i in range(warm, warm + calls)]
+                    run["greedy_matches_argmax"] = [t.tolist() for t in tokens] == ref
+                    if not run["greedy_matches_argmax"]:
+                        run["status"] = "fail"
+            except RuntimeError as exc:  # a synchronizing op under sync debug "error"
+                run.update(status="fail", error=str(exc).splitlines()[0][:300])
+            finally:
+                close = getattr(recorder, "close", None)
+                if close is not None:
+                    close()
+                ring.close(unlink=True)
+            if run["status"] != "pass":
+                failed.append(key)
+            out["runs"][key] = run
+    out["status"] = "pass" if not failed else "fail"
+    out["failed"] = failed
+    if ctx["cpu"]:
+        out["note"] = "CPU: sync debug mode does not apply; the same code ran and switched at the same call"
+    return out
+
+
+def _tp2_rank(rank: int, world: int, device: str, vocab: int, batch: int) -> dict:
+    import torch
+
+    from engine_hooks.comm import TorchDistCommunicator
+    from engine_hooks.modes import IMPLEMENTED
+    from engine_hooks.table_source import InProcessTableSource
+
+    out = {}
+    gen = torch.Generator().manual_seed(7)
+    logits = [torch.randn(batch, vocab, generator=gen) for _ in range(6)]
+    for mode in IMPLEMENTED:
+        try:
+            source = InProcessTableSource() if rank == 0 else None
+            path = _path(device, vocab, mode, dtype=torch.float32, source=source, comm=TorchDistCommunicator())
+            tokens = []
+            for i, full in enumerate(logits):
+                if i == 1 and source is not None:
+                    source.request(path.table.uniform(_other_mode(mode)))
+                _fill(path, full.to(device))
+                tokens.append(path.run(_rows("greedy", batch, i)).tolist())
+            out[mode.label] = {"tokens": tokens, "modes": [m.label for m in path.mode_log],
+                               "reference": [full.argmax(-1).tolist() for full in logits]}
+        except Exception as exc:  # noqa: BLE001 - recorded per mode: gloo may not take CUDA tensors
+            out[mode.label] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+    return out
+
+
+def check_tp2_gloo_cuda(ctx: dict) -> dict:
+    from tp_engine.launch import launch
+
+    device, vocab, batch = ctx["device"], 1001, 3
+    try:
+        results = launch(_tp2_rank, 2, device, vocab, batch, device="cpu", timeout=min(120, ctx["left"]() - 10))
+    except Exception as exc:  # noqa: BLE001
+        return {"status": "fail", "error": str(exc)[:600]}
+    out: dict[str, Any] = {"device": device, "backend": "gloo", "modes": {}}
+    ok = True
+    for label in results[0]:
+        per_rank = [r[label] for r in results]
+        if any("error" in r for r in per_rank):
+            out["modes"][label] = {"status": "unsupported", "error": next(r["error"] for r in per_rank if "error" in r)}
+            ok = False
+            continue
+        same = all(r["tokens"] == r["reference"] and r["modes"] == per_rank[0]["modes"] for r in per_rank)
+        out["modes"][label] = {"status": "pass" if same else "fail", "modes": per_rank[0]["modes"]}
+        ok &= same
+    out["status"] = "pass" if ok else "fail"
+    if not ok and all(m.get("status") == "unsupported" for m in out["modes"].values()):
+        out["status"] = "skip"
+        out["reason"] = "this torch's gloo does not run these collectives on CUDA tensors"
+    return out
+
+
+def check_event_timing(ctx: dict) -> dict:
+    """Per mode: the recorded path time (CUDA events, resolved later) against synchronized wall time."""
+    import torch
+
+    from engine_hooks.modes import IMPLEMENTED
+    from sidecar.ring_reader import RingReader
+
+    device, batch = ctx["device"], 64
+    vocab, calls = (32000, 12) if ctx["cpu"] else (SAMPLER_VOCAB, 30)
+    out: dict[str, Any] = {"vocab": vocab, "rows": batch, "dtype": "bfloat16", "modes": {}}
+    logits = torch.randn(batch, vocab).to(device, torch.bfloat16)
+    for mode in IMPLEMENTED:
+        clock, recorder, ring = _recording(device, ctx["tmp"], f"timing-{mode.label}", vocab, "bfloat16")
+        path = _path(device, vocab, mode, recorder=recorder, clock=clock)
+        walls = []
+        for i in range(calls + 3):
+            _fill(path, logits)
+            _sync(device)
+            t0 = time.perf_counter_ns()
+            path.run(_rows("greedy", batch, i))
+            _sync(device)
+            if i >= 3:
+                walls.append(time.perf_counter_ns() - t0)
+        flush = getattr(recorder, "flush", None)
+        if flush is not None:
+            flush(wait_for=lambda event: event.synchronize())
+        with RingReader(ring.path) as reader:
+            records, missed = reader.read_new()
+        ring.close(unlink=True)
+        recorded = [r.path_ns for r in records[3:]]
+        ratio = statistics.median(recorded) / statistics.median(walls) if recorded else None
+        out["modes"][mode.label] = {
+            "wall_median_us": statistics.median(walls) / 1e3, "recorded_path_median_us":
+            statistics.median(recorded) / 1e3 if recorded else None, "recorded_over_wall": ratio,
+            "collective_median_us": statistics.median(r.collective_ns for r in records[3:]) / 1e3 if recorded else None,
+            "sample_median_us": statistics.median(r.sample_ns for r in records[3:]) / 1e3 if recorded else None,
+            "records": len(records), "missed": missed}
+    # events measure device time of the path only; wall adds launch and synchronize: recorded <= wall, near it.
+    # On the CPU both are host clocks and a loaded machine stretches the wall: only the plumbing is checked.
+    ok = all(m["recorded_over_wall"] is not None and (ctx["cpu"] or 0.2 < m["recorded_over_wall"] <= 1.05)
+             for m in out["modes"].values())
+    out["status"] = "pass" if ok else "fail"
+    return out
+
+
+def check_graphs(ctx: dict) -> dict:
+    import torch
+
+    if ctx["cpu"]:
+        raise Skip("needs CUDA (tests/test_graphs.py covers the logic on the CPU with a stand-in graph)")
+    from engine_hooks.graphs import ModeGraphs
+    from engine_hooks.modes import IMPLEMENTED
+    from engine_hooks.table_source import InProcessTableSource
+
+    device, vocab, steps = ctx["device"], 32000, [1, 8, 8, 1, 8, 1, 1, 8, 8, 1, 8, 1]
+    out: dict[str, Any] = {"vocab": vocab, "rows": [1, 8], "starts": {}}
+    ok = True
+    gen = torch.Generator().manual_seed(3)
+    inputs_all = [torch.randn(r, vocab, generator=gen).to(device, torch.bfloat16) for r in steps]
+    for first in IMPLEMENTED:
+        source = InProcessTableSource()
+        clock, recorder, ring = _recording(device, ctx["tmp"], f"graphs-{first.label}", vocab, "bfloat16")
+        path = _path(device, vocab, first, source=source, recorder=recorder, clock=clock)
+        eager = _path(device, vocab, first, source=InProcessTableSource())
+        path.reserve(8)
+        static_in = {r: torch.zeros(r, vocab, dtype=torch.bfloat16, device=device) for r in (1, 8)}
+        graphs = ModeGraphs(path)
+        t0 = time.perf_counter()
+        def step(rows: int, path=path, static_in=static_in):  # the engine's captured step: LM head write, path
+            _fill(path, static_in[rows])
+            return path.run(_rows("greedy", rows))
+
+        for mode in IMPLEMENTED:
+            for r in static_in:
+                graphs.capture(mode, r, lambda r=r: step(r))
+        capture_s = time.perf_counter() - t0
+        tokens, ref, host_ns = [], [], []
+        try:
+            with _SyncDebug(device):
+                for i, r in enumerate(steps):
+                    if i == 3:
+                        source.request(path.table.uniform(_other_mode(first)))
+                        eager.table_source.request(path.table.uniform(_other_mode(first)))
+                    static_in[r].copy_(inputs_all[i])
+                    t = time.perf_counter_ns()
+                    mode, out_tokens = graphs.replay(r)
+                    host_ns.append(time.perf_counter_ns() - t)
+                    tokens.append(out_tokens.clone())
+                    _fill(eager, inputs_all[i])
+                    ref.append(eager.run(_rows("greedy", r)))
+            same = [t.tolist() for t in tokens] == [t.tolist() for t in ref]
+            modes_ok = [m.label for m in path.mode_log] == [m.label for m in eager.mode_log]
+            recorder.flush(wait_for=lambda event: event.synchronize())
+            recorded = ring.write_index == len(steps)  # every replayed call timed by events around the replay
+            out["starts"][first.label] = {"status": "pass" if same and modes_ok and recorded else "fail",
+                                          "tokens_match_eager": same, "records": ring.write_index,
+                                          "modes": [m.label for m in path.mode_log], "capture_s": capture_s,
+                                          "replay_host_median_us": statistics.median(host_ns) / 1e3}
+            ok &= same and modes_ok and recorded
+        except RuntimeError as exc:
+            out["starts"][first.label] = {"status": "fail", "error": str(exc).splitlines()[0][:300]}
+            ok = False
+        finally:
+            recorder.close()
+            ring.close(unlink=True)
+    out["status"] = "pass" if ok else "fail"
+    return out
+
+
+def _cuda_time_us(device, fn: Callable[[], Any], reps: int) -> float:
+    """Median µs per call: CUDA events on the GPU, perf_counter (synchronized) on the CPU."""
+    import torch
+
+    times = []
+    for _ in range(reps):
+        if torch.device(device).type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        else:
+            t = time.perf_counter_ns()
+            fn()
+            times.append((time.perf_counter_ns() - t) / 1e3)
+    return statistics.median(times)
+
+
+def check_sampler(ctx: dict) -> dict:
+    """Per mode, B, kind: the path call as that mode runs it (collective + that mode's sampling) at TP=1, and
+    the shared sampler alone on the received [P, B, V/P] layout for P = 1 and 8."""
+    import torch
+
+    from engine_hooks.modes import IMPLEMENTED
+    from engine_hooks.sampling import sample
+
+    # On the CPU (the plumbing test in make test) a smaller vocab: the GPU shapes would take minutes there.
+    device, vocab = ctx["device"], 32000 if ctx["cpu"] else SAMPLER_VOCAB
+    reps, kinds = (1, ("greedy", "temperature")) if ctx["cpu"] else (20, KINDS)
+    out: dict[str, Any] = {"vocab": vocab, "dtype": "bfloat16", "path_us": {}, "sample_only_us": {}}
+    for batch in SAMPLER_ROWS:
+        logits = torch.randn(batch, vocab).to(device, torch.bfloat16)
+        for mode in IMPLEMENTED:
+            path = _path(device, vocab, mode)
+            for kind in kinds:
+                if ctx["left"]() < 60:
+                    out["truncated"] = "stopped early to stay within the time budget"
+                    break
+                rows = _rows(kind, batch)
+
+                def call(path=path, rows=rows, logits=logits):
+                    _fill(path, logits)
+                    path.run(rows)
+
+                call()
+                out["path_us"][f"{mode.label}/{kind}/B{batch}"] = _cuda_time_us(device, call, reps)
+        for p in (1, 8):
+            width = -(-vocab // p)
+            padded = torch.full((batch, p * width), float("-inf"), dtype=torch.bfloat16, device=device)
+            padded[:, :vocab] = logits
+            shards = padded.view(batch, p, width).permute(1, 0, 2).contiguous()  # what a rank receives
+            for kind in kinds:
+                rows = _rows(kind, batch)
+                out["sample_only_us"][f"P{p}/{kind}/B{batch}"] = _cuda_time_us(
+                    device, lambda shards=shards, rows=rows: sample(shards, vocab, rows), reps)
+    out["status"] = "pass"
+    return out
+
+
+def check_hook_overhead(ctx: dict) -> dict:
+    """Host µs per TP=1 path call, recording off vs on, interleaved blocks; per-call host time (no sync)."""
+    import torch
+
+    from engine_hooks.modes import IMPLEMENTED
+
+    device, vocab = ctx["device"], 32000
+    blocks, block = (10, 50) if ctx["cpu"] else (40, 100)
+    out: dict[str, Any] = {"vocab": vocab, "rows": 1, "dtype": "bfloat16", "modes": {}}
+    logits = torch.randn(1, vocab).to(device, torch.bfloat16)
+    rows = _rows("greedy", 1)
+    for mode in IMPLEMENTED:
+        clock, recorder, ring = _recording(device, ctx["tmp"], f"overhead-{mode.label}", vocab, "bfloat16")
+        paths = {"off": _path(device, vocab, mode), "on": _path(device, vocab, mode, recorder=recorder, clock=clock)}
+        times: dict[str, list[int]] = {k: [] for k in paths}
+        for b in range(blocks + 2):
+            for name in (("off", "on") if b % 2 else ("on", "off")):
+                path = paths[name]
+                for _ in range(block):
+                    t = time.perf_counter_ns()
+                    _fill(path, logits)
+                    path.run(rows)
+                    if b >= 2:
+                        times[name].append(time.perf_counter_ns() - t)
+                _sync(device)  # keep the device from falling far behind the host between blocks
+        close = getattr(recorder, "close", None)
+        if close is not None:
+            close()
+        ring.close(unlink=True)
+        med = {k: statistics.median(v) / 1e3 for k, v in times.items()}
+        out["modes"][mode.label] = {"off_us": med["off"], "on_us": med["on"], "added_us": med["on"] - med["off"],
+                                    "calls_per_variant": len(times["on"])}
+    out["compiled_writer"] = _compiled_writer()
+    out["status"] = "pass"
+    return out
+
+
+def _compiled_writer() -> bool:
+    try:
+        from engine_hooks import _ring_writer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def check_header_metrics(ctx: dict) -> dict:
+    """A ring written through the CUDA timing path, exported by the sidecar's metrics module."""
+    try:
+        from sidecar.header_counters import rank_counters
+        from sidecar.metrics import EngineCounters, SidecarMetrics
+    except ImportError as exc:
+        raise Skip(f"sidecar metrics need {exc.name}") from None
+    import torch
+
+    from engine_hooks.modes import IMPLEMENTED
+    from sidecar.ring_reader import RingReader
+
+    device, vocab, batch = ctx["device"], 32000, 4
+    clock, recorder, ring = _recording(device, ctx["tmp"], "metrics", vocab, "bfloat16")
+    logits = torch.randn(batch, vocab).to(device, torch.bfloat16)
+    calls = 0
+    for mode in IMPLEMENTED:
+        path = _path(device, vocab, mode, recorder=recorder, clock=clock)
+        for i in range(20):
+            _fill(path, logits)
+            path.run(_rows("greedy", batch, i))
+            calls += 1
+    _sync(device)
+    flush = getattr(recorder, "flush", None)
+    if flush is not None:
+        flush(wait_for=lambda event: event.synchronize())
+    with RingReader(ring.path) as reader:
+        header = reader.header()
+    ring.close(unlink=True)
+    rc = rank_counters(header, 0, {"overwritten": 0, "torn": 0})
+    metrics = SidecarMetrics(lambda: EngineCounters("0000000000000001", True, 0.0, [rc]))
+    body, _ = metrics.exposition(None)
+    text = body.decode()
+    exported_calls = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                         if line.startswith("gatherwise_calls_total{"))
+    has_seconds = "gatherwise_op_seconds_total{" in text
+    ok = exported_calls == calls and has_seconds and header.write_index + sum(header.drops.values()) == calls
+    return {"status": "pass" if ok else "fail", "calls": calls, "exported_calls": exported_calls,
+            "records": header.write_index, "drops": header.drops, "op_seconds_exported": has_seconds}
+
+
+def check_pytest_gpu(ctx: dict) -> dict:
+    if ctx["cpu"]:
+        raise Skip("--cpu: tests/test_gpu.py only runs with CUDA (make test collects and skips it)")
+    try:
+        import pytest  # noqa: F401
+    except ImportError:
+        raise Skip("pytest is not installed (the checks above cover what tests/test_gpu.py asserts)") from None
+    timeout = max(10, min(180, int(ctx["left"]() - 20)))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"],
+                          capture_output=True, text=True, timeout=timeout, cwd=ctx["root"])
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
+    return {"status": "pass" if proc.returncode in (0, 5) else "fail", "returncode": proc.returncode,
+            "summary": tail[0][:300]}
+
+
+CHECKS: tuple[tuple[str, Callable[[dict], dict]], ...] = (
+    ("sync_free", check_sync_free), ("tp2_gloo_cuda", check_tp2_gloo_cuda), ("event_timing", check_event_timing),
+    ("graphs", check_graphs), ("sampler", check_sampler), ("hook_overhead", check_hook_overhead),
+    ("header_metrics", check_header_metrics), ("pytest_gpu", check_pytest_gpu),
+)
+
+
+def _environment(device: str, cpu: bool) -> dict:
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "host": platform.node(),
+           "cpus": os.cpu_count(), "loadavg": os.getloadavg(), "device": device, "cpu_fallback": cpu,
+           "cuda_available": torch.cuda.is_available(), "compiled_record_writer": _compiled_writer()}
+    if torch.cuda.is_available() and not cpu:
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                   capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda,
+                   nccl=".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None)
+    return env
+
+
+def _summary_line(name: str, result: dict) -> str:
+    status = result.get("status", "?")
+    detail = result.get("reason") or result.get("error") or ""
+    if name == "sync_free" and result.get("failed"):
+        detail = "sync in: " + ", ".join(result["failed"])
+    elif name == "hook_overhead" and "modes" in result:
+        detail = "; ".join(f"{m}: off {v['off_us']:.1f} µs, on {v['on_us']:.1f} µs, +{v['added_us']:.2f} µs"
+                           for m, v in result["modes"].items())
+    elif name == "event_timing" and "modes" in result:
+        detail = "; ".join(f"{m}: recorded/wall {v['recorded_over_wall']:.2f}" if v["recorded_over_wall"] else m
+                           for m, v in result["modes"].items())
+    elif name == "sampler" and "path_us" in result:
+        detail = "; ".join(f"{k} {v:.0f} µs" for k, v in result["path_us"].items() if k.endswith("B256"))
+    elif name == "tp2_gloo_cuda" and "modes" in result:
+        detail = "; ".join(f"{m}: {v['status']}" for m, v in result["modes"].items()) + (
+            f" ({detail})" if detail else "")
+    elif name == "graphs" and "starts" in result:
+        detail = "; ".join(f"start {m}: {v['status']}" for m, v in result["starts"].items())
+    return f"{name:15s} {status:5s} {detail}"
+
+
+def run(outdir: Path, *, cpu: bool, only: list[str] | None = None, budget_s: float = BUDGET_S) -> dict:
+    import torch
+
+    if not cpu and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --cpu for the CPU-only parts")
+    t0 = time.monotonic()
+    device = "cpu" if cpu else "cuda:0"
+    if cpu:
+        torch.set_num_threads(1)
+    report: dict[str, Any] = {"started_unix": time.time(), "environment": _environment(device, cpu), "checks": {}}
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
+        ctx = {"device": device, "cpu": cpu, "tmp": tmp, "root": str(Path(__file__).resolve().parents[1]),
+               "left": lambda: budget_s - (time.monotonic() - t0)}
+        for name, check in CHECKS:
+            if only and name not in only:
+                continue
+            if ctx["left"]() < 20:
+                report["checks"][name] = {"status": "skip", "reason": "time budget spent"}
+                continue
+            started = time.monotonic()
+            try:
+                result = check(ctx)
+            except Skip as why:
+                result = {"status": "skip", "reason": str(why)}
+            except Exception as exc:  # noqa: BLE001 - one check's failure must not hide the others
+                result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:600],
+                          "traceback": traceback.format_exc()[-3000:]}
+            result["seconds"] = round(time.monotonic() - started, 2)
+            report["checks"][name] = result
+            print(_summary_line(name, result), flush=True)
+    report["elapsed_s"] = round(time.monotonic() - t0, 1)
+    report["ok"] = all(c["status"] in ("pass", "skip") for c in report["checks"].values())
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
+    env = report["environment"]
+    lines = [f"gatherwise gpu check on {env.get('gpu', 'CPU (fallback)')} — torch {env['torch']}, "
+             f"{report['elapsed_s']} s, compiled record writer: {env['compiled_record_writer']}",
+             *(_summary_line(n, r) for n, r in report["checks"].items()),
+             f"overall: {'ok' if report['ok'] else 'FAILURES'} (details: gpu_check.json)"]
+    (outdir / "summary.txt").write_text("\n".join(lines) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n")[0])
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--cpu", action="store_true", help="run the checks on the CPU (no GPU parts)")
+    parser.add_argument("--only", default="", help="comma-separated check names (default: all)")
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all checks together")
+    args = parser.parse_args(argv)
+    only = [c for c in args.only.split(",") if c] or None
+    unknown = set(only or ()) - {n for n, _ in CHECKS}
+    if unknown:
+        parser.error(f"unknown check(s): {', '.join(sorted(unknown))}")
+    report = run(args.outdir, cpu=args.cpu, only=only, budget_s=args.budget)
+    print((args.outdir / "summary.txt").read_text(), end="")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,277 @@
+"""The canonical sampling computations on vocab shards: one definition that every mode runs.
+
+A call's rows are grouped into a plan (`plan`): kind, parameters, row indices — the same on every rank, since
+every rank holds the same rows. Each group is sampled in two steps:
+
+1. per shard, from that shard's logits alone: a summary (`summarize`) — greedy: (max, index); top-k: the k
+   best (value, index); temperature: the shard max m and mass s = Σ exp((x − m) / T) as a sequential float64
+   cumulative sum; top-p: m, s and the best `TOP_P_CANDIDATES`;
+2. across shards, from the P summaries (`combine_*`): tokens; or, for temperature rows, the shard holding the
+   drawn position and the target inside it, which only that shard's owner can resolve (`find_in_shard`); or,
+   for top-p rows whose nucleus the candidates do not cover, a request for the full rows (`sample_top_p_rows`).
+
+The all_gather and gather sampler (engine_hooks.sampling) runs step 1 on each shard of the received
+[P, B, W] layout; a sharded rank (engine_hooks.sharded_exchange) runs it on its own shard and exchanges the
+summaries. Both then run the same step 2 on the same float64 numbers in the same tensor shapes, so the three
+modes give the same token bit for bit by construction, not by luck of summation order.
+
+Semantics (exact): greedy takes the largest logit, ties to the lowest vocab index; top-k keeps the k largest by
+(value desc, index asc); top-p keeps the shortest such prefix whose mass reaches p (of the whole vocab, or of
+the top-k when both are set); sampling is an inverse CDF over the kept tokens in that order, in float64.
+Every draw is clamped to the last position that carries mass, so a token is always a real vocab entry with
+nonzero probability — never a padding column — even when the uniform is within rounding of 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+
+from engine_hooks.sampling_params import SamplingParams, SamplingRow, row_uniform
+
+TOP_P_CANDIDATES = 64  # per shard: enough for the nucleus of a peaked distribution; flat ones fall back
+F64 = torch.float64
+_NEG_INF = float("-inf")
+
+
+class Kind(IntEnum):
+    GREEDY = 0  # temperature 0
+    TOP_K = 1  # temperature > 0, top_k > 0 (top_p optional, applied within the top k)
+    FULL = 2  # temperature > 0 only: exact sampling over the whole vocab
+    TOP_P = 3  # temperature > 0, top_p < 1, no top_k
+
+
+def kind_of(params: SamplingParams) -> Kind:
+    if params.greedy:
+        return Kind.GREEDY
+    if params.top_k:
+        return Kind.TOP_K
+    return Kind.TOP_P if params.top_p < 1.0 else Kind.FULL
+
+
+@dataclass(frozen=True)
+class Group:
+    """Rows of one call sampled together: same kind and (except greedy) the same parameters."""
+
+    kind: Kind
+    params: SamplingParams
+    rows: tuple[int, ...]
+    k: int  # candidates per shard (top-k, top-p), else 0
+
+    @property
+    def per_row(self) -> int:
+        """float64 words of one row's summary."""
+        return {Kind.GREEDY: 2, Kind.TOP_K: 2 * self.k, Kind.FULL: 2, Kind.TOP_P: 2 + 2 * self.k}[self.kind]
+
+    def uniforms(self, rows: list[SamplingRow], device: torch.device) -> torch.Tensor:
+        p = self.params
+        return to_device([row_uniform(p.seed, rows[i].request_id, rows[i].position) for i in self.rows], F64, device)
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on the device without a synchronization: on CUDA through pinned memory, non-blocking (a
+    plain copy from pageable memory makes the host wait for the stream)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host if device.type == "cpu" else host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def plan(rows: list[SamplingRow], width: int) -> list[Group]:
+    """The groups of a call, in a fixed order (greedy first, then by first appearance of the parameters)."""
+    greedy: list[int] = []
+    by_params: dict[SamplingParams, list[int]] = {}
+    for i, row in enumerate(rows):
+        if row.params.greedy:
+            greedy.append(i)
+        else:
+            by_params.setdefault(row.params, []).append(i)
+    groups = [Group(Kind.GREEDY, SamplingParams(), tuple(greedy), 0)] if greedy else []
+    for params, idx in by_params.items():
+        kind = kind_of(params)
+        k = min(params.top_k, width) if kind == Kind.TOP_K else min(TOP_P_CANDIDATES, width) if kind == Kind.TOP_P \
+            else 0
+        groups.append(Group(kind, params, tuple(idx), k))
+    return groups
+
+
+def select_rows(shard: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:
+    """The group's rows of one shard [B, width] -> [n, width]: the shard itself when the group is every row in
+    order (no copy), else a contiguous copy. Every mode selects the same way, so a summary sees the same tensor."""
+    if len(rows) == shard.shape[0] and rows == tuple(range(len(rows))):
+        return shard
+    return shard.index_select(0, to_device(list(rows), torch.int64, shard.device))
+
+
+# -- step 1: one shard ---------------------------------------------------------------------------------------
+def summarize(group: Group, x: torch.Tensor, shard: int, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The summary [n, per_row] float64 of shard `shard` for the group's rows `x` [n, width] (padding at -inf),
+    and, for temperature rows, the shard's cumulative masses [n, width] that `find_in_shard` searches."""
+    kind = group.kind
+    if kind == Kind.GREEDY:
+        local = first_argmax(x)
+        values = x.gather(1, local[:, None]).squeeze(1)
+        return torch.stack((values.to(F64), (local + shard * width).to(F64)), dim=1), None
+    if kind == Kind.TOP_K:
+        vals, local = shard_top(x, group.k)
+        return torch.cat((vals, (local + shard * width).to(F64)), dim=1), None
+    m, cum = shard_mass(x, group.params.temperature)
+    stats = torch.stack((m, cum[:, -1]), dim=1)
+    if kind == Kind.FULL:
+        return stats, cum
+    vals, local = shard_top(x, group.k)
+    return torch.cat((stats, vals, (local + shard * width).to(F64)), dim=1), None
+
+
+def first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """Column of the first maximum of each row [n, width] -> [n] (lowest index on ties). Blocked: a vectorized
+    max per block of columns, then argmax over the block maxima (the first block holding the maximum) and
+    inside that block — an order of magnitude faster on CPU than one argmax over the row, and exact."""
+    n, width = x.shape
+    block = next(b for b in (128, 64, 32, 16, 8, 4, 2, 1) if width % b == 0)
+    blocks = x.view(n, width // block, block) if x.is_contiguous() else x.reshape(n, width // block, block)
+    best = blocks.amax(dim=2).argmax(dim=1)
+    inside = blocks[torch.arange(n, device=x.device), best].argmax(dim=1)
+    return best * block + inside
+
+
+def shard_mass(x: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shard max m [n] and cumulative masses exp((x − m) / T), summed left to right in float64 [n, width].
+
+    The last column is the shard mass s. A sequential cumulative sum (not a reduction, whose order is the
+    kernel's business) is what makes s the exact end of the curve the owner later searches."""
+    x64 = x.to(F64)
+    m = x64.amax(dim=1)
+    ref = m.masked_fill(m == _NEG_INF, 0.0)  # an all-padding shard: exp(-inf) = 0 mass, not NaN
+    return m, torch.exp((x64 - ref[:, None]) / temperature).cumsum(dim=1)
+
+
+def shard_top(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best of each row of one shard by (value desc, index asc): float64 values and local ids [n, k]."""
+    width = x.shape[1]
+    vals, local = x.topk(min(k + 1, width), dim=1)
+    # When the (k+1)-th value equals the k-th, topk chose among ties at the border and may have kept a later
+    # index: rebuild such rows exactly (rare). Otherwise the k best are exactly the values >= the k-th.
+    short = (vals[:, k] == vals[:, k - 1]).nonzero().flatten().tolist() if k < width else []
+    vals, local = vals[:, :k], local[:, :k]
+    if short:
+        vals, local = vals.clone(), local.clone()
+        for b in short:
+            order = x[b].argsort(descending=True, stable=True)[:k]
+            vals[b], local[b] = x[b, order], order
+    return vals.to(F64), local
+
+
+# -- step 2: across shards -----------------------------------------------------------------------------------
+def combine_greedy(summaries: torch.Tensor) -> torch.Tensor:
+    """[P, n, 2] -> tokens [n]: the largest value, the first shard on ties (its ids are the lowest)."""
+    best = summaries[:, :, 0].argmax(dim=0, keepdim=True)
+    return summaries[:, :, 1].gather(0, best).squeeze(0).to(torch.int64)
+
+
+def merge_candidates(vals: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-shard candidates [P, n, kc] (float64 values, global ids) -> the k best of the row [n, k], ordered by
+    (value desc, index asc). Exact: each shard's k best contain every member of the row's k best it holds."""
+    n = vals.shape[1]
+    v = vals.permute(1, 0, 2).reshape(n, -1)
+    i = ids.permute(1, 0, 2).reshape(n, -1).to(torch.int64)
+    order = i.argsort(dim=1, stable=True)
+    v, i = v.gather(1, order), i.gather(1, order)
+    order = v.argsort(dim=1, descending=True, stable=True)[:, :k]
+    return v.gather(1, order), i.gather(1, order)
+
+
+def draw_candidates(vals: torch.Tensor, ids: torch.Tensor, params: SamplingParams, u: torch.Tensor,
+                    top: torch.Tensor | None = None, total: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse CDF over candidates in canonical order [n, K]. `top` is the row max (default: the first
+    candidate) and `total` the mass top-p is measured against (default: the candidates' own mass)."""
+    top = vals[:, 0] if top is None else top
+    probs = torch.exp((vals - top[:, None]) / params.temperature)
+    cum = probs.cumsum(dim=1)
+    if params.top_p < 1.0:
+        total = cum[:, -1] if total is None else total
+        before = torch.cat((torch.zeros_like(cum[:, :1]), cum[:, :-1]), dim=1)  # mass strictly before each
+        kept = (before < params.top_p * total[:, None]).sum(dim=1, keepdim=True).clamp_(min=1)
+        mass = cum.gather(1, kept - 1)
+    else:
+        mass = cum[:, -1:]
+    return ids.gather(1, _clamped_search(cum, u[:, None] * mass, mass)).squeeze(1)
+
+
+def _clamped_search(cum: torch.Tensor, target: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """First position whose cumulative mass exceeds target, but never past the first position that reaches
+    `mass` — the last one carrying mass. Rounding can put target at or above mass when u is within a few
+    ulps of 1; a plain search would then run past the kept tokens into zero-mass or padding columns."""
+    pick = torch.searchsorted(cum, target.contiguous(), right=True)
+    last = torch.searchsorted(cum, mass.contiguous(), right=False)
+    return torch.minimum(pick, last)
+
+
+def combine_top_k(group: Group, summaries: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    k = group.k
+    num_shards = summaries.shape[0]
+    vals, ids = merge_candidates(summaries[:, :, :k], summaries[:, :, k:], min(group.params.top_k, num_shards * k))
+    return draw_candidates(vals, ids, group.params, u)
+
+
+@dataclass
+class MassDraw:
+    """Where the drawn position of each temperature row lies: shard, target inside it (in units of that
+    shard's own cumulative masses), plus the row max and total mass (top-p needs them)."""
+
+    shard: torch.Tensor  # [n] int64
+    target: torch.Tensor  # [n] float64
+    top: torch.Tensor  # [n] float64
+    total: torch.Tensor  # [n] float64
+
+    def select(self, index: torch.Tensor) -> MassDraw:
+        return MassDraw(self.shard[index], self.target[index], self.top[index], self.total[index])
+
+
+def draw_shard(m: torch.Tensor, s: torch.Tensor, temperature: float, u: torch.Tensor) -> MassDraw:
+    """From every shard's (max [P, n], mass [P, n]): the row max M, the shard masses s·exp((m − M) / T) summed
+    over shards in rank order, and the drawn shard and in-shard target for uniforms u [n]."""
+    top = m.amax(dim=0)
+    scale = torch.where(m == _NEG_INF, 0.0, torch.exp((m - top) / temperature))
+    cum = (s * scale).cumsum(dim=0).T.contiguous()  # [n, P]
+    total = cum[:, -1].contiguous()
+    target = u * total
+    shard = _clamped_search(cum, target[:, None], total[:, None])  # [n, 1]
+    before = torch.where(shard > 0, cum.gather(1, (shard - 1).clamp(min=0)), 0.0)
+    inside = (target[:, None] - before) / scale.T.gather(1, shard)
+    return MassDraw(shard.squeeze(1), inside.squeeze(1), top, total)
+
+
+def find_in_shard(cum: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The owner's half of a temperature draw: local column [n] for targets [n] in its cumulative masses."""
+    return _clamped_search(cum, target[:, None], cum[:, -1:]).squeeze(1)
+
+
+def top_p_covered(group: Group, summaries: torch.Tensor, draw: MassDraw, width: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-p rows from their summaries: (merged candidates' values, ids, covered [n] bool). A row is covered when
+    its candidates' mass reaches p of the row total (so its nucleus is among them) or they are the whole row."""
+    k, num_shards = group.k, summaries.shape[0]
+    whole = k == width  # every shard sent all its columns: the merged list is the whole row
+    vals, ids = merge_candidates(summaries[:, :, 2:2 + k], summaries[:, :, 2 + k:], num_shards * k if whole else k)
+    mass = torch.exp((vals - draw.top[:, None]) / group.params.temperature).cumsum(dim=1)[:, -1]
+    covered = torch.ones_like(mass, dtype=torch.bool) if whole else mass >= group.params.top_p * draw.total
+    return vals, ids, covered
+
+
+def sample_top_p_rows(group: Group, x: torch.Tensor, draw: MassDraw, u: torch.Tensor, width: int) -> torch.Tensor:
+    """The fallback for top-p rows the candidates did not cover: from the full rows x [P, n, width], the exact
+    best k of each row for k = 2·candidates, doubling until every row's nucleus is inside (at most the row)."""
+    num_shards = x.shape[0]
+    k = group.k
+    while True:
+        k = min(2 * k, num_shards * width)
+        per_shard = [shard_top(x[r], min(k, width)) for r in range(num_shards)]
+        vals = torch.stack([v for v, _ in per_shard])
+        ids = torch.stack([(local + r * width) for r, (_, local) in enumerate(per_shard)])
+        vals, ids = merge_candidates(vals, ids, k)
+        mass = torch.exp((vals - draw.top[:, None]) / group.params.temperature).cumsum(dim=1)[:, -1]
+        if k == num_shards * width or bool((mass >= group.params.top_p * draw.total).all()):
+            return draw_candidates(vals, ids, group.params, u, draw.top, draw.total)

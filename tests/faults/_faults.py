@@ -1,0 +1,108 @@
+"""Helpers of the fault-injection suite: a real engine and sidecar, and what a test checks between faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from engine_hooks.shm_format.ring import ring_path
+from sidecar.header_counters import total_calls
+from sidecar.ring_reader import RingReader
+from tests._sidecar import Proc, start_engine, start_sidecar, wait_for
+
+NOBODY = 65534  # uid and gid of "another local user" in the tests that need one (they run as root)
+ENGINE_LINE = r"gatherwise engine ([0-9a-f]{16}): tp=(\d+)"
+
+
+def running_engine(shm: str, *, tp: int = 2, duration: float = 600, workload: str = "fixed:2") -> tuple[Proc, int]:
+    """`gatherwise engine` in `shm`, once its rings exist: (process, engine id)."""
+    engine = start_engine(shm, tp=tp, duration=duration, workload=workload)
+    engine_id = int(engine.wait_line(ENGINE_LINE, 180).group(1), 16)
+    wait_for(lambda: all(os.path.exists(ring_path(shm, engine_id, r)) for r in range(tp)), 60, "the rings")
+    return engine, engine_id
+
+
+def ring_calls(shm: str, engine_id: int, rank: int = 0) -> int:
+    with RingReader(ring_path(shm, engine_id, rank)) as reader:
+        return total_calls(reader.header())
+
+
+def assert_engine_progresses(engine: Proc, shm: str, engine_id: int, calls: int = 50) -> None:
+    """The engine is alive and completes `calls` more logits calls (progress, not a rate: no timing asserts)."""
+    start = ring_calls(shm, engine_id)
+    wait_for(lambda: ring_calls(shm, engine_id) >= start + calls, 120, f"{calls} more engine calls")
+    assert engine.popen.poll() is None, "".join(engine.output)
+
+
+def sidecar_with_token(shm: str, token: str = "fault-token", **env: str) -> tuple[Proc, str, httpx.Client]:
+    proc, url = start_sidecar(shm, env_extra={"GATHERWISE_API_TOKEN": token, **env})
+    return proc, url, httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"})
+
+
+def assert_sidecar_serves(proc: Proc, api: httpx.Client) -> dict:
+    """The sidecar process is alive and answers health, metrics and the engine view; returns /v1/engine."""
+    assert proc.popen.poll() is None, "".join(proc.output)
+    assert api.get("/healthz").status_code == 200
+    assert api.get("/metrics").status_code == 200
+    engine = api.get("/v1/engine")
+    assert engine.status_code == 200
+    return engine.json()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, their children, ...), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(popen: subprocess.Popen) -> None:
+    """SIGKILL a process and everything below it at once: how an OOM kill or `kill -9` of a job ends an engine."""
+    for pid in [popen.pid, *descendants(popen.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    popen.wait(30)
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in args:
+            found.append(args)
+    return found
+
+
+def vm_kib(pid: int, field: str) -> int:
+    """VmRSS / VmHWM of a process, in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def wait_gone(path: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not os.path.exists(path), f"{path} still exists: {os.listdir(path) if os.path.isdir(path) else ''}"

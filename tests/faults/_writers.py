@@ -1,0 +1,53 @@
+"""Stand-in writers for the discovery faults: real processes that lay out engine directories the way an engine
+does (a liveness lock per rank, rings), without torch, so hundreds of them cost little.
+
+`python -m tests.faults._writers dead SHM N`   N directories whose writer exits at once (left behind, as after
+                                                a SIGKILL): locks free, rings written
+`python -m tests.faults._writers full SHM CAP` one live single-rank engine whose ring of capacity CAP is full;
+                                                prints READY, then runs until stdin closes
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from engine_hooks.recorder import RingRecorder
+from engine_hooks.shm_format.liveness import LivenessLock
+from engine_hooks.shm_format.private_files import ensure_private_dir
+from engine_hooks.shm_format.ring import engine_dir, ring_path
+
+
+def make_engine(shm: str, engine_id: int, capacity: int) -> tuple[LivenessLock, RingRecorder]:
+    directory = ensure_private_dir(engine_dir(shm, engine_id))
+    lock = LivenessLock(directory, 0)
+    ring = RingRecorder(ring_path(shm, engine_id, 0), engine_id=engine_id, rank=0, tp_size=1, vocab=1024,
+                        dtype="float32", capacity=capacity)
+    return lock, ring
+
+
+def fill(ring: RingRecorder, n: int) -> None:
+    t = time.perf_counter_ns()
+    for i in range(n):
+        ring.record(i, 0, 1, 0, 4096, t, t + 1, t + 2, 0, 0, t + 2, t + 3, t + 4)
+
+
+def main() -> None:
+    what, shm, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if what == "dead":
+        for _ in range(count):
+            lock, ring = make_engine(shm, int.from_bytes(os.urandom(8), "little") >> 1, 16)
+            fill(ring, 20)
+            lock.close()  # as if its process had died (rings are left open, not marked closed)
+        os._exit(0)  # no cleanup: the directories stay
+    lock, ring = make_engine(shm, int.from_bytes(os.urandom(8), "little") >> 1, count)
+    fill(ring, count + count // 8)
+    print("READY", flush=True)
+    sys.stdin.read()
+    ring.close()
+    lock.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Broken configuration reaches the real commands as one clear line naming the file or the variable, never a
+traceback; a string key's environment value is taken verbatim."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from tests._sidecar import GATHERWISE, ROOT, start_sidecar
+
+pytestmark = [pytest.mark.timeout(300)]
+
+
+def run(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*GATHERWISE, *args], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("command", [["sidecar", "--port", "0"], ["engine", "--tp", "1", "--duration", "1"]])
+def test_invalid_yaml_in_the_environment(command, tmp_path):
+    result = run([*command, "--shm-dir", str(tmp_path / "shm")], GATHERWISE_POLICY_MARGIN="[")
+    assert result.returncode == 2
+    assert "environment variable GATHERWISE_POLICY_MARGIN" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [["sidecar", "--port", "0"], ["engine", "--tp", "1", "--duration", "1"]])
+def test_non_utf8_config_file(command, tmp_path):
+    config = tmp_path / "latin1.yaml"
+    config.write_bytes("sidecar:\n  api_token: caf\xe9\n".encode("latin-1"))
+    result = run([*command, "--config", str(config), "--shm-dir", str(tmp_path / "shm")])
+    assert result.returncode == 2
+    assert f"{config}: not UTF-8" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_token_that_looks_like_a_yaml_comment_is_the_token(shm_dir):
+    import httpx
+
+    proc, url = start_sidecar(shm_dir, env_extra={"GATHERWISE_SIDECAR_API_TOKEN": "#secret"})
+    try:
+        body = {"margin": 0.1}
+        assert httpx.put(f"{url}/v1/policy", json=body, timeout=10).status_code == 401  # a token is configured
+        wrong = httpx.put(f"{url}/v1/policy", json=body, headers={"Authorization": "Bearer secret"}, timeout=10)
+        assert wrong.status_code == 401
+        right = httpx.put(f"{url}/v1/policy", json=body, headers={"Authorization": "Bearer #secret"}, timeout=10)
+        assert right.status_code == 200, right.text
+    finally:
+        assert proc.stop() == 0

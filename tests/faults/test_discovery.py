@@ -1,0 +1,121 @@
+"""Discovery under litter: empty and half-made engine directories, a FIFO where a ring should be, a thousand
+directories of engines that died, an engine killed with SIGKILL, and a full ring of a large capacity. The sidecar
+attaches to the live engine, never blocks, removes what dead engines left; a new engine start removes it too."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine_hooks.shm_format.ring import engine_dir
+from tests._sidecar import ROOT, wait_for
+from tests.faults._faults import (
+    assert_engine_progresses,
+    assert_sidecar_serves,
+    descendants,
+    kill_tree,
+    running_engine,
+    sidecar_with_token,
+    vm_kib,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def writers(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tests.faults._writers", *args], cwd=ROOT, text=True, **kwargs)
+
+
+def engine_dirs(shm: str) -> set[str]:
+    return {name for name in os.listdir(shm) if len(name) == 16}
+
+
+def test_sidecar_finds_the_live_engine_among_litter_and_removes_dead_dirs(shm_dir):
+    engine, engine_id = running_engine(shm_dir)
+    sidecar = None
+    try:
+        live = f"{engine_id:016x}"
+        assert writers("dead", shm_dir, "1000").wait(300) == 0
+        dead = engine_dirs(shm_dir) - {live}
+        assert len(dead) == 1000
+        os.mkdir(os.path.join(shm_dir, "ffffffffffffffff"), 0o700)  # empty, and newer than every engine
+        fifo_dir = os.path.join(shm_dir, "fffffffffffffffe")
+        os.mkdir(fifo_dir, 0o700)
+        os.mkfifo(os.path.join(fifo_dir, "rank-0"))  # opening it for reading would block forever
+        os.mkfifo(os.path.join(engine_dir(shm_dir, engine_id), "rank-7"))  # litter inside the live engine's dir
+
+        sidecar, url, api = sidecar_with_token(shm_dir)
+        wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the sidecar attached to the live engine")
+        assert assert_sidecar_serves(sidecar, api)["engine_id"] == live
+        wait_for(lambda: not (engine_dirs(shm_dir) & dead), 120, "the dead engines' directories removed")
+        assert engine_dirs(shm_dir) == {live, "ffffffffffffffff", "fffffffffffffffe"}  # young or unknown: kept
+        assert api.put("/v1/mode", params={"wait": 10}, json={"mode": "gather"}).status_code == 200
+        assert_engine_progresses(engine, shm_dir, engine_id)
+        assert_sidecar_serves(sidecar, api)
+        assert sidecar.stop() == 0, "".join(sidecar.output)
+    finally:
+        engine.stop()
+        if sidecar is not None and sidecar.popen.poll() is None:
+            sidecar.popen.kill()
+
+
+def test_engine_killed_with_sigkill_is_cleaned_by_the_sidecar_and_the_next_start(shm_dir):
+    sidecar, url, api = sidecar_with_token(shm_dir)
+    engines = []
+    try:
+        first, first_id = running_engine(shm_dir)
+        engines.append(first)
+        wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the sidecar attached")
+        tree = [first.popen.pid, *descendants(first.popen.pid)]
+        # no named POSIX semaphore (/dev/shm/sem.mp-*) anywhere in the engine: none can be left behind
+        assert not [pid for pid in tree if "/sem.mp-" in Path(f"/proc/{pid}/maps").read_text()]
+        kill_tree(first.popen)  # engine and ranks at once: nobody runs any cleanup
+        wait_for(lambda: not os.path.exists(engine_dir(shm_dir, first_id)), 60, "the sidecar removed the dead dir")
+        info = assert_sidecar_serves(sidecar, api)
+        assert info["engine_id"] == f"{first_id:016x}" and info["up"] is False  # its last numbers, marked down
+        refused = api.put("/v1/mode", params={"wait": 0}, json={"mode": "gather"})
+        assert refused.status_code == 409 and "not running" in refused.json()["detail"], refused.text
+        assert sidecar.stop() == 0
+
+        # without a sidecar, the next engine start removes what a killed engine left
+        second, second_id = running_engine(shm_dir)
+        engines.append(second)
+        kill_tree(second.popen)
+        assert os.path.isdir(engine_dir(shm_dir, second_id))
+        third, third_id = running_engine(shm_dir)
+        engines.append(third)
+        assert engine_dirs(shm_dir) == {f"{third_id:016x}"}
+        assert third.stop() == 0, "".join(third.output)
+        assert engine_dirs(shm_dir) == set()
+    finally:
+        for proc in engines:
+            if proc.popen.poll() is None:
+                kill_tree(proc.popen)
+        if sidecar.popen.poll() is None:
+            sidecar.popen.kill()
+
+
+def test_full_ring_of_a_large_capacity_is_read_in_bounded_polls(shm_dir):
+    capacity = 1 << 20
+    writer = writers("full", shm_dir, str(capacity), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    sidecar = None
+    try:
+        assert writer.stdout.readline().strip() == "READY"
+        cap = 4096
+        sidecar, url, api = sidecar_with_token(shm_dir, GATHERWISE_SIDECAR_MAX_RECORDS_PER_POLL=str(cap))
+        info = wait_for(lambda: (i := api.get("/v1/engine").json())["records_ingested"] and i, 120, "first records")
+        assert_sidecar_serves(sidecar, api)
+        # a newly attached engine is read from at most `cap` records back; the rest is in the header counters
+        assert info["records_ingested"] == cap, info
+        assert 'gatherwise_calls_total{' in api.get("/metrics").text
+        assert vm_kib(sidecar.popen.pid, "VmHWM") < 512 * 1024  # the ring file alone is 92 MiB; no copy of it
+        assert sidecar.stop() == 0
+    finally:
+        writer.stdin.close()
+        writer.wait(60)
+        if sidecar is not None and sidecar.popen.poll() is None:
+            sidecar.popen.kill()

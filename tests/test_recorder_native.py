@@ -1,0 +1,72 @@
+"""The compiled record() writes exactly the bytes of the pure-Python one (ring format unchanged)."""
+
+import os
+
+import pytest
+
+from engine_hooks import recorder as recorder_module
+from engine_hooks.recorder import PURE_PYTHON_ENV, RingRecorder
+from engine_hooks.shm_format import ring as fmt
+
+native = pytest.importorskip("engine_hooks._ring_writer",
+                             reason="the compiled record writer was not built (no C compiler at install)")
+
+CALLS = [  # (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, bcast_start, bcast_end,
+           #  sample_start, sample_end, t_end)
+    (0, 0, 1, 0, 128_008, 1_000, 1_100, 1_500, 0, 0, 1_500, 1_900, 2_000),
+    (1, 1, 16, 3, 9_732_608, 5_000, 5_010, 6_000, 6_500, 6_900, 6_000, 6_400, 7_000),
+    (2, 1, 3, 3, 3_000, 8_000, 8_010, 8_020, 8_030, 8_040, 8_020, 8_020, 8_050),  # a rank that did not sample
+    (3, 0, 7, 4, 1_000, 10_000, 10_000, 10_000 + 5 * 10**9, 0, 0, 10_000, 10_000, 10_000 + 6 * 10**9),  # > 4.29 s
+    (4, 1, 2, 4, 2_000, 20_000, 19_000, 21_000, 21_500, 21_400, 21_000, 21_100, 22_000),  # clocks backwards
+    (5, 2, 4, 5, 4_000, 30_000, 30_100, 30_200, 0, 0, 30_200, 30_300, 30_400),  # sharded, one collective
+    # sharded with shard_resolve: + (resolve_nbytes, topp_rows, fallback_rows)
+    (6, 2, 8, 5, 96, 40_000, 40_010, 40_030, 40_040, 40_090, 40_000, 40_035, 40_100, 500, 5, 3),
+]
+
+
+def _write(path: str, pure: bool, monkeypatch) -> bytes:
+    monkeypatch.setenv(PURE_PYTHON_ENV, "1" if pure else "0")
+    rec = RingRecorder(path, engine_id=9, rank=1, tp_size=2, vocab=32000, dtype="bfloat16", capacity=4)
+    assert rec.native is not pure
+    for call in CALLS:  # 6 calls into 4 slots: the ring wraps
+        rec.record(*call)
+    assert rec.write_index == len(CALLS)
+    with open(path, "rb") as f:
+        data = f.read()
+    rec.close(unlink=True)
+    return data
+
+
+def test_compiled_and_python_writers_produce_identical_rings(tmp_path, monkeypatch):
+    python = _write(str(tmp_path / "py"), True, monkeypatch)
+    compiled = _write(str(tmp_path / "c"), False, monkeypatch)
+    # the headers differ only in creation times and pid (bytes 48..56 created_ns, 64..68 pid, 72..80 mono)
+    mask = [*range(48, 56), *range(64, 68), *range(72, 80)]
+    strip = lambda b: bytes(0 if i in mask else x for i, x in enumerate(b))  # noqa: E731
+    assert strip(python) == strip(compiled)
+    assert fmt.HEADER_FIXED.unpack_from(compiled, 0)[11] == len(CALLS)
+
+
+def test_layout_constants_match_the_format():
+    assert (native.HEADER_SIZE, native.RECORD_SIZE, native.WRITE_INDEX_OFFSET, native.COUNTERS_OFFSET,
+            native.NUM_OPS, native.NUM_MODE_ROWS) == (fmt.HEADER_SIZE, fmt.RECORD_SIZE, fmt.WRITE_INDEX_OFFSET,
+                                                      fmt.COUNTERS_OFFSET, len(fmt.OPS), fmt.NUM_MODE_ROWS)
+
+
+def test_closed_ring_refuses_records(tmp_path, monkeypatch):
+    monkeypatch.delenv(PURE_PYTHON_ENV, raising=False)
+    rec = RingRecorder(tmp_path / "r", engine_id=9, rank=0, tp_size=1, vocab=10, dtype="float32", capacity=2)
+    rec.close()
+    with pytest.raises(ValueError, match="closed"):
+        rec.record(*CALLS[0])
+
+
+def test_the_python_fallback_runs_without_the_compiled_module(tmp_path, monkeypatch):
+    monkeypatch.setattr(recorder_module, "_ring_writer", None)
+    monkeypatch.delenv(PURE_PYTHON_ENV, raising=False)
+    rec = RingRecorder(os.fspath(tmp_path / "r"), engine_id=9, rank=0, tp_size=1, vocab=10, dtype="float32",
+                       capacity=2)
+    assert not rec.native
+    rec.record(*CALLS[0])
+    assert rec.write_index == 1
+    rec.close()
