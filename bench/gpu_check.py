@@ -138,7 +138,7 @@ def check_sync_free(ctx: dict) -> dict:
     it synchronizes by design, like it cannot be captured in a graph."""
     import torch
 
-    from engine_hooks.graphs import CAPTURABLE as IMPLEMENTED
+    from engine_hooks.graphs import CAPTURABLE
     from engine_hooks.table_source import InProcessTableSource
 
     device, vocab, batch = ctx["device"], 32000, 4
@@ -146,7 +146,7 @@ def check_sync_free(ctx: dict) -> dict:
     out: dict[str, Any] = {"vocab": vocab, "rows": batch, "warmup_calls": warm, "checked_calls": calls, "runs": {}}
     failed = []
     gen = torch.Generator(device="cpu").manual_seed(0)
-    for mode in IMPLEMENTED:
+    for mode in CAPTURABLE:
         for kind in KINDS:
             key = f"{mode.label}/{kind}"
             source = InProcessTableSource()
@@ -164,13 +164,13 @@ def check_sync_free(ctx: dict) -> dict:
                 with _SyncDebug(device):
                     for i in range(warm, warm + calls):
                         if i == request_at:
-                            source.request(path.table.uniform(_other_mode(mode, IMPLEMENTED)))
+                            source.request(path.table.uniform(_other_mode(mode, CAPTURABLE)))
                         _fill(path, logits[i % 4])
                         tokens.append(path.run(_rows(kind, batch, i)))
                 _sync(device)
                 modes = [m.label for m in path.mode_log]
                 switch = request_at + 2
-                want = [mode.label] * switch + [_other_mode(mode, IMPLEMENTED).label] * (warm + calls - switch)
+                want = [mode.label] * switch + [_other_mode(mode, CAPTURABLE).label] * (warm + calls - switch)
                 run.update(status="pass" if modes == want else "fail", switch_call=switch,
                            applied=[(s.seq, s.apply_call) for s in source.applied],
                            tokens_in_range=bool(all(int(t.max()) < vocab for t in tokens)),
@@ -300,8 +300,7 @@ def check_graphs(ctx: dict) -> dict:
 
     if ctx["cpu"]:
         raise Skip("needs CUDA (tests/test_graphs.py covers the logic on the CPU with a stand-in graph)")
-    from engine_hooks.graphs import CAPTURABLE as IMPLEMENTED  # sharded calls run eagerly, never in a graph
-    from engine_hooks.graphs import ModeGraphs
+    from engine_hooks.graphs import CAPTURABLE, ModeGraphs  # sharded calls run eagerly, never in a graph
     from engine_hooks.table_source import InProcessTableSource
 
     device, vocab, steps = ctx["device"], 32000, [1, 8, 8, 1, 8, 1, 1, 8, 8, 1, 8, 1]
@@ -309,9 +308,10 @@ def check_graphs(ctx: dict) -> dict:
     ok = True
     gen = torch.Generator().manual_seed(3)
     inputs_all = [torch.randn(r, vocab, generator=gen).to(device, torch.bfloat16) for r in steps]
-    for first in IMPLEMENTED:
+    for first in CAPTURABLE:
         source = InProcessTableSource()
-        path = _path(device, vocab, first, source=source)
+        clock, recorder, ring = _recording(device, ctx["tmp"], f"graphs-{first.label}", vocab, "bfloat16")
+        path = _path(device, vocab, first, source=source, recorder=recorder, clock=clock)
         eager = _path(device, vocab, first, source=InProcessTableSource())
         path.reserve(8)
         static_in = {r: torch.zeros(r, vocab, dtype=torch.bfloat16, device=device) for r in (1, 8)}
@@ -321,7 +321,7 @@ def check_graphs(ctx: dict) -> dict:
             _fill(path, static_in[rows])
             return path.run(_rows("greedy", rows))
 
-        for mode in IMPLEMENTED:
+        for mode in CAPTURABLE:
             for r in static_in:
                 graphs.capture(mode, r, lambda r=r: step(r))
         capture_s = time.perf_counter() - t0
@@ -330,8 +330,8 @@ def check_graphs(ctx: dict) -> dict:
             with _SyncDebug(device):
                 for i, r in enumerate(steps):
                     if i == 3:
-                        source.request(path.table.uniform(_other_mode(first, IMPLEMENTED)))
-                        eager.table_source.request(path.table.uniform(_other_mode(first, IMPLEMENTED)))
+                        source.request(path.table.uniform(_other_mode(first, CAPTURABLE)))
+                        eager.table_source.request(path.table.uniform(_other_mode(first, CAPTURABLE)))
                     static_in[r].copy_(inputs_all[i])
                     t = time.perf_counter_ns()
                     mode, out_tokens = graphs.replay(r)
@@ -341,13 +341,19 @@ def check_graphs(ctx: dict) -> dict:
                     ref.append(eager.run(_rows("greedy", r)))
             same = [t.tolist() for t in tokens] == [t.tolist() for t in ref]
             modes_ok = [m.label for m in path.mode_log] == [m.label for m in eager.mode_log]
-            out["starts"][first.label] = {"status": "pass" if same and modes_ok else "fail", "tokens_match_eager": same,
+            recorder.flush(wait_for=lambda event: event.synchronize())
+            recorded = ring.write_index == len(steps)  # every replayed call timed by events around the replay
+            out["starts"][first.label] = {"status": "pass" if same and modes_ok and recorded else "fail",
+                                          "tokens_match_eager": same, "records": ring.write_index,
                                           "modes": [m.label for m in path.mode_log], "capture_s": capture_s,
                                           "replay_host_median_us": statistics.median(host_ns) / 1e3}
-            ok &= same and modes_ok
+            ok &= same and modes_ok and recorded
         except RuntimeError as exc:
             out["starts"][first.label] = {"status": "fail", "error": str(exc).splitlines()[0][:300]}
             ok = False
+        finally:
+            recorder.close()
+            ring.close(unlink=True)
     out["status"] = "pass" if ok else "fail"
     return out
 
