@@ -107,6 +107,29 @@ def run(tp: int, rates: list[float], seconds: float, workdir: str, poll: float) 
             "rows": rows, "load_average": os.getloadavg(), "cpus": os.cpu_count()}
 
 
+def plot(path: Path, results: dict[str, dict]) -> None:
+    """% of a core by call rate, one line per policy, for each result given (e.g. this build and a baseline)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (name, result) in enumerate(results.items()):
+        for policy, style in (("manual", "-"), ("auto", "--")):
+            rows = [r for r in result["rows"] if r["phase"] == policy]
+            ax.plot([r["rate"] for r in rows], [r["core_percent"] for r in rows], style, marker="o", color=f"C{i}",
+                    label=f"{name} {policy}")
+    ax.set_xscale("symlog", linthresh=50)
+    tp = next(iter(results.values()))["config"]["tp"]
+    ax.set_xlabel(f"engine calls per second (TP={tp})")
+    ax.set_ylabel("sidecar CPU, % of one core")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.sidecar_cpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--tp", type=int, default=2)
@@ -114,12 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="measurement window per rate")
     p.add_argument("--poll", type=float, default=0.02, help="sidecar.poll_interval_seconds")
     p.add_argument("--out", default="bench/out/sidecar_cpu")
+    p.add_argument("--baseline", help="a sidecar_cpu.json of another build to draw next to this one")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gw-sidecar-cpu-") as tmp:
         result = run(args.tp, [float(x) for x in args.rates.split(",")], args.seconds, tmp, args.poll)
     (out / "sidecar_cpu.json").write_text(json.dumps(result, indent=2))
+    curves = {"this build": result}
+    if args.baseline:
+        curves["baseline"] = json.loads(Path(args.baseline).read_text())
+    plot(out / "sidecar_cpu.png", curves)
     print(f"{'phase':<10} {'rate/s':>7} {'calls':>7} {'% core':>7} {'µs/call':>8}")
     for row in result["rows"]:
         per = f"{row['cpu_us_per_call']:.0f}" if row["cpu_us_per_call"] else "-"
