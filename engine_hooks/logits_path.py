@@ -39,6 +39,10 @@ class CallRecorder(Protocol):
                fallback_rows: int = 0) -> None: ...
 
 
+def _no_clock() -> int:
+    return 0
+
+
 def shard_width(vocab: int, world_size: int) -> int:
     """Columns per rank: ceil(vocab / P) rounded up to a multiple of 4; the tail is padding."""
     width = -(-vocab // world_size)
@@ -264,11 +268,12 @@ class LogitsPath:
         can hold) and remember where its control word lands; finish_replay() does the host part per replay."""
         if self._call is not None or self._capture is not None:
             raise RuntimeError("capturing() inside a call or another capture")
-        self._capture = mode
+        self._capture, clock = mode, self.clock
+        self.clock = _no_clock  # nothing may be timed inside a graph (a CUDA event clock would record into it)
         try:
             yield
         finally:
-            self._capture = None
+            self._capture, self.clock = None, clock
             if self._call is not None:  # only exchange() was captured: complete() runs after each replay
                 self._captured_open.add((mode, self._call[1]))
                 self._call = None

@@ -162,3 +162,38 @@ def test_capture_asks_for_the_mode_it_captures():
     path.logits_buffer(1)
     with pytest.raises(ValueError, match="capturing the gather variant"):
         graphs.capture(Mode.GATHER, 1, lambda: path.exchange(mode=Mode.ALL_GATHER))
+
+
+def test_replayed_calls_are_timed_around_the_replay_and_nothing_is_timed_inside_the_graph(tmp_path):
+    from engine_hooks.comm import SingleRankCommunicator
+    from engine_hooks.cuda_timing import EventClock, EventResolver
+    from engine_hooks.graphs import CAPTURABLE, ModeGraphs
+    from engine_hooks.logits_path import LogitsPath
+    from engine_hooks.modes import Mode, ModeTable
+    from engine_hooks.recorder import RingRecorder
+    from engine_hooks.sampling import SamplingParams, SamplingRow
+    from sidecar.ring_reader import RingReader
+    from tests.test_cuda_timing import FakeCudaEvent, FakeGpuStream
+
+    stream = FakeGpuStream()
+    clock = EventClock(lambda: FakeCudaEvent(stream))
+    ring = RingRecorder(tmp_path / "rank-0", engine_id=1, rank=0, tp_size=1, vocab=VOCAB, dtype="float32",
+                        capacity=16)
+    resolver = EventResolver(clock, ring)
+    path = LogitsPath(SingleRankCommunicator(), VOCAB, initial_table=ModeTable.uniform(Mode.GATHER),
+                      recorder=resolver, clock=clock)
+    path.reserve(2)
+    graphs = ModeGraphs(path, StandInGraphBackend())
+    rows = [SamplingRow(SamplingParams(), request_id=0, position=0)]
+    for mode in CAPTURABLE:
+        graphs.capture(mode, 1, lambda: (path.logits_buffer(1).normal_(), path.run(rows))[1])
+    assert stream.recorded == 0  # capture recorded no event: a graph must not contain the path's clock
+    for _ in range(3):
+        graphs.replay(1)
+    stream.advance()
+    resolver.poll()
+    records, _ = RingReader(ring.path).read_new()
+    assert [r.call_index for r in records] == [0, 1, 2] and all(r.mode == Mode.GATHER for r in records)
+    # the collective mark spans the replay; sampling and the broadcast are zero-length, at its end
+    assert all(r.collective_ns > 0 and r.sample_ns == 0 and r.broadcast_ns == 0 for r in records)
+    resolver.close()

@@ -54,6 +54,15 @@ def register() -> None:
 
     config = load_config(os.environ.get("GATHERWISE_CONFIG"))  # a broken config fails loudly: hooks were asked for
     attach_log_handler()
+    if config.telemetry.enabled or config.control.enabled:
+        from engine_hooks.shm_format.private_files import ensure_private_dir
+
+        try:  # decided here, once, before any worker exists: never a failure in one rank's first step
+            ensure_private_dir(config.engine.shm_dir)
+        except OSError as exc:
+            log.warning("gatherwise: engine.shm_dir is unusable (%s); the vLLM plugin leaves vLLM untouched (hooks "
+                        "off, logits path unchanged)", exc)
+            return
     vllm_patches.apply(VllmStepHooks(config))
     clean_at_exit(config.engine.shm_dir)
     log.info("gatherwise: vLLM plugin active in process %d (shm_dir %s, initial mode %s)", os.getpid(),

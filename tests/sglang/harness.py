@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,10 +29,23 @@ def build_model(out_dir: str) -> str:
     return out_dir
 
 
+def _sglang_shm_files() -> set[str]:
+    return set(glob.glob("/dev/shm/sglang_loads_*"))  # SGLang's load-snapshot slots (managers/load_snapshot.py)
+
+
 def run_engine(model: str, env: dict[str, str], *args: str) -> dict:
-    """One engine_run process; returns its JSON result, with the process's log under "log"."""
-    proc = subprocess.run([sys.executable, "-m", "tests.sglang.engine_run", "--model", model, *args], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
+    """One engine_run process; returns its JSON result, with the process's log under "log". Removes the
+    /dev/shm/sglang_loads_* files it left (SGLang kills its schedulers at shutdown, before they unlink them)."""
+    before = _sglang_shm_files()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tests.sglang.engine_run", "--model", model, *args],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
+    finally:
+        for leftover in _sglang_shm_files() - before:
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stdout + proc.stderr)[-8000:]

@@ -59,7 +59,8 @@ def _calls(result: dict, rank: str, phase: str) -> list[list[int]]:
 
 def test_plain_sglang_generates(plain):
     assert len(plain["greedy_a"]) == 6 and all(plain["greedy_a"]) and "rings" not in plain
-    assert "gatherwise" not in plain["log"]
+    assert plain["streamed_sampled"] != plain["streamed_greedy"]  # same prompt: the sampled phases do sample
+    assert "hooks installed" not in plain["log"]  # installed as a plugin, but off without GATHERWISE_ENABLE
 
 
 def test_plugin_installs_on_both_ranks(hooked):
