@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine_hooks.modes import NUM_BUCKETS, bucket_from_upper_bound
 
-ModeLabel = Literal["all_gather", "gather"]
+ModeLabel = Literal["all_gather", "gather", "sharded"]  # what a table may hold (engine.initial_mode, table files)
 BucketTable = dict[str, ModeLabel]  # bucket upper bound ("1", "2", "4", ... "32768") -> mode
 MAX_BUCKET = 1 << (NUM_BUCKETS - 1)
 
@@ -82,7 +82,7 @@ class DecisionModel(BaseModel):
     id: int
     time: float = Field(description="unix seconds")
     reason: Literal["manual", "auto", "probe", "table_file"]
-    mode: Literal["all_gather", "gather", "auto"]
+    mode: Literal["all_gather", "gather", "sharded", "auto"]
     buckets: list[str]
     previous: dict[str, str] = Field(description="bucket -> mode before the decision (changed buckets)")
     evidence: dict[str, Any] = Field(description="estimates, samples, margin (auto, probe); pins (manual)")
