@@ -30,6 +30,11 @@ from pathlib import Path
 import httpx
 import yaml
 
+from bench.sidecar_cpu import cpu_seconds
+from engine_hooks.modes import IMPLEMENTED, Mode
+
+STATIC = tuple(m.label for m in IMPLEMENTED)  # every implemented mode is a static variant
+
 SIZES = (1, 2, 4, 8, 16, 32)
 CALLS_PER_SIZE = 8
 VOCAB = 32000
@@ -174,7 +179,7 @@ def by_actual_mode(calls, segments) -> dict[str, dict[str, dict[str, float]]]:
     for variant, start, stop in segments:
         for ci, rows, mode, cost in calls:
             if start <= ci < stop:
-                out[variant][f"{rows}/{'all_gather' if mode == 0 else 'gather'}"].append(cost)
+                out[variant][f"{rows}/{Mode(mode).label}"].append(cost)
     return {v: {k: {"calls": len(c), "mean_seconds": trimmed_mean(c)} for k, c in sorted(per.items())}
             for v, per in out.items()}
 
@@ -190,7 +195,7 @@ def trimmed_mean(values: list[float], trim: float = 0.05) -> float:
 
 def summarize(costs: dict[str, dict[int, list[float]]]) -> dict:
     mean = {v: {b: trimmed_mean(c) for b, c in per.items() if c} for v, per in costs.items()}
-    oracle = {b: min(mean["all_gather"][b], mean["gather"][b]) for b in SIZES}
+    oracle = {b: min(mean[m][b] for m in STATIC) for b in SIZES}
     mean["oracle"] = oracle
     totals = {v: CALLS_PER_SIZE * sum(m[b] for b in SIZES) for v, m in mean.items() if all(b in m for b in SIZES)}
     return {"mean_seconds": {v: {str(b): s for b, s in m.items()} for v, m in mean.items()},
@@ -214,7 +219,7 @@ def plot(path: Path, result: dict) -> None:
     left.tick_params(axis="x", rotation=30)
     left.set_title("mixed workload, TP=2 gloo, V=32000 f32")
     left.legend()
-    for name in ("all_gather", "gather", "auto_warm", "auto_cold_tail"):
+    for name in (*STATIC, "auto_warm", "auto_cold_tail"):
         m = result["mean_seconds"].get(name)
         if m:
             right.plot(SIZES, [m[str(b)] * 1e3 for b in SIZES], marker="o", label=name)
@@ -242,12 +247,13 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         url = re.search(r"(http://127\.0\.0\.1:\d+)", sidecar.stdout.readline()).group(1)
-        variants = ["all_gather", "gather", "auto"]
+        variants = [*STATIC, "auto"]
         engine = Engine(config, shm, os.path.join(workdir, "stop1"))
         wait_attached(url, engine.engine_id)
         segments, previous = [], None
+        sidecar_cpu: dict[str, list[float]] = {}  # variant -> [sidecar CPU seconds, wall seconds] while measured
         for r in range(rounds):
-            for variant in variants[r % 3:] + variants[: r % 3]:
+            for variant in variants[r % len(variants):] + variants[: r % len(variants)]:
                 applied = put_mode(url, variant)
                 if previous is not None:
                     segments.append((*previous, applied))
@@ -255,7 +261,11 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
                 # previous manual flip imposes) is a cost of this benchmark's schedule, not of the variant
                 drain_for(engine, settle)
                 previous = ("auto_warm" if variant == "auto" else variant, current_call(url))
+                c0, t0 = cpu_seconds(sidecar.pid), time.monotonic()
                 drain_for(engine, segment - settle)
+                cpu = sidecar_cpu.setdefault(previous[0], [0.0, 0.0])
+                cpu[0] += cpu_seconds(sidecar.pid) - c0
+                cpu[1] += time.monotonic() - t0
         engine.stop()
         calls = engine.calls()
         segments.append((*previous, calls[-1][0] + 1))
@@ -265,7 +275,9 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
         cold_engine = Engine(config, shm, os.path.join(workdir, "stop2"))
         wait_attached(url, cold_engine.engine_id)
         start = put_mode(url, "auto")
+        c0, t0 = cpu_seconds(sidecar.pid), time.monotonic()
         drain_for(cold_engine, cold)
+        sidecar_cpu["auto_cold"] = [cpu_seconds(sidecar.pid) - c0, time.monotonic() - t0]
         stats = httpx.get(f"{url}/v1/stats").json()
         learned = httpx.get(f"{url}/v1/policy/table").json()
         cold_engine.stop()
@@ -286,6 +298,7 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
                           "policy": POLICY},
                   by_actual_mode=actual, cold_probe_share=stats["probe_share"], cold_learned_table=learned["table"],
                   warm_auto_decisions=len([d for d in decisions_warm if d["reason"] == "auto"]),
+                  sidecar_core_percent={v: 100.0 * c / w for v, (c, w) in sidecar_cpu.items() if w > 0},
                   load_average=os.getloadavg())
     return result
 
@@ -311,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "auto_policy.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(out / "auto_policy.png", result)
-    print(json.dumps({k: result[k] for k in ("ratio_to_oracle", "total_seconds_per_cycle", "cold_probe_share")},
+    print(json.dumps({k: result[k] for k in ("ratio_to_oracle", "total_seconds_per_cycle", "cold_probe_share",
+                                             "sidecar_core_percent")},
                      indent=2))
     return 0
 

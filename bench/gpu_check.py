@@ -9,11 +9,11 @@ check). Each check is independent: a failure is recorded with its message and th
 deadline keeps the run under 8 minutes (checks that would start past it are recorded as skipped).
 
 Checks (every mode in engine_hooks.modes.IMPLEMENTED, so a new mode is covered without changing this file):
-  sync_free       TP=1 path on CUDA per mode and sampling kind, steady state under
+  sync_free       TP=1 path on CUDA per capturable mode (not sharded) and sampling kind, steady state under
                   torch.cuda.set_sync_debug_mode("error"), with a mode switch; every rank's switch call
   tp2_gloo_cuda   TP=2 on one GPU: two processes, gloo, CUDA tensors (if this torch's gloo takes them)
   event_timing    CUDA-event timings of the path against wall clock (synchronized) per mode
-  graphs          capture + replay of one variant per mode (ModeGraphs), tokens vs eager, mode switch
+  graphs          capture + replay of one variant per capturable mode (ModeGraphs), tokens vs eager, switch
   sampler         the path's sampling per mode, B in {1, 64, 256}, V = 152064, bfloat16
   hook_overhead   host time per call, recording off vs on, TP=1 path on the GPU
   header_metrics  the ring header exported through the sidecar's metrics module (prometheus-client only)
@@ -61,10 +61,11 @@ def _rows(kind: str, batch: int, position: int = 0):
     return [SamplingRow(_params(kind), request_id=i, position=position) for i in range(batch)]
 
 
-def _other_mode(mode):
+def _other_mode(mode, modes=None):
     from engine_hooks.modes import IMPLEMENTED
 
-    return IMPLEMENTED[(IMPLEMENTED.index(mode) + 1) % len(IMPLEMENTED)]
+    modes = IMPLEMENTED if modes is None else modes
+    return modes[(modes.index(mode) + 1) % len(modes)]
 
 
 def _sync(device) -> None:
@@ -132,10 +133,12 @@ def _fill(path, logits) -> None:
 
 # -- checks ----------------------------------------------------------------------------------------------
 def check_sync_free(ctx: dict) -> dict:
-    """Steady state (after warm-up calls) under sync debug "error": no call may synchronize the host."""
+    """Steady state (after warm-up calls) under sync debug "error": no call may synchronize the host. Sharded
+    mode is left out: it decides on the host from the exchanged summaries (fallback rows, owners of draws), so
+    it synchronizes by design, like it cannot be captured in a graph."""
     import torch
 
-    from engine_hooks.modes import IMPLEMENTED
+    from engine_hooks.graphs import CAPTURABLE
     from engine_hooks.table_source import InProcessTableSource
 
     device, vocab, batch = ctx["device"], 32000, 4
@@ -143,7 +146,7 @@ def check_sync_free(ctx: dict) -> dict:
     out: dict[str, Any] = {"vocab": vocab, "rows": batch, "warmup_calls": warm, "checked_calls": calls, "runs": {}}
     failed = []
     gen = torch.Generator(device="cpu").manual_seed(0)
-    for mode in IMPLEMENTED:
+    for mode in CAPTURABLE:
         for kind in KINDS:
             key = f"{mode.label}/{kind}"
             source = InProcessTableSource()
@@ -161,13 +164,13 @@ def check_sync_free(ctx: dict) -> dict:
                 with _SyncDebug(device):
                     for i in range(warm, warm + calls):
                         if i == request_at:
-                            source.request(path.table.uniform(_other_mode(mode)))
+                            source.request(path.table.uniform(_other_mode(mode, CAPTURABLE)))
                         _fill(path, logits[i % 4])
                         tokens.append(path.run(_rows(kind, batch, i)))
                 _sync(device)
                 modes = [m.label for m in path.mode_log]
                 switch = request_at + 2
-                want = [mode.label] * switch + [_other_mode(mode).label] * (warm + calls - switch)
+                want = [mode.label] * switch + [_other_mode(mode, CAPTURABLE).label] * (warm + calls - switch)
                 run.update(status="pass" if modes == want else "fail", switch_call=switch,
                            applied=[(s.seq, s.apply_call) for s in source.applied],
                            tokens_in_range=bool(all(int(t.max()) < vocab for t in tokens)),
@@ -297,8 +300,7 @@ def check_graphs(ctx: dict) -> dict:
 
     if ctx["cpu"]:
         raise Skip("needs CUDA (tests/test_graphs.py covers the logic on the CPU with a stand-in graph)")
-    from engine_hooks.graphs import ModeGraphs
-    from engine_hooks.modes import IMPLEMENTED
+    from engine_hooks.graphs import CAPTURABLE, ModeGraphs  # sharded calls run eagerly, never in a graph
     from engine_hooks.table_source import InProcessTableSource
 
     device, vocab, steps = ctx["device"], 32000, [1, 8, 8, 1, 8, 1, 1, 8, 8, 1, 8, 1]
@@ -306,7 +308,7 @@ def check_graphs(ctx: dict) -> dict:
     ok = True
     gen = torch.Generator().manual_seed(3)
     inputs_all = [torch.randn(r, vocab, generator=gen).to(device, torch.bfloat16) for r in steps]
-    for first in IMPLEMENTED:
+    for first in CAPTURABLE:
         source = InProcessTableSource()
         clock, recorder, ring = _recording(device, ctx["tmp"], f"graphs-{first.label}", vocab, "bfloat16")
         path = _path(device, vocab, first, source=source, recorder=recorder, clock=clock)
@@ -319,7 +321,7 @@ def check_graphs(ctx: dict) -> dict:
             _fill(path, static_in[rows])
             return path.run(_rows("greedy", rows))
 
-        for mode in IMPLEMENTED:
+        for mode in CAPTURABLE:
             for r in static_in:
                 graphs.capture(mode, r, lambda r=r: step(r))
         capture_s = time.perf_counter() - t0
@@ -328,8 +330,8 @@ def check_graphs(ctx: dict) -> dict:
             with _SyncDebug(device):
                 for i, r in enumerate(steps):
                     if i == 3:
-                        source.request(path.table.uniform(_other_mode(first)))
-                        eager.table_source.request(path.table.uniform(_other_mode(first)))
+                        source.request(path.table.uniform(_other_mode(first, CAPTURABLE)))
+                        eager.table_source.request(path.table.uniform(_other_mode(first, CAPTURABLE)))
                     static_in[r].copy_(inputs_all[i])
                     t = time.perf_counter_ns()
                     mode, out_tokens = graphs.replay(r)

@@ -1,6 +1,9 @@
 """Panels of the gatherwise dashboard: PromQL helpers and one function per dashboard row.
 
 Every query filters on the `engine` variable; rates use `$__rate_interval`; latency panels ask for exemplars.
+Modes and operations come from the mode enum and the ring format (every code the format defines, implemented or
+not: a mode without traffic simply shows no data), so a mode the engine starts to implement appears on the
+dashboard without regenerating it, and the committed JSON does not depend on what this checkout implements.
 """
 
 from __future__ import annotations
@@ -17,18 +20,23 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
+from engine_hooks.modes import Mode
+from engine_hooks.shm_format.ring import MODE_OPS
+
 PROMETHEUS_UID = "gw-prometheus"  # fixed in dashboards/grafana/provisioning/datasources/datasources.yml
 JAEGER_UID = "gw-jaeger"
 
 PROM = DataSourceRef(type_val="prometheus", uid=PROMETHEUS_UID)
 ENGINE = 'engine=~"$engine"'
 BUCKET = 'engine=~"$engine", bucket=~"$bucket"'
-RANK_BUCKET = 'engine=~"$engine", rank=~"$rank", bucket=~"$bucket"'
 RANK = 'engine=~"$engine", rank=~"$rank"'
 CRITICAL_P50 = "engine_mode_bucket:gatherwise_step_critical_path_seconds:p50_1m"  # recording rules
 CRITICAL_P99 = "engine_mode_bucket:gatherwise_step_critical_path_seconds:p99_1m"
+TOPP_FALLBACK_SHARE = "engine:gatherwise_topp_fallback_rows:ratio_rate5m"
 BUCKET_SOURCE = "gatherwise_step_critical_path_seconds_count"
-MODE_COLORS = {"all_gather": "blue", "gather": "orange"}
+MODE_COLORS = {"all_gather": "blue", "gather": "orange", "sharded": "green"}
+MODES = tuple(Mode)  # every mode code
+OP_NAMES = tuple(dict.fromkeys(op for m in MODES for op in MODE_OPS[int(m)] if op))
 
 
 def query(expr: str, legend: str, ref: str = "A", exemplar: bool = False) -> prometheus.Dataquery:
@@ -41,11 +49,23 @@ def quantile(q: float, metric: str, by: str, selector: str) -> str:
     return f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket{{{selector}}}[$__rate_interval])))"
 
 
-def mode_ratio(recorded: str) -> str:
+def ratio_to_fastest(recorded: str) -> str:
+    """Each mode's value over the fastest mode's in the same bucket: 1 is the fastest, 1.3 is 30 % slower."""
     return (
-        f'max by (bucket) ({recorded}{{{BUCKET}, mode="all_gather"}})'
-        f' / max by (bucket) ({recorded}{{{BUCKET}, mode="gather"}})'
+        f"max by (bucket, mode) ({recorded}{{{BUCKET}}})"
+        f" / on (bucket) group_left () min by (bucket) ({recorded}{{{BUCKET}}})"
     )
+
+
+def active_mode_code() -> str:
+    """Per bucket, the code of the mode it runs (0 all_gather, 1 gather, 2 sharded): each mode's 0/1 gauge times
+    its code, summed. label_replace keeps the terms apart for `or`; a mode without series adds nothing."""
+    terms = [
+        f'label_replace({int(m)} * max by (bucket) (gatherwise_active_mode{{{BUCKET}, mode="{m.label}"}}),'
+        f' "code", "{int(m)}", "", "")'
+        for m in MODES
+    ]
+    return "sum by (bucket) (" + " or ".join(terms) + ")"
 
 
 def latency(title: str, description: str, metric: str, by: str, selector: str, legend: str) -> timeseries.Panel:
@@ -87,8 +107,8 @@ def variable(name: str, label: str, expr: str) -> dash.QueryVariable:
 def mode_panels() -> list[object]:
     by_mode = ValueMap(
         {
-            "0": ValueMappingResult(text="all_gather", color=MODE_COLORS["all_gather"], index=0),
-            "1": ValueMappingResult(text="gather", color=MODE_COLORS["gather"], index=1),
+            str(int(m)): ValueMappingResult(text=m.label, color=MODE_COLORS[m.label], index=int(m))
+            for m in MODES
         }
     )
     active = (
@@ -97,7 +117,7 @@ def mode_panels() -> list[object]:
         .description("Mode the engine runs for each batch-size bucket (rows ≤ bucket).")
         .unit("none")
         .mappings([by_mode])
-        .with_target(query(f'max by (bucket) (gatherwise_active_mode{{{BUCKET}, mode="gather"}})', "≤{{bucket}} rows"))
+        .with_target(query(active_mode_code(), "≤{{bucket}} rows"))
         .merge_values(True)
         .show_value(common.VisibilityMode.NEVER)
         .height(8)
@@ -105,7 +125,7 @@ def mode_panels() -> list[object]:
     )
     estimates = (
         timeseries.Panel()
-        .title("Policy estimate per bucket: gather vs all_gather")
+        .title("Policy estimate per bucket and mode")
         .description("The auto policy's current critical-path estimate for each mode; it switches on a margin.")
         .unit("s")
         .with_target(
@@ -147,20 +167,21 @@ def latency_panels() -> list[object]:
         "{{mode}} ≤{{bucket}}",
     )
     logits = latency(
-        "Logits path p50/p99 by mode and bucket",
-        "Logits ready to tokens ready on each selected rank, pooled across those ranks.",
+        "Logits path p50/p99 by rank and mode",
+        "Logits ready to tokens ready on each selected rank (every bucket): a straggling rank stands out here.",
         "gatherwise_logits_path_seconds",
-        "mode, bucket",
-        RANK_BUCKET,
-        "{{mode}} ≤{{bucket}}",
+        "rank, mode",
+        RANK,
+        "rank {{rank}} {{mode}}",
     )
     ratio = (
         timeseries.Panel()
-        .title("Critical path ratio all_gather / gather per bucket")
-        .description("Above 1: gather is faster in that bucket (recorded 1m p50 and p99 of each mode).")
+        .title("Critical path per bucket relative to the fastest mode")
+        .description("Each mode's recorded 1m p50 (and p99) over the fastest mode's in the same bucket: the "
+                     "fastest is 1, a mode 30 % slower is 1.3.")
         .unit("suffix:×")
-        .with_target(query(mode_ratio(CRITICAL_P50), "≤{{bucket}} p50", "A"))
-        .with_target(query(mode_ratio(CRITICAL_P99), "≤{{bucket}} p99", "B"))
+        .with_target(query(ratio_to_fastest(CRITICAL_P50), "{{mode}} ≤{{bucket}} p50", "A"))
+        .with_target(query(ratio_to_fastest(CRITICAL_P99), "{{mode}} ≤{{bucket}} p99", "B"))
         .legend(legend_list())
     )
     skew = latency(
@@ -168,7 +189,7 @@ def latency_panels() -> list[object]:
         "Last rank in minus first rank in, per call: how long the fastest rank waits for the slowest.",
         "gatherwise_rank_skew_seconds",
         "mode",
-        BUCKET,
+        ENGINE,
         "{{mode}}",
     )
     return [p.height(9).span(12) for p in (critical, logits, ratio, skew)]
@@ -176,28 +197,39 @@ def latency_panels() -> list[object]:
 
 def per_op_panels() -> list[object]:
     panels = []
-    for op in ("all_gather", "gather", "broadcast"):
+    for op in OP_NAMES:
+        modes = ", ".join(m.label for m in MODES if op in MODE_OPS[int(m)])
         panels.append(
             latency(
-                f"{op} latency by rank",
-                f"Duration of the {op} collective per rank (p50/p99 over the selected buckets).",
+                f"{op} latency by bucket",
+                f"Duration of {op} ({modes} mode), pooled over the ranks (p50/p99 per selected bucket).",
                 "gatherwise_collective_seconds",
-                "rank",
-                f'{RANK_BUCKET}, op="{op}"',
-                "rank {{rank}}",
+                "bucket",
+                f'{BUCKET}, op="{op}"',
+                "≤{{bucket}}",
             )
         )
     panels.append(
         latency(
-            "sample latency by rank",
-            "Sampling time per rank (in gather mode only rank 0 samples).",
+            "sample latency by mode",
+            "Sampling time on the ranks that sample (gather: rank 0; all_gather: every rank; sharded: every rank's "
+            "shard reduction and search), over the selected buckets.",
             "gatherwise_sample_seconds",
-            "rank, mode",
-            RANK_BUCKET,
-            "rank {{rank}} {{mode}}",
+            "mode",
+            BUCKET,
+            "{{mode}}",
         )
     )
-    return [p.height(8).span(6) for p in panels]
+    fallback = (
+        timeseries.Panel()
+        .title("Top-p fallback share (sharded)")
+        .description("Of the top-p rows sampled in sharded mode, the share whose nucleus the exchanged candidates "
+                     "did not cover, so every rank sampled them from the full row (exact, but slower).")
+        .unit("percentunit")
+        .with_target(query(f"max by (engine) ({TOPP_FALLBACK_SHARE}{{{ENGINE}}})", "{{engine}}"))
+        .legend(legend_list())
+    )
+    return [p.height(8).span(6) for p in [*panels, fallback]]
 
 
 def traffic_panels() -> list[object]:

@@ -90,6 +90,8 @@ class PolicySection:
     probe_calls: int = 8
     probe_budget: float = 0.02
     max_sample_age_seconds: float = 120.0
+    probe_backoff_max: float = 16.0
+    probe_backoff_margin: float = 0.25
     table_file: str | None = None
 
 
@@ -131,6 +133,8 @@ _RULES: dict[tuple[str, str], Any] = {
     ("policy", "probe_calls"): _between(1, 1 << 20),
     ("policy", "probe_budget"): _between(0.0, 1.0),
     ("policy", "max_sample_age_seconds"): _between(0.1, 86400.0),
+    ("policy", "probe_backoff_max"): _between(1.0, 1024.0),
+    ("policy", "probe_backoff_margin"): _between(0.0, 10.0),
 }
 
 

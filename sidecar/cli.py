@@ -42,6 +42,7 @@ def bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(2048)  # queue connections from now on, so "listening on" below is already true
     sock.set_inheritable(True)
     return sock
 

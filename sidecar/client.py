@@ -1,4 +1,6 @@
-"""`gatherwise mode get` / `gatherwise mode set gather|all_gather|auto [--buckets 1,2,4] [--wait S]`.
+"""`gatherwise mode get` / `gatherwise mode set <mode>|auto [--buckets 1,2,4] [--wait S]`.
+
+<mode> is any implemented mode (engine_hooks.modes.IMPLEMENTED: all_gather, gather, sharded).
 
 Talks to the sidecar's HTTP API (docs/api.md). The token comes from --token or env GATHERWISE_API_TOKEN.
 Exit status: 0 done, 1 not applied within --wait (202), 2 usage or request refused (4xx), 3 sidecar unreachable.
@@ -12,6 +14,8 @@ import os
 import sys
 
 import httpx
+
+from engine_hooks.modes import IMPLEMENTED_LABELS
 
 DEFAULT_URL = "http://127.0.0.1:9400"
 
@@ -33,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("get", help="show the active and requested table, policy, epoch and call index")
     s = sub.add_parser("set", help="pin buckets to a mode, or release them to the auto policy")
-    s.add_argument("mode", choices=["gather", "all_gather", "auto"])
+    s.add_argument("mode", choices=[*IMPLEMENTED_LABELS, "auto"])
     s.add_argument("--buckets", type=parse_bucket_list, help="comma-separated bucket upper bounds (default: all)")
     s.add_argument("--wait", type=float, default=5.0, help="seconds to wait until every rank switched (default 5)")
     s.add_argument("--token", default=os.environ.get("GATHERWISE_API_TOKEN"),
@@ -42,8 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def mode_letter(mode: str) -> str:
+    """One letter per mode in the compact table: A all_gather, G gather, S sharded."""
+    return mode[:1].upper()
+
+
 def format_table(table: dict[str, str]) -> str:
-    return " ".join(f"{bucket}:{'G' if mode == 'gather' else 'A'}" for bucket, mode in table.items())
+    return " ".join(f"{bucket}:{mode_letter(mode)}" for bucket, mode in table.items())
 
 
 def describe(state: dict) -> str:
@@ -54,7 +63,8 @@ def describe(state: dict) -> str:
         lines.append(f"requested {format_table(state['requested'])}  (pending, seq {state['requested_seq']})")
     if state["pinned"]:
         lines.append(f"pinned    {format_table(state['pinned'])}")
-    lines.append("(A = all_gather, G = gather; buckets are batch-size upper bounds)")
+    legend = ", ".join(f"{mode_letter(m)} = {m}" for m in IMPLEMENTED_LABELS)
+    lines.append(f"({legend}; buckets are batch-size upper bounds)")
     return "\n".join(lines)
 
 

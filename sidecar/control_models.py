@@ -6,9 +6,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine_hooks.modes import NUM_BUCKETS, bucket_from_upper_bound
+from engine_hooks.modes import IMPLEMENTED_LABELS, NUM_BUCKETS, bucket_from_upper_bound
 
-ModeLabel = Literal["all_gather", "gather", "sharded"]  # what a table may hold (engine.initial_mode, table files)
+# Generated from engine_hooks.modes.IMPLEMENTED: a mode the engine implements is accepted and documented here
+# (OpenAPI enum) without another change; a reserved one is refused with the list of valid values.
+ModeLabel = Literal[IMPLEMENTED_LABELS]  # type: ignore[valid-type]
+ModeOrAuto = Literal[(*IMPLEMENTED_LABELS, "auto")]  # type: ignore[valid-type]
 BucketTable = dict[str, ModeLabel]  # bucket upper bound ("1", "2", "4", ... "32768") -> mode
 MAX_BUCKET = 1 << (NUM_BUCKETS - 1)
 
@@ -35,8 +38,7 @@ STRICT_REQUEST = ConfigDict(extra="forbid", strict=True)
 
 class SetModeRequest(BaseModel):
     model_config = STRICT_REQUEST
-    mode: Literal["all_gather", "gather", "auto"] = Field(
-        description="pin the buckets to a mode, or release them to the auto policy")
+    mode: ModeOrAuto = Field(description="pin the buckets to a mode, or release them to the auto policy")
     buckets: list[int] | None = Field(
         default=None, min_length=1, max_length=NUM_BUCKETS,
         description=f"bucket upper bounds (powers of two 1..{MAX_BUCKET}); omitted = every bucket")
@@ -82,7 +84,7 @@ class DecisionModel(BaseModel):
     id: int
     time: float = Field(description="unix seconds")
     reason: Literal["manual", "auto", "probe", "table_file"]
-    mode: Literal["all_gather", "gather", "sharded", "auto"]
+    mode: ModeOrAuto
     buckets: list[str]
     previous: dict[str, str] = Field(description="bucket -> mode before the decision (changed buckets)")
     evidence: dict[str, Any] = Field(description="estimates, samples, margin (auto, probe); pins (manual)")
@@ -107,6 +109,11 @@ class PolicyParamsModel(BaseModel):
     probe_budget: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="max share of calls probing")
     max_sample_age_seconds: float = Field(ge=0.1, le=86400.0, allow_inf_nan=False,
                                           description="samples older than this leave the estimates")
+    probe_backoff_max: float = Field(ge=1.0, le=1024.0, allow_inf_nan=False,
+                                     description="a mode far behind is probed up to this many times less often")
+    probe_backoff_margin: float = Field(ge=0.0, le=10.0, allow_inf_nan=False,
+                                        description="far behind = slower than the chosen mode by this fraction; "
+                                                    "the chosen mode's cost moving by it ends the back-off")
 
 
 class PolicyUpdate(BaseModel):
@@ -121,6 +128,8 @@ class PolicyUpdate(BaseModel):
     probe_calls: int | None = Field(default=None, ge=1, le=1 << 20)
     probe_budget: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
     max_sample_age_seconds: float | None = Field(default=None, ge=0.1, le=86400.0, allow_inf_nan=False)
+    probe_backoff_max: float | None = Field(default=None, ge=1.0, le=1024.0, allow_inf_nan=False)
+    probe_backoff_margin: float | None = Field(default=None, ge=0.0, le=10.0, allow_inf_nan=False)
 
 
 class PolicyResponse(BaseModel):

@@ -18,16 +18,23 @@ from pathlib import Path
 from typing import Any
 
 from engine_hooks.config import GatherwiseConfig
-from engine_hooks.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable
+from engine_hooks.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
 from engine_hooks.shm_format.control import CONTROL_NAME, FLAG_AUTO, ControlFormatError, sidecar_state_path
 from sidecar.control_client import ControlClient, ControlSnapshot
+from sidecar.control_gauges import ControlView
 from sidecar.decision_events import DecisionEvents
 from sidecar.periodic import PeriodicThread
 from sidecar.policy import AutoPolicy, Decision, PolicyParams
 from sidecar.policy_state import load_state, policy_from_json, policy_to_json, save_state
 
 log = logging.getLogger("gatherwise.sidecar.control")
+# Saving the state (decision log, sample windows: up to ~0.5 MB of JSON) costs milliseconds of CPU the engine's
+# ranks may need. Requests (manual decisions, parameters) are saved at once; the policy's own decisions within
+# SAVE_INTERVAL_S; new samples alone every SAMPLES_SAVE_INTERVAL_S (a restart that loses a few seconds of samples
+# still has the rest of each window).
 SAVE_INTERVAL_S = 1.0
+SAMPLES_SAVE_INTERVAL_S = 10.0
+CONTROL_INTERVAL_MIN_S = 0.05
 
 
 class NotAttached(RuntimeError):
@@ -44,8 +51,10 @@ class Attached:
     requested: tuple[ModeTable, int]  # (table, flags) last written (or found) in the command area
     last_call_index: int = -1  # newest call fed to the policy (ring records re-read after a restart are skipped)
     switch_counts: dict[str, int] = field(default_factory=dict)  # "from|to|reason" -> n, survives restarts
-    dirty: bool = False
+    dirty: bool = False  # new samples since the last save
+    decided: bool = False  # a policy decision since the last save
     saved_at: float = 0.0
+    active: ModeTable | None = None  # what every rank ran at the last tick (control block status area)
 
 
 class Controller:
@@ -55,12 +64,15 @@ class Controller:
         self.config, self.ingest, self.events = config, ingest, events
         self.params = PolicyParams.from_config(config.policy)
         self.api_token: str | None = config.sidecar.api_token or env.get("GATHERWISE_API_TOKEN") or None
-        self.interval = config.sidecar.poll_interval_seconds
+        # Decisions need no faster loop than this (dwell is seconds; a probe ends from _on_call), and every tick
+        # costs CPU the engine's ranks may need on a small host.
+        self.interval = max(config.sidecar.poll_interval_seconds, CONTROL_INTERVAL_MIN_S)
         self.lock = threading.RLock()
         self.attached: Attached | None = None
         self._warned: set[int] = set()
         self._loop = PeriodicThread("gatherwise-control", self.tick, self.interval, log)
         ingest.call_listeners.append(self._on_call)
+        events.metrics.control_gauges.view = self.control_view
 
     # -- service --------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -86,8 +98,9 @@ class Controller:
             except ControlFormatError as exc:
                 self._give_up(att, exc)
                 return
-            self.events.gauges(att.label, snap.active_table, att.policy, now)
-            if att.dirty and now - att.saved_at >= SAVE_INTERVAL_S:
+            att.active = snap.active_table
+            since = now - att.saved_at
+            if (att.decided and since >= SAVE_INTERVAL_S) or (att.dirty and since >= SAMPLES_SAVE_INTERVAL_S):
                 self._save(att)
 
     # -- engine attach / detach ----------------------------------------------------------------------------
@@ -189,8 +202,7 @@ class Controller:
         return seq
 
     def _publish(self, att: Attached, decisions: list[Decision]) -> None:
-        if not decisions:
-            self._sync(att)
+        if not decisions:  # the desired table only changes with a decision: nothing to write
             return
         seq = self._sync(att, force=True)
         call = att.client.heartbeat().call_index
@@ -199,13 +211,17 @@ class Controller:
             self.events.decision(att.label, d, call, att.switch_counts)
             log.info("decision %d: %s %s -> %s (%s) evidence=%s", d.id, d.reason, ",".join(d.buckets), d.mode,
                      d.previous, d.evidence)
-        self._save(att)
+        if any(d.reason in ("manual", "table_file") for d in decisions):
+            self._save(att)  # a request's effect survives a SIGKILL right after the response
+        else:
+            att.decided = True
 
     def _save(self, att: Attached) -> None:
         try:
             save_state(att.state_path, policy_to_json(att.policy, {"last_call_index": att.last_call_index,
                                                                     "switch_counts": att.switch_counts}))
-            att.dirty, att.saved_at = False, time.monotonic()
+            att.dirty = att.decided = False
+            att.saved_at = time.monotonic()
         except OSError as exc:  # the engine directory vanished (engine exited): nothing to keep
             log.debug("sidecar state not saved: %s", exc)
 
@@ -215,8 +231,18 @@ class Controller:
             if att is None or eng.engine_id != att.engine_id or call_index <= att.last_call_index:
                 return
             att.last_call_index = call_index
-            att.policy.observe(Mode(mode), rows, seconds, time.monotonic())
+            policy = att.policy
+            if mode not in policy.modes:  # a mode code this sidecar does not choose among: nothing to learn
+                return
+            now = time.monotonic()
             att.dirty = True
+            if policy.observe(Mode(mode), rows, seconds, now):
+                # the running probe has its calls: end it now, not at the next tick, so it costs no extra calls
+                policy.clock_wall = time.time()
+                try:
+                    self._publish(att, policy.step(now))
+                except ControlFormatError as exc:
+                    self._give_up(att, exc)
 
     # -- API ------------------------------------------------------------------------------------------------
     def require(self) -> Attached:
@@ -268,6 +294,22 @@ class Controller:
         with self.lock:
             return self.attached.policy.params if self.attached else self.params
 
+    def control_view(self) -> ControlView | None:
+        """What the control gauges show at a scrape: the active table and the policy's estimates."""
+        with self.lock:
+            att = self.attached
+            if att is None or att.active is None:
+                return None
+            now = time.monotonic()
+            modes = att.policy.modes
+            estimates = {}
+            for b in range(NUM_BUCKETS):
+                for m in modes:
+                    est = att.policy.estimates.get(b, m, now)
+                    if est is not None:
+                        estimates[(bucket_label(b), m.label)] = est.p50
+            return ControlView(att.label, att.active.as_labels(), tuple(m.label for m in modes), estimates)
+
     def stats(self) -> tuple[Attached | None, list[tuple[int, Mode, Any]]]:
         with self.lock:
             att = self.attached
@@ -276,7 +318,7 @@ class Controller:
             now = time.monotonic()
             rows = []
             for b in range(NUM_BUCKETS):
-                for m in IMPLEMENTED:
+                for m in att.policy.modes:
                     est = att.policy.estimates.get(b, m, now)
                     if est is not None:
                         rows.append((b, m, est))

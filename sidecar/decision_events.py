@@ -1,7 +1,8 @@
 """Where decisions and the control state become visible: Prometheus families and trace span events.
 
-The families themselves are defined in sidecar.metrics (gatherwise_mode_switches_total, gatherwise_active_mode,
-gatherwise_policy_estimate_seconds); the span event is sidecar.traces.CallTracer.mode_switch_event.
+The switch counter is defined in sidecar.metrics (gatherwise_mode_switches_total); the control gauges are
+computed at scrape time from the controller's view (sidecar.control_gauges); the span event is
+sidecar.traces.CallTracer.mode_switch_event.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from engine_hooks.modes import IMPLEMENTED, NUM_BUCKETS, ModeTable, bucket_label
+from engine_hooks.modes import IMPLEMENTED
 from sidecar.metrics import SidecarMetrics
-from sidecar.policy import AutoPolicy, Decision
+from sidecar.policy import Decision
 
 log = logging.getLogger("gatherwise.sidecar.control")
 
@@ -43,21 +44,6 @@ class DecisionEvents:
         for key, n in counts.items():
             before, after, reason = key.split("|")
             self.metrics.mode_switches.labels(engine, before, after, reason).inc(n)
-
-    def gauges(self, engine: str, active: ModeTable, policy: AutoPolicy, now: float) -> None:
-        m = self.metrics
-        for b in range(NUM_BUCKETS):
-            label = bucket_label(b)
-            for mode in IMPLEMENTED:
-                m.active_mode.labels(engine, label, mode.label).set(1.0 if active.modes[b] == mode else 0.0)
-                est = policy.estimates.get(b, mode, now)
-                if est is not None:
-                    m.policy_estimate.labels(engine, label, mode.label).set(est.p50)
-                else:
-                    try:
-                        m.policy_estimate.remove(engine, label, mode.label)
-                    except KeyError:
-                        pass
 
     def forget(self) -> None:
         self.metrics.forget_control()

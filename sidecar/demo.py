@@ -24,6 +24,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboards.local_stack import LocalStack, start_local_stack
+from engine_hooks.modes import IMPLEMENTED, IMPLEMENTED_LABELS
+from engine_hooks.shm_format.ring import MODE_OPS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "config" / "demo.yaml"
@@ -42,37 +44,45 @@ def _ms(seconds: float | None) -> str:
     return "      -" if seconds is None else f"{seconds * 1e3:7.3f}"
 
 
-OPS = (("gatherwise_collective_seconds", "all_gather"), ("gatherwise_collective_seconds", "gather"),
-       ("gatherwise_collective_seconds", "broadcast"), ("gatherwise_sample_seconds", None))
+MODES = IMPLEMENTED_LABELS
+OP_NAMES = (*dict.fromkeys(op for m in IMPLEMENTED for op in MODE_OPS[int(m)] if op), "sample")
+FAMILIES = ("gatherwise_collective_seconds", "gatherwise_sample_seconds")
 
 
 def op_totals(exposition: str) -> dict[tuple[str, str, str], float]:
     """(op, mode, "sum"|"count") -> value summed over ranks and buckets, from the sidecar's /metrics."""
     totals: dict[tuple[str, str, str], float] = {}
     for family in text_string_to_metric_families(exposition):
-        for name, op_filter in OPS:
-            if family.name != name:
-                continue
-            for sample in family.samples:
-                kind = sample.name.rsplit("_", 1)[-1]
-                op = sample.labels.get("op", "sample")
-                if kind in ("sum", "count") and (op_filter is None or op == op_filter):
-                    key = (op, sample.labels["mode"], kind)
-                    totals[key] = totals.get(key, 0.0) + sample.value
+        if family.name not in FAMILIES:
+            continue
+        for sample in family.samples:
+            kind = sample.name.rsplit("_", 1)[-1]
+            if kind in ("sum", "count"):
+                key = (sample.labels.get("op", "sample"), sample.labels["mode"], kind)
+                totals[key] = totals.get(key, 0.0) + sample.value
     return totals
 
 
 def op_lines(now: dict, before: dict) -> list[str]:
     """Per-op mean latency by mode since the previous screen, from deltas of histogram sums and counts."""
-    lines = ["per-op mean since the last screen, ms (over ranks):   all_gather      gather"]
-    for op in ("all_gather", "gather", "broadcast", "sample"):
+    lines = [f"{'per-op mean since the last screen, ms (over ranks):':<52}" + "".join(f"{m:>12}" for m in MODES)]
+    for op in OP_NAMES:
         cells = []
-        for mode in ("all_gather", "gather"):
+        for mode in MODES:
             calls = now.get((op, mode, "count"), 0) - before.get((op, mode, "count"), 0)
             spent = now.get((op, mode, "sum"), 0) - before.get((op, mode, "sum"), 0)
-            cells.append(f"{spent / calls * 1e3:10.3f}" if calls > 0 else "         -")
-        lines.append(f"  {op:<50}{cells[0]}  {cells[1]}")
+            cells.append(f"{spent / calls * 1e3:12.3f}" if calls > 0 else f"{'-':>12}")
+        lines.append(f"  {op:<50}{''.join(cells)}")
     return lines
+
+
+def fastest(stats: dict, bucket: str) -> str:
+    """'gather 1.31x': the fastest mode of a bucket and how much faster than the runner-up (p50)."""
+    measured = sorted((s["p50_seconds"], m) for m in MODES if (s := stats.get((bucket, m))) and s["p50_seconds"] > 0)
+    if len(measured) < 2:
+        return ""
+    (best, mode), (second, _) = measured[0], measured[1]
+    return f"{mode} {second / best:.2f}x"
 
 
 def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None, ops: list[str]) -> str:
@@ -90,17 +100,14 @@ def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None,
                  f"policy={m['policy']}  epoch={m['epoch']}  call={m['call_index']}"
                  + (f"  {rate:.0f} calls/s" if rate else "") + f"  dropped={engine['records_dropped']}")
     lines.append("")
-    lines.append("bucket  active      all_gather p50 ms (n)   gather p50 ms (n)   faster")
+    lines.append("bucket  active      " + "".join(f"{m + ' p50 ms (n)':>22}" for m in MODES) + "   fastest")
     for bucket, active in m["active"].items():
-        a, g = stats.get((bucket, "all_gather")), stats.get((bucket, "gather"))
-        if a is None and g is None:
+        per_mode = [stats.get((bucket, mode)) for mode in MODES]
+        if not any(per_mode):
             continue
-        faster = ""
-        if a and g and a["p50_seconds"] > 0 and g["p50_seconds"] > 0:
-            ratio = a["p50_seconds"] / g["p50_seconds"]
-            faster = f"gather {ratio:.2f}x" if ratio > 1 else f"all_gather {1 / ratio:.2f}x"
         cell = lambda s: f"{_ms(s and s['p50_seconds'])} ({s['samples'] if s else 0:>4})"  # noqa: E731
-        lines.append(f"{bucket:>6}  {active:<10}  {cell(a):>20}   {cell(g):>18}   {faster}")
+        lines.append(f"{bucket:>6}  {active:<10}  " + "".join(f"{cell(s):>22}" for s in per_mode)
+                     + f"   {fastest(stats, bucket)}")
     lines += ["", *ops]
     lines += ["", f"recent switches (and {probes} probe decisions, not shown):"]
     for d in decisions or []:

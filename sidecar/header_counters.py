@@ -8,13 +8,20 @@ they survive sidecar restarts: a restarted sidecar exports the same values, not 
 from __future__ import annotations
 
 from engine_hooks.modes import IMPLEMENTED, Mode
-from engine_hooks.shm_format.ring import RingHeader
+from engine_hooks.shm_format.ring import MODE_OPS, RingHeader
 from sidecar.metrics import RankCounters
 
-# (op, mode) pairs that move bytes: all_gather mode runs all_gather; gather mode runs gather + broadcast.
-BYTES_SERIES = (("all_gather", Mode.ALL_GATHER), ("gather", Mode.GATHER), ("broadcast", Mode.GATHER))
-# (op, mode) pairs that take time: the collectives above, sampling and the whole path in every mode.
-SECONDS_SERIES = BYTES_SERIES + tuple((op, m) for m in IMPLEMENTED for op in ("sample", "path"))
+
+def bytes_series(modes: tuple[Mode, ...] = IMPLEMENTED) -> tuple[tuple[str, Mode], ...]:
+    """(op, mode) pairs that move bytes: each mode's operations (MODE_OPS), e.g. gather runs gather + broadcast."""
+    return tuple((op, m) for m in modes for op in MODE_OPS[int(m)] if op)
+
+
+def seconds_series(modes: tuple[Mode, ...] = IMPLEMENTED) -> tuple[tuple[str, Mode], ...]:
+    """(op, mode) pairs that take time: the mode's collectives, sampling and the whole path."""
+    return bytes_series(modes) + tuple((op, m) for m in modes for op in ("sample", "path"))
+
+
 # header op name -> the `op` label (the whole path is labelled like its histogram family)
 OP_LABELS = {"path": "logits_path"}
 
@@ -24,10 +31,11 @@ def rank_counters(header: RingHeader, rank: int, reader_dropped: dict[str, int])
     engine's (timings given up) come from the header."""
     rows = header.counters
     calls = {m.label: rows[int(m)].calls for m in IMPLEMENTED}
-    nbytes = {(op, m.label): rows[int(m)].ops[op].bytes for op, m in BYTES_SERIES}
-    seconds = {(OP_LABELS.get(op, op), m.label): rows[int(m)].ops[op].ns / 1e9 for op, m in SECONDS_SERIES}
+    nbytes = {(op, m.label): rows[int(m)].ops[op].bytes for op, m in bytes_series()}
+    seconds = {(OP_LABELS.get(op, op), m.label): rows[int(m)].ops[op].ns / 1e9 for op, m in seconds_series()}
     path_bytes = {m.label: rows[int(m)].ops["path"].bytes for m in IMPLEMENTED}
-    return RankCounters(rank, calls, nbytes, {**reader_dropped, **header.drops}, seconds, path_bytes)
+    return RankCounters(rank, calls, nbytes, {**reader_dropped, **header.drops}, seconds, path_bytes,
+                        header.topp_rows, header.topp_fallback_rows)
 
 
 def total_calls(header: RingHeader) -> int:

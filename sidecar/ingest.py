@@ -29,7 +29,8 @@ from engine_hooks.modes import Mode, bucket_label, bucket_of
 from engine_hooks.shm_format.liveness import Liveness, is_removable, liveness
 from engine_hooks.shm_format.private_files import check_private_dir
 from sidecar.header_counters import rank_counters
-from sidecar.metrics import CallSeries, EngineCounters, RankSeries, SidecarMetrics
+from sidecar.histograms import Series
+from sidecar.metrics import CallSeries, EngineCounters, SidecarMetrics
 from sidecar.periodic import PeriodicThread
 from sidecar.ring_reader import EngineFiles, RingFormatError, RingReader, discover_engines
 from sidecar.traces import CallTracer
@@ -69,7 +70,7 @@ class AttachedEngine:
     exited: bool = False  # its liveness locks were found free: every rank's process has ended
     last_record_end_ns: int = 0
     pending: dict[int, _Pending] = field(default_factory=dict)
-    rank_series: dict[tuple[int, int, int], RankSeries] = field(default_factory=dict)  # (rank, mode, rows)
+    rank_paths: dict[tuple[int, int], Series] = field(default_factory=dict)  # (rank, mode)
     call_series: dict[tuple[int, int], CallSeries] = field(default_factory=dict)  # (mode, rows)
     records: int = 0
     calls_joined: int = 0
@@ -147,7 +148,6 @@ class Ingest:
                 continue
             try:
                 records, missed = reader.read_new(self.max_records_per_poll)
-                eng.headers[rank] = reader.header()
             except (RingFormatError, OSError) as exc:  # truncated or replaced under us: stop reading this rank
                 eng.unreadable[rank] = str(exc)
                 log.warning("engine %s rank %d: ring no longer readable, its telemetry stops here: %s", eng.label,
@@ -173,25 +173,33 @@ class Ingest:
     def _emit(self, eng: AttachedEngine, call_index: int, by_rank: dict[int, Any], complete: bool) -> None:
         first = next(iter(by_rank.values()))
         mode, rows = first.mode, first.rows
+        label = _MODE_LABEL.get(mode)
+        if label is None:  # a mode code no engine writes (the format allows 3): nothing sensible to show
+            eng.calls_incomplete += 1
+            return
         exemplar = None
         tracer = self.tracer
         if tracer is not None and tracer.should_sample(call_index):
             exemplar = {"trace_id": tracer.trace_call(eng.label, eng.tp_size, call_index, by_rank, complete)}
-        cache = eng.rank_series
+        calls = eng.call_series.get((mode, rows))
+        if calls is None:
+            calls = eng.call_series[(mode, rows)] = self.metrics.call_series(eng.label, mode, rows_bucket_label(rows))
+        paths = eng.rank_paths
         max_start = max_end = 0
         min_start = None
         for rank, rec in by_rank.items():
-            series = cache.get((rank, mode, rows))
-            if series is None:
-                series = cache[(rank, mode, rows)] = self.metrics.rank_series(
-                    eng.label, str(rank), _MODE_LABEL[mode], rows_bucket_label(rows))
-            series.collective.observe(rec.collective_ns * 1e-9, exemplar)
-            if series.broadcast is not None:
-                series.broadcast.observe(rec.broadcast_ns * 1e-9, exemplar)
-            if series.sample is not None:
-                series.sample.observe(rec.sample_ns * 1e-9, exemplar)
+            path = paths.get((rank, mode))
+            if path is None:
+                path = paths[(rank, mode)] = self.metrics.rank_path(eng.label, str(rank), label)
+            calls.first_op.observe(rec.collective_ns * 1e-9, exemplar)
+            if rec.second_op is not None:
+                series = calls.second_ops.get(rec.second_op) or self.metrics.second_op(
+                    eng.label, calls, rec.second_op, label, rows_bucket_label(rows))
+                series.observe(rec.broadcast_ns * 1e-9, exemplar)
+            if rec.sample_ns or rank == 0:  # ranks that did not sample (gather mode, rank > 0) record 0
+                calls.sample.observe(rec.sample_ns * 1e-9, exemplar)
             start, end = rec.start_ns, rec.end_ns
-            series.logits_path.observe((end - start) * 1e-9, exemplar)
+            path.observe((end - start) * 1e-9, exemplar)
             if start > max_start:
                 max_start = start
             if end > max_end:
@@ -204,10 +212,6 @@ class Ingest:
             eng.calls_incomplete += 1
             return
         eng.calls_joined += 1
-        calls = eng.call_series.get((mode, rows))
-        if calls is None:
-            calls = eng.call_series[(mode, rows)] = self.metrics.call_series(
-                eng.label, _MODE_LABEL[mode], rows_bucket_label(rows))
         critical = (max_end - max_start) * 1e-9
         calls.critical_path.observe(critical, exemplar)
         calls.skew.observe((max_start - min_start) * 1e-9, exemplar)
@@ -353,10 +357,23 @@ class Ingest:
         """Fresh heartbeat, the engine has not closed its rings (a clean shutdown) and its processes still exist."""
         return age < self.heartbeat_stale and not eng.exited and not any(h.closed for h in eng.headers)
 
+    def _refresh_headers(self, eng: AttachedEngine) -> None:
+        """Read every rank's header now (scrapes and API calls; the poll loop does not parse headers it does not
+        need). A reader closed by an engine switch meanwhile, or a ring no longer readable, keeps the previous
+        snapshot."""
+        for rank, reader in enumerate(eng.readers):
+            if rank in eng.unreadable:
+                continue
+            try:
+                eng.headers[rank] = reader.header()
+            except (ValueError, OSError):
+                pass
+
     def counters(self) -> EngineCounters | None:
         eng = self.engine
         if eng is None:
             return None
+        self._refresh_headers(eng)
         age = self.heartbeat_age_seconds(eng)
         ranks = [rank_counters(h, rank, {"overwritten": r.overwritten, "torn": r.torn})
                  for rank, (h, r) in enumerate(zip(eng.headers, eng.readers, strict=True))]
@@ -366,6 +383,7 @@ class Ingest:
         eng = self.engine
         if eng is None:
             return EngineInfo(attached=False)
+        self._refresh_headers(eng)
         age = self.heartbeat_age_seconds(eng)
         return EngineInfo(True, eng.label, eng.tp_size, eng.vocab, eng.dtype, self.is_up(eng, age), age,
                           eng.records, sum(eng.dropped), eng.calls_joined, eng.calls_incomplete, len(eng.pending),

@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from sidecar.histograms import HistogramFamily, HistogramsCollector, Series
+from engine_hooks.modes import Mode
+from engine_hooks.shm_format.ring import MODE_OPS
+from sidecar.control_gauges import ControlGaugesCollector
+from sidecar.histograms import HistogramFamily, Series
 
 # -- family names (the dashboards, alerts and checks use exactly these) ------------------------------------
 COLLECTIVE_SECONDS = "gatherwise_collective_seconds"
@@ -27,16 +30,17 @@ RANK_SKEW_SECONDS = "gatherwise_rank_skew_seconds"
 COLLECTIVE_BYTES = "gatherwise_collective_bytes"  # exposed as ..._total
 CALLS = "gatherwise_calls"  # exposed as ..._total
 RECORDS_DROPPED = "gatherwise_records_dropped"  # exposed as ..._total
+TOPP_ROWS = "gatherwise_topp_rows"  # exposed as ..._total
+TOPP_FALLBACK_ROWS = "gatherwise_topp_fallback_rows"  # exposed as ..._total
 OP_SECONDS = "gatherwise_op_seconds"  # exposed as ..._total: the ring header's per-op time counters
 LOGITS_PATH_BYTES = "gatherwise_logits_path_bytes"  # exposed as ..._total: the header's per-call bytes in total
 ENGINE_UP = "gatherwise_engine_up"
 ENGINE_HEARTBEAT_AGE_SECONDS = "gatherwise_engine_heartbeat_age_seconds"
 # Control families (issue 4), fed by sidecar.controller:
 MODE_SWITCHES = "gatherwise_mode_switches"  # exposed as ..._total
-ACTIVE_MODE = "gatherwise_active_mode"
-POLICY_ESTIMATE_SECONDS = "gatherwise_policy_estimate_seconds"
+# gatherwise_active_mode and gatherwise_policy_estimate_seconds: sidecar.control_gauges (computed at scrape time)
 
-OPS = ("all_gather", "gather", "broadcast")
+OPS = tuple(op for pair in MODE_OPS.values() for op in pair if op)  # every collective op label, by mode
 # 10 µs .. 1.3 s: collectives on one host are tens of µs (GPU) to tens of ms (gloo, big vocab).
 BUCKETS = tuple(1e-5 * 2**i for i in range(18))
 
@@ -51,6 +55,8 @@ class RankCounters:
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> records that never reached the histograms
     seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (op, mode label) -> seconds
     path_bytes: dict[str, int] = field(default_factory=dict)  # mode label -> bytes of every op of the path
+    topp_rows: int = 0  # top-p rows sampled in sharded mode (every rank counts the same rows)
+    topp_fallback_rows: int = 0  # of those, rows that took the full-row fallback
 
 
 @dataclass
@@ -85,6 +91,11 @@ class HeaderCountersCollector(Collector):
         path_bytes = CounterMetricFamily(LOGITS_PATH_BYTES, "Bytes received by every collective of the logits "
                                          "path together, per rank and mode (ring header).",
                                          labels=["engine", "rank", "mode"], unit="bytes")
+        topp = CounterMetricFamily(TOPP_ROWS, "Top-p rows (without top-k) sampled in sharded mode (ring header).",
+                                   labels=["engine"])
+        fallback = CounterMetricFamily(TOPP_FALLBACK_ROWS, "Of those, rows whose nucleus the exchanged candidates "
+                                       "did not cover: sampled by the full-row fallback (ring header).",
+                                       labels=["engine"])
         up = GaugeMetricFamily(ENGINE_UP, "1 while the attached engine's heartbeat is fresh.", labels=["engine"])
         age = GaugeMetricFamily(ENGINE_HEARTBEAT_AGE_SECONDS, "Seconds since the engine last completed a call.",
                                 labels=["engine"], unit="seconds")
@@ -101,28 +112,29 @@ class HeaderCountersCollector(Collector):
                     path_bytes.add_metric([snap.engine, rank, mode], value)
                 for reason, value in sorted(rc.dropped.items()):
                     dropped.add_metric([snap.engine, rank, reason], value)
+            if snap.ranks:  # every rank decides the fallback identically and counts the same rows: rank 0 speaks
+                topp.add_metric([snap.engine], snap.ranks[0].topp_rows)
+                fallback.add_metric([snap.engine], snap.ranks[0].topp_fallback_rows)
             up.add_metric([snap.engine], 1.0 if snap.up else 0.0)
             if snap.heartbeat_age_seconds is not None:
                 age.add_metric([snap.engine], snap.heartbeat_age_seconds)
-        yield from (calls, nbytes, seconds, path_bytes, dropped, up, age)
-
-
-@dataclass
-class RankSeries:
-    """The histogram series one rank's record of one (mode, bucket) feeds; None where the op did not run."""
-
-    collective: Series
-    broadcast: Series | None
-    sample: Series | None
-    logits_path: Series
+        yield from (calls, nbytes, seconds, path_bytes, dropped, topp, fallback, up, age)
 
 
 @dataclass
 class CallSeries:
-    """The cross-rank series of one (mode, bucket)."""
+    """The series one (mode, bucket) feeds: per call (critical path, skew) and pooled over ranks (ops, sample).
+
+    Why no rank label here: per-rank x per-bucket x per-mode histograms carry no decision (the policy compares
+    modes per bucket on the critical path) and at TP=8 with three modes they alone were ~24 000 series. Where a
+    rank matters (a straggler, a slow link) it shows without the bucket: gatherwise_logits_path_seconds per rank
+    and mode, and the exact per-rank counters from the ring headers."""
 
     critical_path: Series
     skew: Series
+    sample: Series
+    first_op: Series  # the mode's first collective (MODE_OPS)
+    second_ops: dict[str, Series]  # op name -> series, for the second operation a record names
 
 
 class SidecarMetrics:
@@ -132,19 +144,20 @@ class SidecarMetrics:
         disable_created_metrics()  # no *_created series: noise for dashboards (process-wide; the sidecar owns it)
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.collective = HistogramFamily(COLLECTIVE_SECONDS, "Duration of each logits collective, per rank.",
-                                          ["engine", "rank", "op", "mode", "bucket"], BUCKETS)
-        self.sample = HistogramFamily(SAMPLE_SECONDS, "Duration of sampling on the ranks that sample.",
-                                      ["engine", "rank", "mode", "bucket"], BUCKETS)
+        self.collective = HistogramFamily(
+            COLLECTIVE_SECONDS, "Duration of each collective of the logits path, pooled over the ranks.",
+            ["engine", "op", "mode", "bucket"], BUCKETS)
+        self.sample = HistogramFamily(SAMPLE_SECONDS, "Duration of sampling, pooled over the ranks that sample.",
+                                      ["engine", "mode", "bucket"], BUCKETS)
         self.logits_path = HistogramFamily(LOGITS_PATH_SECONDS, "Logits ready to tokens ready, per rank.",
-                                           ["engine", "rank", "mode", "bucket"], BUCKETS)
+                                           ["engine", "rank", "mode"], BUCKETS)
         self.critical_path = HistogramFamily(
             STEP_CRITICAL_PATH_SECONDS, "Per call: last rank to arrive to last rank holding its tokens.",
             ["engine", "mode", "bucket"], BUCKETS)
         self.skew = HistogramFamily(RANK_SKEW_SECONDS, "Per call: latest minus earliest rank arrival.",
-                                    ["engine", "mode", "bucket"], BUCKETS)
+                                    ["engine", "mode"], BUCKETS)
+        # Rendered by exposition() itself (sidecar.histograms.HistogramFamily.render), not through the registry.
         self.histograms = (self.collective, self.sample, self.logits_path, self.critical_path, self.skew)
-        r.register(HistogramsCollector(self.histograms))
         self.header_collector = HeaderCountersCollector(snapshot)
         r.register(self.header_collector)
         self._register_control_metrics()
@@ -155,30 +168,29 @@ class SidecarMetrics:
         self.mode_switches = Counter(MODE_SWITCHES, "Buckets switched from one mode to another, by reason "
                                      "(manual, auto, probe, table_file).", ["engine", "from", "to", "reason"],
                                      registry=r)
-        self.active_mode = Gauge(ACTIVE_MODE, "1 for the mode each bucket runs now (control block status), else 0.",
-                                 ["engine", "bucket", "mode"], registry=r)
-        self.policy_estimate = Gauge(POLICY_ESTIMATE_SECONDS, "The auto policy's windowed median critical path "
-                                     "per bucket and mode.", ["engine", "bucket", "mode"], unit="seconds", registry=r)
+        self.control_gauges = ControlGaugesCollector()  # the controller sets its view
+        r.register(self.control_gauges)
 
     def forget_control(self) -> None:
         """Drop every control series (the attached engine changed: its series must not mix with the next)."""
-        for family in (self.mode_switches, self.active_mode, self.policy_estimate):
-            family.clear()
+        self.mode_switches.clear()
 
     # -- record histograms ----------------------------------------------------------------------------
-    def rank_series(self, engine: str, rank: str, mode: str, bucket: str) -> RankSeries:
-        """Series of one rank's calls in `mode` and `bucket`. In gather mode only rank 0 samples, and the
-        tokens are broadcast; in all_gather mode every rank samples and nothing is broadcast."""
-        gather = mode != "all_gather"
-        op = "gather" if gather else "all_gather"
-        return RankSeries(
-            self.collective.series(engine, rank, op, mode, bucket),
-            self.collective.series(engine, rank, "broadcast", mode, bucket) if gather else None,
-            self.sample.series(engine, rank, mode, bucket) if rank == "0" or not gather else None,
-            self.logits_path.series(engine, rank, mode, bucket))
+    def rank_path(self, engine: str, rank: str, mode: str) -> Series:
+        """Logits path of one rank in one mode (every bucket)."""
+        return self.logits_path.series(engine, rank, mode)
 
-    def call_series(self, engine: str, mode: str, bucket: str) -> CallSeries:
-        return CallSeries(self.critical_path.series(engine, mode, bucket), self.skew.series(engine, mode, bucket))
+    def call_series(self, engine: str, mode_code: int, bucket: str) -> CallSeries:
+        mode = Mode(mode_code).label
+        return CallSeries(self.critical_path.series(engine, mode, bucket), self.skew.series(engine, mode),
+                          self.sample.series(engine, mode, bucket),
+                          self.collective.series(engine, MODE_OPS[mode_code][0], mode, bucket), {})
+
+    def second_op(self, engine: str, calls: CallSeries, op: str, mode: str, bucket: str) -> Series:
+        found = calls.second_ops.get(op)
+        if found is None:
+            found = calls.second_ops[op] = self.collective.series(engine, op, mode, bucket)
+        return found
 
     def forget_engine(self, engine: str) -> None:
         """Drop every histogram series of a previous engine instance (after an engine restart)."""
@@ -189,4 +201,6 @@ class SidecarMetrics:
     def exposition(self, accept_header: str | None) -> tuple[bytes, str]:
         """(body, content type): OpenMetrics with exemplars when the Accept header asks, classic text otherwise."""
         encoder, content_type = choose_encoder(accept_header or "")
-        return encoder(self.registry), content_type
+        openmetrics = content_type.startswith("application/openmetrics-text")
+        histograms = "".join(family.render(openmetrics) for family in self.histograms).encode()
+        return histograms + encoder(self.registry), content_type  # the registry's part ends with `# EOF`

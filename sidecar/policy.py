@@ -1,13 +1,28 @@
-"""The auto policy (DESIGN §8): per bucket, pick the mode with the lower critical path; pins override it.
+"""The auto policy: per bucket, run the mode with the lowest critical path; pins override it.
 
 Pure decision logic, no I/O and no clock of its own: the controller feeds it samples (`observe`) and the time
-(`step(now)`), and writes whatever `desired_table()` says into the control block. Rules:
-- switch an auto bucket when the other mode's median is lower by `margin` (fraction), both sides have at least
-  `min_samples` recent samples, and the bucket has not switched for `dwell_seconds` (hysteresis);
-- keep the losing mode's estimate fresh by probes: one bucket at a time runs the other mode for `probe_calls`
-  calls, at most every `probe_interval_seconds` per bucket, and only while probe calls stay within
-  `probe_budget` of all calls seen (calls that ran a mode other than the policy's choice count as probe calls);
-- a pinned bucket (manual `PUT /v1/mode gather|all_gather`) is never touched; `auto` releases the pin.
+(`step(now)`), and writes whatever `desired_table()` says into the control block. It chooses among any number
+of modes (`modes`, default every implemented one). Rules:
+- compare modes on costs measured at the same time, never on windows from different periods: the running mode
+  of a busy bucket fills its window in a second or two while another mode is only measured by probes spread
+  over minutes, and on a shared host the load moves the costs of both by more than the differences the policy
+  looks for (comparing such windows made it switch back and forth on drift alone). So every probe yields one
+  paired ratio, the probed mode's median over the probe divided by the running mode's median just before it,
+  and a bucket switches to the mode whose median ratio over its recent probes (at least min_samples/probe_calls
+  of them, none older than max_sample_age_seconds) is below 1 - `margin`. Windows are compared directly only when
+  the other mode's samples all fall within the running mode's window (both measured over the same period), with
+  `min_samples` on both sides.
+  A bucket never switches twice within `dwell_seconds`;
+- keep the other modes' estimates fresh by probes: one (bucket, mode) at a time runs for `probe_calls` calls,
+  and only while probe calls stay within `probe_budget` of all calls seen (calls that ran a mode other than the
+  policy's choice count as probe calls);
+- probes back off: a (bucket, mode) is probed every `probe_interval_seconds` x its back-off factor. A probe
+  that finds the mode far behind (slower than the chosen one by more than `probe_backoff_margin`) doubles the
+  factor, up to `probe_backoff_max`; one that finds it close resets it to 1. When the chosen mode's own cost
+  moves by more than `probe_backoff_margin` from what it was when the bucket backed off (the load changed), or
+  the bucket switches, every factor of the bucket resets and the bucket is probed again soon. So a mode that
+  loses everywhere costs a few probes per `probe_backoff_max` intervals, not `probe_budget` of all calls;
+- a pinned bucket (manual `PUT /v1/mode <mode>`) is never touched; `auto` releases the pin.
 Every decision is returned with its evidence, and kept in a bounded log.
 """
 
@@ -15,15 +30,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_hooks.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label, bucket_of
+from engine_hooks.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable, bucket_label, bucket_of
 from sidecar.estimates import Estimate, WindowEstimates
 
 DECISION_LOG = 256
+PAIRS_KEPT = 32  # paired ratios kept per (bucket, mode)
 REASONS = ("manual", "auto", "probe", "table_file")
 
 
@@ -37,6 +54,8 @@ class PolicyParams:
     probe_calls: int = 8
     probe_budget: float = 0.02
     max_sample_age_seconds: float = 120.0
+    probe_backoff_max: float = 16.0
+    probe_backoff_margin: float = 0.25
 
     @classmethod
     def from_config(cls, section: Any) -> PolicyParams:
@@ -68,10 +87,6 @@ class Probe:
     calls: int = 0
 
 
-def other(mode: Mode) -> Mode:
-    return Mode.GATHER if mode == Mode.ALL_GATHER else Mode.ALL_GATHER
-
-
 def estimate_json(est: Estimate | None) -> dict[str, Any] | None:
     if est is None:
         return None
@@ -88,13 +103,18 @@ def should_switch(active: Estimate | None, challenger: Estimate | None, params: 
 
 
 class AutoPolicy:
-    def __init__(self, params: PolicyParams, table: ModeTable, *, auto: bool) -> None:
+    def __init__(self, params: PolicyParams, table: ModeTable, *, auto: bool,
+                 modes: Sequence[Mode] | None = None) -> None:
         self.params = params
+        self.modes: tuple[Mode, ...] = tuple(IMPLEMENTED if modes is None else modes)
         self.choice: list[Mode] = list(table.modes)  # the policy's mode per bucket (probes aside)
         self.pins: dict[int, Mode] = {} if auto else dict(enumerate(table.modes))
         self.estimates = WindowEstimates(params.window, params.max_sample_age_seconds)
         self.last_switch: dict[int, float] = {}
-        self.last_probe: dict[int, float] = {}
+        self.last_probe: dict[tuple[int, Mode], float] = {}
+        self.backoff: dict[tuple[int, Mode], float] = {}  # probe interval factor (absent: 1)
+        self.backoff_reference: dict[int, float] = {}  # chosen mode's cost when the bucket began backing off
+        self.pairs: dict[tuple[int, Mode], deque[tuple[float, float]]] = {}  # (bucket, mode) -> (time, ratio)
         self.probe: Probe | None = None
         self.calls_total = 0
         self.probe_calls_used = 0
@@ -124,17 +144,45 @@ class AutoPolicy:
     def probe_share(self) -> float:
         return self.probe_calls_used / self.calls_total if self.calls_total else 0.0
 
+    def others(self, bucket: int) -> list[Mode]:
+        return [m for m in self.modes if m != self.choice[bucket]]
+
+    def probe_interval(self, bucket: int, mode: Mode) -> float:
+        return self.params.probe_interval_seconds * self.backoff.get((bucket, mode), 1.0)
+
+    @property
+    def pairs_needed(self) -> int:
+        """Probes (paired ratios) a mode needs before the policy switches to it: min_samples worth of calls."""
+        return max(1, math.ceil(self.params.min_samples / self.params.probe_calls))
+
+    def paired_ratio(self, bucket: int, mode: Mode, now: float) -> tuple[int, float] | None:
+        """(probes, median ratio) of a mode against the bucket's running mode, from fresh probes; None if none."""
+        pairs = self.pairs.get((bucket, mode))
+        if not pairs:
+            return None
+        cutoff = now - self.params.max_sample_age_seconds
+        while pairs and pairs[0][0] < cutoff:
+            pairs.popleft()
+        if not pairs:
+            return None
+        return len(pairs), statistics.median(r for _, r in pairs)
+
     # -- input ---------------------------------------------------------------------------------------------
-    def observe(self, mode: Mode, rows: int, seconds: float, now: float) -> None:
+    def observe(self, mode: Mode, rows: int, seconds: float, now: float) -> bool:
+        """One joined call. True when it completed the running probe (the caller may step at once, so a probe
+        lasts `probe_calls` calls however long the control loop sleeps)."""
         if not math.isfinite(seconds) or seconds < 0:
-            return
+            return False
         bucket = bucket_of(rows)
         self.estimates.add(bucket, mode, seconds, now)
         self.calls_total += 1
         if bucket not in self.pins and mode != self.choice[bucket]:
             self.probe_calls_used += 1
-        if self.probe is not None and self.probe.bucket == bucket and mode == self.probe.mode:
-            self.probe.calls += 1
+        probe = self.probe
+        if probe is not None and probe.bucket == bucket and mode == probe.mode:
+            probe.calls += 1
+            return probe.calls == self.params.probe_calls
+        return False
 
     # -- decisions -----------------------------------------------------------------------------------------
     def _decide(self, reason: str, mode: Mode, buckets: Iterable[int], previous: dict[int, Mode],
@@ -147,10 +195,15 @@ class AutoPolicy:
         return decision
 
     def evidence(self, bucket: int, now: float) -> dict[str, Any]:
+        paired = {}
+        for m in self.others(bucket):
+            found = self.paired_ratio(bucket, m, now)
+            if found is not None:
+                paired[m.label] = {"probes": found[0], "ratio": found[1]}
         return {"bucket": bucket_label(bucket), "margin": self.params.margin,
-                "min_samples": self.params.min_samples,
-                "estimates": {m.label: estimate_json(self.estimates.get(bucket, m, now))
-                              for m in (Mode.ALL_GATHER, Mode.GATHER)}}
+                "min_samples": self.params.min_samples, "probes_needed": self.pairs_needed,
+                "estimates": {m.label: estimate_json(self.estimates.get(bucket, m, now)) for m in self.modes},
+                "paired": paired}
 
     def pin(self, mode: Mode, buckets: list[int] | None, now: float) -> Decision:
         chosen = list(range(NUM_BUCKETS)) if buckets is None else sorted(set(buckets))
@@ -169,7 +222,9 @@ class AutoPolicy:
         for b in chosen:
             if b in self.pins:
                 self.choice[b] = previous[b] = self.pins.pop(b)
-        decision = self._decide("manual", Mode.ALL_GATHER, chosen, previous,
+                self._reset_backoff(b)
+                self._forget_pairs(b)
+        decision = self._decide("manual", self.modes[0], chosen, previous,
                                 {"released": [bucket_label(b) for b in chosen]})
         decision.mode = "auto"
         return decision
@@ -178,12 +233,14 @@ class AutoPolicy:
         """Start auto buckets from a learned table (policy.table_file)."""
         changed = [b for b in range(NUM_BUCKETS) if b not in self.pins and self.choice[b] != table.modes[b]]
         decision = None
-        for mode in (Mode.ALL_GATHER, Mode.GATHER):
+        for mode in self.modes:
             bs = [b for b in changed if table.modes[b] == mode]
             if bs:
                 previous = {b: self.choice[b] for b in bs}
                 for b in bs:
                     self.choice[b] = mode
+                    self._reset_backoff(b)
+                    self._forget_pairs(b)
                 decision = self._decide("table_file", mode, bs, previous, {"source": source})
         return decision
 
@@ -194,23 +251,109 @@ class AutoPolicy:
         if self.probe is not None and (self.probe.calls >= p.probe_calls
                                        or now - self.probe.started >= p.probe_timeout_seconds):
             probe, self.probe = self.probe, None
+            backoff = self._after_probe(probe, now)
             out.append(self._decide("probe", self.choice[probe.bucket], [probe.bucket], {probe.bucket: probe.mode},
-                                    {"phase": "end", "probe_calls": probe.calls, **self.evidence(probe.bucket, now)}))
+                                    {"phase": "end", "probe_calls": probe.calls, "backoff": backoff,
+                                     **self.evidence(probe.bucket, now)}))
         for b in range(NUM_BUCKETS):
             if b in self.pins or (self.probe is not None and self.probe.bucket == b):
                 continue
+            active = self.choice[b]
+            active_est = self.estimates.get(b, active, now)
+            self._watch_load(b, active_est)
             if now - self.last_switch.get(b, -math.inf) < p.dwell_seconds:
                 continue
-            active, challenger = self.choice[b], other(self.choice[b])
-            if should_switch(self.estimates.get(b, active, now), self.estimates.get(b, challenger, now), p):
-                self.choice[b] = challenger
+            best = self._challenger(b, active_est, now)
+            if best is not None:
+                evidence = self.evidence(b, now)
+                self.choice[b] = best
                 self.last_switch[b] = now
-                out.append(self._decide("auto", challenger, [b], {b: active}, self.evidence(b, now)))
+                self._reset_backoff(b)
+                self._forget_pairs(b)
+                out.append(self._decide("auto", best, [b], {b: active}, evidence))
         if self.probe is None:
             started = self._maybe_probe(now)
             if started is not None:
                 out.append(started)
         return out
+
+    def _challenger(self, b: int, active_est: Estimate | None, now: float) -> Mode | None:
+        """The mode bucket b should switch to, if any: the lowest paired ratio below 1 - margin with enough
+        probes, or else the lowest window median that beats the running mode's over the same period."""
+        p = self.params
+        best, best_ratio = None, 1.0 - p.margin
+        for m in self.others(b):
+            found = self.paired_ratio(b, m, now)
+            if found is not None and found[0] >= self.pairs_needed and found[1] < best_ratio:
+                best, best_ratio = m, found[1]
+        if best is not None:
+            return best
+        active_span = self.estimates.span(b, self.choice[b])
+        best_est = None
+        for m in self.others(b):
+            span = self.estimates.span(b, m)
+            if span is None or active_span is None or span[0] < active_span[0]:
+                continue  # the other mode has samples from before the running mode's window: not the same period
+            e = self.estimates.get(b, m, now)
+            if e is not None and e.samples >= p.min_samples and (best_est is None or e.value < best_est.value):
+                best, best_est = m, e
+        return best if best is not None and should_switch(active_est, best_est, p) else None
+
+    # -- probes and their back-off -------------------------------------------------------------------------
+    def _record_pair(self, probe: Probe, now: float) -> float | None:
+        """The probe's paired ratio: its mode's median over the probe / the running mode's median just before."""
+        if probe.calls < 1:
+            return None
+        probed = self.estimates.recent(probe.bucket, probe.mode, probe.calls)
+        running = self.estimates.recent(probe.bucket, self.choice[probe.bucket], 2 * self.params.probe_calls,
+                                        before=probe.started)
+        if not probed or not running:
+            return None
+        base = statistics.median(running)
+        if base <= 0:
+            return None
+        ratio = statistics.median(probed) / base
+        pairs = self.pairs.get((probe.bucket, probe.mode))
+        if pairs is None:
+            pairs = self.pairs[(probe.bucket, probe.mode)] = deque(maxlen=PAIRS_KEPT)
+        pairs.append((now, ratio))
+        return ratio
+
+    def _forget_pairs(self, bucket: int) -> None:
+        """Ratios are against the running mode: a new running mode (or a new load) makes them meaningless."""
+        for key in [k for k in self.pairs if k[0] == bucket]:
+            del self.pairs[key]
+
+    def _after_probe(self, probe: Probe, now: float) -> float:
+        """Back off a mode the probe found far behind; reset one it found close. Returns the new factor."""
+        key = (probe.bucket, probe.mode)
+        ratio = self._record_pair(probe, now)
+        chosen = self.estimates.get(probe.bucket, self.choice[probe.bucket], now)
+        if ratio is not None and chosen is not None and ratio > 1.0 + self.params.probe_backoff_margin:
+            factor = min(self.backoff.get(key, 1.0) * 2.0, max(1.0, self.params.probe_backoff_max))
+            self.backoff[key] = factor
+            self.backoff_reference.setdefault(probe.bucket, chosen.value)
+            return factor
+        self.backoff.pop(key, None)
+        if not any(k[0] == probe.bucket for k in self.backoff):
+            self.backoff_reference.pop(probe.bucket, None)
+        return 1.0
+
+    def _watch_load(self, bucket: int, active: Estimate | None) -> None:
+        """The chosen mode's cost moved away from where it was when the bucket backed off: probe again soon."""
+        ref = self.backoff_reference.get(bucket)
+        if ref is None or active is None:
+            return
+        if abs(active.value - ref) > self.params.probe_backoff_margin * ref:
+            self._reset_backoff(bucket)
+            self._forget_pairs(bucket)
+            for m in self.modes:
+                self.last_probe.pop((bucket, m), None)
+
+    def _reset_backoff(self, bucket: int) -> None:
+        for key in [k for k in self.backoff if k[0] == bucket]:
+            del self.backoff[key]
+        self.backoff_reference.pop(bucket, None)
 
     def _maybe_probe(self, now: float) -> Decision | None:
         p = self.params
@@ -218,22 +361,25 @@ class AutoPolicy:
             return None
         candidates = []
         for b in range(NUM_BUCKETS):
-            if b in self.pins or now - self.last_probe.get(b, -math.inf) < p.probe_interval_seconds:
+            if b in self.pins:
                 continue
             newest_active = self.estimates.newest(b, self.choice[b])
             if newest_active is None or now - newest_active > p.probe_timeout_seconds:
                 continue  # no traffic in this bucket right now: a probe would measure nothing
-            newest_other = self.estimates.newest(b, other(self.choice[b]))
-            candidates.append((-math.inf if newest_other is None else newest_other, b))
+            for m in self.others(b):
+                if now - self.last_probe.get((b, m), -math.inf) < self.probe_interval(b, m):
+                    continue
+                newest_other = self.estimates.newest(b, m)
+                candidates.append((-math.inf if newest_other is None else newest_other, b, int(m)))
         if not candidates:
             return None
-        _, b = min(candidates)  # the bucket whose other mode was measured longest ago
-        mode = other(self.choice[b])
+        _, b, code = min(candidates)  # the (bucket, mode) measured longest ago
+        mode = Mode(code)
         self.probe = Probe(b, mode, now)
-        self.last_probe[b] = now
+        self.last_probe[(b, mode)] = now
         return self._decide("probe", mode, [b], {b: self.choice[b]},
                             {"phase": "start", "probe_calls": p.probe_calls, "probe_share": self.probe_share,
-                             **self.evidence(b, now)})
+                             "backoff": self.backoff.get((b, mode), 1.0), **self.evidence(b, now)})
 
     def set_params(self, params: PolicyParams) -> None:
         self.params = params

@@ -15,14 +15,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import deque
 from typing import Any
 
 from engine_hooks.modes import Mode, ModeTable
 from engine_hooks.shm_format.private_files import read_small_file, write_private_file
-from sidecar.policy import AutoPolicy, Decision, PolicyParams, Probe
+from sidecar.policy import PAIRS_KEPT, AutoPolicy, Decision, PolicyParams, Probe
 
-STATE_VERSION = 1
+_DECISION_FIELDS = dataclasses.fields(Decision)
+STATE_VERSION = 2  # 2: probes, their times and back-off per (bucket, mode)
 MAX_STATE_BYTES = 64 << 20  # far above what the bounded decision log and sample windows produce
+
+
+def _key(bucket: int, mode: Mode) -> str:
+    return f"{bucket}:{mode.label}"
+
+
+def _parse_key(key: str) -> tuple[int, Mode]:
+    bucket, label = key.split(":")
+    return int(bucket), Mode.parse(label)
 
 
 def policy_to_json(policy: AutoPolicy, extra: dict[str, Any] | None = None) -> str:
@@ -32,13 +43,17 @@ def policy_to_json(policy: AutoPolicy, extra: dict[str, Any] | None = None) -> s
         "choice": [m.label for m in policy.choice],
         "pins": {str(b): m.label for b, m in policy.pins.items()},
         "last_switch": {str(b): t for b, t in policy.last_switch.items()},
-        "last_probe": {str(b): t for b, t in policy.last_probe.items()},
+        "last_probe": {_key(b, m): t for (b, m), t in policy.last_probe.items()},
+        "backoff": {_key(b, m): f for (b, m), f in policy.backoff.items()},
+        "backoff_reference": {str(b): v for b, v in policy.backoff_reference.items()},
+        "pairs": {_key(b, m): [list(x) for x in v] for (b, m), v in policy.pairs.items() if v},
         "probe": None if policy.probe is None else {"bucket": policy.probe.bucket, "mode": policy.probe.mode.label,
                                                     "started": policy.probe.started, "calls": policy.probe.calls},
         "calls_total": policy.calls_total,
         "probe_calls_used": policy.probe_calls_used,
         "next_decision_id": policy.next_decision_id,
-        "decisions": [dataclasses.asdict(d) for d in policy.decisions],
+        # shallow: a decision's evidence is plain JSON already (asdict's deep copy cost more than the encoding)
+        "decisions": [{f.name: getattr(d, f.name) for f in _DECISION_FIELDS} for d in policy.decisions],
         "estimates": policy.estimates.to_json(),
         "extra": extra or {},
     }
@@ -57,7 +72,11 @@ def policy_from_json(text: str) -> AutoPolicy:
         policy = AutoPolicy(params, choice, auto=True)
         policy.pins = {int(b): Mode.parse(m) for b, m in doc["pins"].items()}
         policy.last_switch = {int(b): float(t) for b, t in doc["last_switch"].items()}
-        policy.last_probe = {int(b): float(t) for b, t in doc["last_probe"].items()}
+        policy.last_probe = {_parse_key(k): float(t) for k, t in doc["last_probe"].items()}
+        policy.backoff = {_parse_key(k): float(f) for k, f in doc["backoff"].items()}
+        policy.backoff_reference = {int(b): float(v) for b, v in doc["backoff_reference"].items()}
+        policy.pairs = {_parse_key(k): deque(((float(t), float(r)) for t, r in v), maxlen=PAIRS_KEPT)
+                        for k, v in doc["pairs"].items()}
         probe = doc["probe"]
         policy.probe = None if probe is None else Probe(int(probe["bucket"]), Mode.parse(probe["mode"]),
                                                         float(probe["started"]), int(probe["calls"]))

@@ -1,7 +1,8 @@
 """OpenTelemetry traces built after the fact from ring records: one trace per sampled logits call.
 
 A trace is a root span `logits.call` (earliest rank start to latest rank end) with one child span per rank and
-operation (`all_gather` | `gather`, `broadcast`, `sample`, `logits_path`), timed exactly from the records.
+operation, timed exactly from the records: the mode's collectives (`all_gather`; `gather` + `broadcast`;
+`shard_exchange` + `shard_resolve`: engine_hooks.shm_format.ring.MODE_OPS), `sample`, `logits_path`.
 Records carry CLOCK_MONOTONIC ns (perf_counter_ns on Linux); spans need epoch ns, so one offset measured at
 sidecar start converts them. Spans go through a BatchSpanProcessor: a slow or failing exporter never blocks
 ingestion (the queue drops instead). The provider is passed in, never installed globally.
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 
 ROOT_SPAN = "logits.call"
 MODE_SWITCH_SPAN = "mode.switch"
-_COLLECTIVE_OP = {mode: first for mode, (first, _) in MODE_OPS.items()}  # shm_format names every mode's ops
 _OTLP_ENV = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
@@ -88,7 +88,8 @@ class CallTracer:
             attributes={"gatherwise.engine": engine, "gatherwise.call_index": call_index, "tp.size": tp_size,
                         "gatherwise.mode": mode.label, "gatherwise.rows": first.rows,
                         "gatherwise.epoch": first.epoch, "gatherwise.complete": complete,
-                        "gatherwise.ranks": len(records)})
+                        "gatherwise.ranks": len(records),
+                        "gatherwise.topp_fallback_rows": max(r.fallback_rows for r in records.values())})
         ctx = trace.set_span_in_context(root)
         for rank in sorted(records):
             rec = records[rank]
@@ -126,16 +127,14 @@ class CallTracer:
 
 
 def _operations(rec: CallRecord, mode: Mode) -> list[tuple[str, int, int]]:
-    """(span name, start ns, duration ns) of each operation one rank ran in this call."""
-    ops = [(_COLLECTIVE_OP[mode], rec.collective_start_ns, rec.collective_ns)]
-    if mode == Mode.GATHER:
-        if rec.rank == 0:
-            ops.append(("sample", rec.sample_start_ns, rec.sample_ns))
-        ops.append(("broadcast", rec.broadcast_start_ns, rec.broadcast_ns))
-    else:
+    """(span name, start ns, duration ns) of each operation one rank ran in this call: the mode's first
+    collective (MODE_OPS), sampling where this rank sampled, the second operation the record names (broadcast,
+    shard_resolve), and the whole path."""
+    ops = [(MODE_OPS[int(mode)][0], rec.collective_start_ns, rec.collective_ns)]
+    if rec.sample_ns or rec.rank == 0:
         ops.append(("sample", rec.sample_start_ns, rec.sample_ns))
-        if rec.second_op is not None:  # sharded mode's shard_resolve
-            ops.append((rec.second_op, rec.broadcast_start_ns, rec.broadcast_ns))
+    if rec.second_op is not None:
+        ops.append((rec.second_op, rec.broadcast_start_ns, rec.broadcast_ns))
     ops.append(("logits_path", rec.start_ns, rec.end_ns - rec.start_ns))
     return ops
 

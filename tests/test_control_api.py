@@ -11,6 +11,7 @@ import schemathesis
 import yaml
 from hypothesis import HealthCheck, given, settings
 
+from engine_hooks.modes import IMPLEMENTED, Mode
 from sidecar.client import main as mode_cli
 from tests._control_engine import BackgroundEngine, LoopSpec
 from tests._sidecar import start_sidecar, wait_for
@@ -61,7 +62,8 @@ BAD_REQUESTS = [
     ("wrong token", "PUT", "/v1/mode", {"json": {"mode": "gather"}}, 401, {"Authorization": "Bearer nope"}),
     ("not bearer", "PUT", "/v1/mode", {"json": {"mode": "gather"}}, 401, {"Authorization": f"Basic {TOKEN}"}),
     ("unknown mode", "PUT", "/v1/mode", {"json": {"mode": "fastest"}}, 422, AUTH),
-    ("reserved mode", "PUT", "/v1/mode", {"json": {"mode": "sharded"}}, 422, AUTH),
+    *[(f"reserved mode {m.label}", "PUT", "/v1/mode", {"json": {"mode": m.label}}, 422, AUTH)
+      for m in Mode if m not in IMPLEMENTED],
     ("bucket not a power of two", "PUT", "/v1/mode", {"json": {"mode": "gather", "buckets": [1, 3]}}, 422, AUTH),
     ("bucket out of range", "PUT", "/v1/mode", {"json": {"mode": "gather", "buckets": [65536]}}, 422, AUTH),
     ("bucket zero", "PUT", "/v1/mode", {"json": {"mode": "gather", "buckets": [0]}}, 422, AUTH),
@@ -124,6 +126,26 @@ def test_cli_get_and_set(live, capsys):
     assert mode_cli(["--url", url, "set", "gather", "--token", "wrong"]) == 2
     assert "HTTP 401" in capsys.readouterr().err
     assert mode_cli(["--url", "http://127.0.0.1:9", "get"]) == 3
+
+
+def test_every_implemented_mode_can_be_pinned_from_the_api_and_the_cli(live, capsys):
+    """Whatever engine_hooks.modes.IMPLEMENTED holds, PUT /v1/mode and `gatherwise mode set` accept each mode and
+    every rank runs it; the decision log, the switch counter and the active-mode gauge follow."""
+    url = live[0]
+    for i, mode in enumerate(IMPLEMENTED):
+        r = httpx.put(f"{url}/v1/mode", params={"wait": 30}, json={"mode": mode.label, "buckets": [2]}, headers=AUTH,
+                      timeout=60)
+        assert r.status_code == 200 and r.json()["state"]["active"]["2"] == mode.label, r.text
+        other = IMPLEMENTED[(i + 1) % len(IMPLEMENTED)].label
+        assert mode_cli(["--url", url, "set", other, "--buckets", "4", "--wait", "30", "--token", TOKEN]) == 0
+        assert httpx.get(f"{url}/v1/mode").json()["active"]["4"] == other
+        assert f"4:{other[0].upper()}" in capsys.readouterr().out
+    metrics = httpx.get(f"{url}/metrics").text
+    active = {line.split('mode="')[1].split('"')[0]: line.rsplit(" ", 1)[1] for line in metrics.splitlines()
+              if line.startswith("gatherwise_active_mode{") and 'bucket="4"' in line}
+    assert set(active) == {m.label for m in IMPLEMENTED}
+    assert httpx.put(f"{url}/v1/mode", params={"wait": 30}, json={"mode": "auto"}, headers=AUTH,
+                     timeout=60).status_code == 200
 
 
 def test_fuzz_every_endpoint_no_5xx(live):

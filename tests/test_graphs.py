@@ -167,9 +167,9 @@ def test_capture_asks_for_the_mode_it_captures():
 def test_replayed_calls_are_timed_around_the_replay_and_nothing_is_timed_inside_the_graph(tmp_path):
     from engine_hooks.comm import SingleRankCommunicator
     from engine_hooks.cuda_timing import EventClock, EventResolver
-    from engine_hooks.graphs import ModeGraphs
+    from engine_hooks.graphs import CAPTURABLE, ModeGraphs
     from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.modes import IMPLEMENTED, Mode, ModeTable
+    from engine_hooks.modes import Mode, ModeTable
     from engine_hooks.recorder import RingRecorder
     from engine_hooks.sampling import SamplingParams, SamplingRow
     from sidecar.ring_reader import RingReader
@@ -185,7 +185,7 @@ def test_replayed_calls_are_timed_around_the_replay_and_nothing_is_timed_inside_
     path.reserve(2)
     graphs = ModeGraphs(path, StandInGraphBackend())
     rows = [SamplingRow(SamplingParams(), request_id=0, position=0)]
-    for mode in IMPLEMENTED:
+    for mode in CAPTURABLE:
         graphs.capture(mode, 1, lambda: (path.logits_buffer(1).normal_(), path.run(rows))[1])
     assert stream.recorded == 0  # capture recorded no event: a graph must not contain the path's clock
     for _ in range(3):

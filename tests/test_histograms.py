@@ -45,3 +45,33 @@ def test_exemplar_lands_in_the_bucket_of_its_value_and_series_can_be_removed() -
     assert line.startswith('y_seconds_bucket{engine="a",le="4e-05"} 1.0 # {trace_id="' + "ab" * 16 + '"} 3e-05')
     fam.remove_where("engine", "a")
     assert 'engine="a"' not in openmetrics(reg).decode()
+
+
+def test_render_matches_prometheus_client_in_both_formats() -> None:
+    """HistogramFamily.render writes the lines itself (speed); a parser must read exactly what prometheus_client's
+    encoders write for the same family, exemplars included."""
+    from prometheus_client.exposition import generate_latest as classic
+
+    rng = random.Random(3)
+    fam = HistogramFamily("z_seconds", 'z "quoted" \\ doc', ["engine", "mode"], BUCKETS)
+    reg = CollectorRegistry()
+    reg.register(HistogramsCollector([fam]))
+    for i in range(300):
+        exemplar = {"trace_id": f"{i:032x}"} if i % 17 == 0 else None
+        fam.series("e", ("a", "b\"q")[i % 2]).observe(rng.uniform(0, 2e-3), exemplar)
+
+    def parsed(text: str) -> dict:
+        return {(s.name, tuple(sorted(s.labels.items()))): (s.value, s.exemplar)
+                for f in text_string_to_metric_families(text) for s in f.samples}
+
+    assert parsed(fam.render(openmetrics=False)) == parsed(classic(reg).decode())
+    ours_om = fam.render(openmetrics=True) + "# EOF\n"
+    want_om = openmetrics(reg).decode()
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+
+    def om(text: str) -> dict:
+        return {(s.name, tuple(sorted(s.labels.items()))): (s.value, s.exemplar)
+                for f in om_parse(text) for s in f.samples}
+
+    assert om(ours_om) == om(want_om)
+    assert any(exemplar is not None for _, exemplar in om(ours_om).values())

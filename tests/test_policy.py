@@ -12,6 +12,7 @@ from sidecar.policy import AutoPolicy, PolicyParams, should_switch
 from sidecar.policy_state import policy_from_json, policy_to_json
 
 A, G = Mode.ALL_GATHER, Mode.GATHER
+TWO = (A, G)  # tests whose costs tell only these two apart; three-mode tests pass their own list
 FAST = dict(margin=0.05, min_samples=10, window=64, dwell_seconds=0.5, probe_interval_seconds=0.2, probe_calls=8,
             probe_budget=0.1, max_sample_age_seconds=3.0)
 
@@ -61,7 +62,7 @@ def delay_on(slow: Mode):
 
 
 def test_auto_converges_and_moves_back_when_the_delay_moves():
-    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True)
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True, modes=TWO)
     now, decisions = simulate(policy, delay_on(G), 4.0, 0.0, rows=(1, 8))
     assert policy.choice[0] == A and policy.choice[3] == A
     auto = [d for d in decisions if d.reason == "auto"]
@@ -76,7 +77,7 @@ def test_auto_converges_and_moves_back_when_the_delay_moves():
 
 def test_probes_respect_budget_and_interval():
     params = PolicyParams(**{**FAST, "probe_budget": 0.02})
-    policy = AutoPolicy(params, ModeTable.uniform(A), auto=True)
+    policy = AutoPolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
     _, decisions = simulate(policy, delay_on(G), 10.0, 0.0)
     starts = [d for d in decisions if d.reason == "probe" and d.evidence["phase"] == "start"]
     assert starts and policy.choice[0] == A
@@ -85,14 +86,15 @@ def test_probes_respect_budget_and_interval():
 
 
 def test_no_budget_means_no_probes_and_no_switch_without_evidence():
-    policy = AutoPolicy(PolicyParams(**{**FAST, "probe_budget": 0.0}), ModeTable.uniform(G), auto=True)
+    params = PolicyParams(**{**FAST, "probe_budget": 0.0})
+    policy = AutoPolicy(params, ModeTable.uniform(G), auto=True, modes=TWO)
     _, decisions = simulate(policy, delay_on(G), 2.0, 0.0)
     assert decisions == [] and policy.choice[0] == G and policy.probe_calls_used == 0
 
 
 def test_dwell_blocks_a_second_switch():
     params = PolicyParams(**{**FAST, "dwell_seconds": 100.0})
-    policy = AutoPolicy(params, ModeTable.uniform(G), auto=True)
+    policy = AutoPolicy(params, ModeTable.uniform(G), auto=True, modes=TWO)
     now, _ = simulate(policy, delay_on(G), 3.0, 0.0)
     assert policy.choice[0] == A
     now, decisions = simulate(policy, delay_on(A), 5.0, now)
@@ -100,7 +102,7 @@ def test_dwell_blocks_a_second_switch():
 
 
 def test_pins_override_auto_and_release_resumes():
-    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True)
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO)
     d = policy.pin(G, [0], now=0.0)
     assert (d.reason, d.mode, d.buckets, d.previous) == ("manual", "gather", ["1"], {"1": "all_gather"})
     assert policy.policy_label == "mixed" and policy.desired_table().modes[0] == G
@@ -120,7 +122,7 @@ def test_manual_policy_pins_everything():
 
 
 def test_state_round_trips_through_json():
-    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True)
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True, modes=TWO)
     simulate(policy, delay_on(G), 3.0, 0.0, rows=(1, 8))
     policy.pin(G, [4], 3.0)
     restored = policy_from_json(policy_to_json(policy))
@@ -136,3 +138,90 @@ def test_state_round_trips_through_json():
 def test_bad_state_json_is_rejected(bad):
     with pytest.raises(ValueError):
         policy_from_json(bad)
+
+
+@pytest.fixture
+def three_modes(monkeypatch):
+    """All three mode codes valid in tables, whether or not this checkout's engine implements sharded yet: the
+    policy's N-mode logic is pure and is tested on its own (the engine side has its own tests)."""
+    import engine_hooks.modes as modes
+
+    monkeypatch.setattr(modes, "IMPLEMENTED", (A, G, S))
+    monkeypatch.setattr(modes, "IMPLEMENTED_LABELS", tuple(m.label for m in (A, G, S)))
+    return (A, G, S)
+
+
+S = Mode.SHARDED
+
+
+def costs(table: dict):
+    """rows, mode, now -> seconds from {mode: seconds} (or {mode: callable(rows)})."""
+    return lambda rows, mode, now: table[mode](rows) if callable(table[mode]) else table[mode]
+
+
+def test_three_modes_each_bucket_goes_to_its_fastest(three_modes):
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=three_modes)
+    # rows 1: gather fastest; rows 64: sharded fastest; all_gather never
+    cost = costs({A: 0.003, G: lambda r: 0.001 if r == 1 else 0.004, S: lambda r: 0.002 if r == 1 else 0.001})
+    _, decisions = simulate(policy, cost, 8.0, 0.0, rows=(1, 64))
+    assert policy.choice[0] == G and policy.choice[6] == S
+    auto = [d for d in decisions if d.reason == "auto"]
+    assert auto and set(auto[-1].evidence["estimates"]) == {"all_gather", "gather", "sharded"}
+    probed = {(d.buckets[0], d.mode) for d in decisions if d.reason == "probe" and d.evidence["phase"] == "start"}
+    assert {m for _, m in probed} >= {"gather", "sharded"}  # every other mode gets probed
+
+
+def probe_starts(decisions) -> int:
+    return len([d for d in decisions if d.reason == "probe" and d.evidence["phase"] == "start"])
+
+
+def test_probes_back_off_while_the_other_mode_stays_far_behind():
+    """One mode wins everywhere (2x): with back-off the losing mode is probed far less often, and the share of
+    calls spent probing falls well below the budget; the choice never changes."""
+    base = {**FAST, "probe_budget": 0.05, "probe_backoff_margin": 0.25}
+    runs = {}
+    for backoff_max in (1.0, 16.0):
+        params = PolicyParams(**base, probe_backoff_max=backoff_max)
+        policy = AutoPolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
+        _, decisions = simulate(policy, delay_on(G), 30.0, 0.0)
+        assert policy.choice[0] == A and not [d for d in decisions if d.reason == "auto"]
+        runs[backoff_max] = (probe_starts(decisions), policy.probe_share, policy)
+    (plain, plain_share, _), (adaptive, adaptive_share, policy) = runs[1.0], runs[16.0]
+    assert adaptive * 4 <= plain and adaptive_share * 4 <= plain_share
+    assert policy.backoff[(0, G)] == 16.0 and policy.probe_interval(0, G) == 16.0 * FAST["probe_interval_seconds"]
+
+
+def test_a_load_change_ends_the_back_off_and_the_policy_follows():
+    params = PolicyParams(**{**FAST, "probe_budget": 0.05, "probe_backoff_max": 64.0})
+    policy = AutoPolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
+    now, _ = simulate(policy, delay_on(G), 20.0, 0.0)
+    assert policy.backoff.get((0, G), 1.0) >= 16.0  # backed off: next probe of gather is >= 3 s away
+    # the load changes: all_gather now costs 3 ms, gather 2 ms. The back-off must not keep gather unmeasured.
+    now, decisions = simulate(policy, lambda rows, mode, t: 0.003 if mode == A else 0.002, 4.0, now)
+    assert policy.choice[0] == G, [(d.reason, d.mode, d.evidence.get("phase")) for d in decisions]
+    assert (0, G) not in policy.backoff
+
+
+def test_back_off_state_round_trips_through_json():
+    policy = AutoPolicy(PolicyParams(**{**FAST, "probe_budget": 0.05}), ModeTable.uniform(A), auto=True, modes=TWO)
+    simulate(policy, delay_on(G), 10.0, 0.0)
+    assert policy.backoff
+    restored = policy_from_json(policy_to_json(policy))
+    assert restored.backoff == policy.backoff and restored.last_probe == policy.last_probe
+    assert restored.backoff_reference == policy.backoff_reference
+    assert restored.pairs == policy.pairs and policy.pairs
+
+
+
+@pytest.mark.parametrize("modes", [TWO, (A, G, Mode.SHARDED)], ids=["two modes", "three modes"])
+def test_a_load_drift_that_hits_every_mode_alike_causes_no_switch(modes, three_modes):
+    """all_gather is 10 % faster at every instant, while the host's load triples the cost of both within 10 s.
+    The running mode's window covers the last few ms, the other mode's only its probes over seconds: comparing
+    those windows would see the other mode cheaper (it was measured when the load was lower) and switch. Paired
+    probe ratios compare the two at the same time and never do."""
+    policy = AutoPolicy(PolicyParams(**{**FAST, "probe_budget": 0.05}), ModeTable.uniform(A), auto=True, modes=modes)
+    _, decisions = simulate(policy, lambda rows, mode, now: (0.001 if mode == A else 0.0011) * (1.0 + 0.3 * now),
+                            10.0, 0.0)
+    assert policy.choice[0] == A and not [d for d in decisions if d.reason == "auto"]
+    ends = [d for d in decisions if d.reason == "probe" and d.evidence["phase"] == "end"]
+    assert ends and all(abs(r["ratio"] - 1.1) < 0.06 for d in ends for r in d.evidence["paired"].values())

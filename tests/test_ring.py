@@ -279,3 +279,19 @@ def test_sharded_calls_have_their_own_ops_and_fallback_counts(tmp_path):
     h = reader.header()
     assert (h.topp_rows, h.topp_fallback_rows) == (5, 3)
     assert fmt.MODE_OPS[Mode.SHARDED] == ("shard_exchange", "shard_resolve")
+
+
+def test_split_recording_of_a_sharded_call_matches_the_one_pass_record(tmp_path):
+    """CUDA path (count at call time, record_timed later) and CPU path (record) give the same counters."""
+    one, split = make_recorder(tmp_path, name="one"), make_recorder(tmp_path, name="split")
+    t0 = 1_000_000
+    marks = (t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100)
+    one.record(1, Mode.SHARDED, 8, 0, 96, *marks, 500, 5, 3)
+    split.count(Mode.SHARDED, 8, 96, True, 500, 5, 3)
+    split.record_timed(1, Mode.SHARDED, 8, 0, 96, *marks, 3)
+    a, b = RingReader(one.path), RingReader(split.path)
+    assert a.header().counters == b.header().counters
+    assert (b.header().topp_rows, b.header().topp_fallback_rows) == (5, 3)
+    (ra,), _ = a.read_new()
+    (rb,), _ = b.read_new()
+    assert (rb.second_op, rb.fallback_rows) == (ra.second_op, ra.fallback_rows) == ("shard_resolve", 3)

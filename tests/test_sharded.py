@@ -134,7 +134,7 @@ def build_cases() -> list[Case]:
         cases.append(Case(f"{mode} tiny vocab 5", 5, mode, ALL, (6, 1), seed=4))  # a shard of padding only at P=3
     for s in range(NUM_SCHEDULES):
         vocab, dtype = (1001, "float32") if s % 2 else (331, "bfloat16")
-        sizes = tuple(random.Random(s).choice((1, 2, 3, 5, 8, 13, 20)) for _ in range(9))
+        sizes = tuple(random.Random(s).choice((1, 2, 3, 5, 8, 13, 20)) for _ in range(12))
         cases.append(Case(f"schedule:{s}", vocab, f"schedule:{500 + s}", ALL, sizes, dtype,
                           scale=(3.0, 0.05)[s % 3 == 0], seed=10 + s))
     return cases

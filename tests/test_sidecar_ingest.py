@@ -27,11 +27,15 @@ def make_engine(shm: Path, engine_id: int, tp: int = 2, capacity: int = 64) -> l
                          dtype="float32", capacity=capacity) for r in range(tp)]
 
 
-def write_call(rec: RingRecorder, call_index: int, mode: Mode, rows: int, t0: int) -> None:
-    """A call starting at t0 (+ rank * 1 µs); collective 5 µs, broadcast 2 µs in gather mode, sample 3 µs."""
+def write_call(rec: RingRecorder, call_index: int, mode: Mode, rows: int, t0: int, fallback_rows: int = 0) -> None:
+    """A call starting at t0 (+ rank * 1 µs); collective 5 µs, broadcast 2 µs in gather mode, sample 3 µs.
+    Sharded: shard_exchange 5 µs, every rank computes 3 µs, shard_resolve 1 µs (512 bytes), `fallback_rows`."""
     s = t0 + rec.rank * 1000
     if mode == Mode.ALL_GATHER:
         rec.record(call_index, mode, rows, 0, 4096, s, s + 100, s + 5100, 0, 0, s + 5100, s + 8100, s + 9000)
+    elif mode == Mode.SHARDED:
+        rec.record(call_index, mode, rows, 2, 96, s, s + 100, s + 5100, s + 8100, s + 9100, s + 5100, s + 8100,
+                   s + 9500, resolve_nbytes=512, topp_rows=rows, fallback_rows=fallback_rows)
     else:
         ss = s + 5100
         se = ss + 3000 if rec.rank == 0 else ss
@@ -67,18 +71,44 @@ def test_joins_ranks_and_exports_exact_counters(tmp_path: Path) -> None:
     assert value(got, "gatherwise_calls_total", engine=eng, rank="1", mode="all_gather") == 6
     assert value(got, "gatherwise_calls_total", engine=eng, rank="0", mode="gather") == 4
     assert value(got, "gatherwise_collective_bytes_total", engine=eng, rank="0", op="gather", mode="gather") == 4 * 2048
-    count = "gatherwise_collective_seconds_count"
-    assert value(got, count, engine=eng, rank="0", op="all_gather", mode="all_gather", bucket="4") == 6
-    assert value(got, count, engine=eng, rank="1", op="broadcast", mode="gather", bucket="4") == 4
+    count = "gatherwise_collective_seconds_count"  # pooled over ranks: two observations per call
+    assert value(got, count, engine=eng, op="all_gather", mode="all_gather", bucket="4") == 2 * 6
+    assert value(got, count, engine=eng, op="broadcast", mode="gather", bucket="4") == 2 * 4
     # only rank 0 samples in gather mode
-    assert ("gatherwise_sample_seconds_count", tuple(sorted(dict(engine=eng, rank="1", mode="gather",
-                                                                  bucket="4").items()))) not in got
+    assert value(got, "gatherwise_sample_seconds_count", engine=eng, mode="gather", bucket="4") == 4
+    assert value(got, "gatherwise_sample_seconds_count", engine=eng, mode="all_gather", bucket="4") == 2 * 6
+    assert value(got, "gatherwise_logits_path_seconds_count", engine=eng, rank="1", mode="gather") == 4
     # critical path: last arrival (rank 1, +1 µs) to last end; skew 1 µs
     crit = value(got, "gatherwise_step_critical_path_seconds_sum", engine=eng, mode="all_gather", bucket="4")
     assert abs(crit - 6 * 9000e-9) < 1e-12
-    skew = value(got, "gatherwise_rank_skew_seconds_sum", engine=eng, mode="gather", bucket="4")
+    skew = value(got, "gatherwise_rank_skew_seconds_sum", engine=eng, mode="gather")
     assert abs(skew - 4 * 1000e-9) < 1e-12
     assert value(got, "gatherwise_engine_up", engine=eng) == 1
+    assert value(got, "gatherwise_topp_fallback_rows_total", engine=eng) == 0
+
+
+def test_sharded_calls_have_their_own_ops_and_fallback_counts(tmp_path: Path) -> None:
+    """Sharded calls show as shard_exchange (+ shard_resolve when the call ran one), never as gather; the top-p
+    fallback count comes from rank 0's header; every rank samples."""
+    clock = FakeClock()
+    metrics = SidecarMetrics()
+    ingest = Ingest(tmp_path, metrics, clock=clock, join_timeout=1.0)
+    rings = make_engine(tmp_path, 0x5D, tp=3)
+    for i in range(5):
+        for r in rings:
+            write_call(r, i, Mode.SHARDED, 8, clock.now - 10**6 + i * 20000, fallback_rows=i % 2)
+    assert ingest.poll_once() == 15
+    got = samples(metrics)
+    eng = "000000000000005d"
+    count = "gatherwise_collective_seconds_count"
+    assert value(got, count, engine=eng, op="shard_exchange", mode="sharded", bucket="8") == 3 * 5
+    assert value(got, count, engine=eng, op="shard_resolve", mode="sharded", bucket="8") == 3 * 5
+    ops = {dict(labels)["op"] for (name, labels) in got if name == count}
+    assert ops == {"shard_exchange", "shard_resolve"}
+    assert value(got, "gatherwise_sample_seconds_count", engine=eng, mode="sharded", bucket="8") == 3 * 5
+    assert value(got, "gatherwise_step_critical_path_seconds_count", engine=eng, mode="sharded", bucket="8") == 5
+    assert value(got, "gatherwise_topp_rows_total", engine=eng) == 5 * 8
+    assert value(got, "gatherwise_topp_fallback_rows_total", engine=eng) == 2
 
 
 def test_incomplete_call_after_join_timeout(tmp_path: Path) -> None:

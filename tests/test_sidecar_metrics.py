@@ -11,18 +11,19 @@ import httpx
 import pytest
 
 from engine_hooks.modes import NUM_BUCKETS, bucket_label
+from sidecar.header_counters import bytes_series
 from tests._dist import free_port
 from tests._sidecar import OPENMETRICS, samples, scrape, start_engine, start_sidecar, total, wait_for
 from tests.conftest import require_tool
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-HISTOGRAMS = {
-    "gatherwise_collective_seconds": {"engine", "rank", "op", "mode", "bucket"},
-    "gatherwise_sample_seconds": {"engine", "rank", "mode", "bucket"},
-    "gatherwise_logits_path_seconds": {"engine", "rank", "mode", "bucket"},
+HISTOGRAMS = {  # per rank only where a rank matters, per bucket only where the policy decides
+    "gatherwise_collective_seconds": {"engine", "op", "mode", "bucket"},
+    "gatherwise_sample_seconds": {"engine", "mode", "bucket"},
+    "gatherwise_logits_path_seconds": {"engine", "rank", "mode"},
     "gatherwise_step_critical_path_seconds": {"engine", "mode", "bucket"},
-    "gatherwise_rank_skew_seconds": {"engine", "mode", "bucket"},
+    "gatherwise_rank_skew_seconds": {"engine", "mode"},
 }
 SCALARS = {
     "gatherwise_collective_bytes_total": {"engine", "rank", "op", "mode"},
@@ -30,6 +31,8 @@ SCALARS = {
     "gatherwise_records_dropped_total": {"engine", "rank", "reason"},
     "gatherwise_op_seconds_total": {"engine", "rank", "op", "mode"},
     "gatherwise_logits_path_bytes_total": {"engine", "rank", "mode"},
+    "gatherwise_topp_rows_total": {"engine"},
+    "gatherwise_topp_fallback_rows_total": {"engine"},
     "gatherwise_engine_up": {"engine"},
     "gatherwise_engine_heartbeat_age_seconds": {"engine"},
 }
@@ -38,11 +41,13 @@ BUCKET_LABELS = {bucket_label(b) for b in range(NUM_BUCKETS)}
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """Sidecar first, then a 6 s TP=2 engine whose table runs gather for B <= 4 and all_gather above, so both
+    """Sidecar first, then a 6 s TP=2 engine whose table runs gather for B <= 4, all_gather at 8 and sharded
+    above (the mixed workload's batches are 1..64), so every mode and its operations show up; previously: both
     modes and all three collectives show up. Yields once the engine has exited and the sidecar caught up."""
     tmp = tmp_path_factory.mktemp("metrics")
     shm = tmp / "shm"
-    (tmp / "table.yaml").write_text('table: {"1": gather, "2": gather, "4": gather, "8": all_gather}\n')
+    (tmp / "table.yaml").write_text('table: {"1": gather, "2": gather, "4": gather, "8": all_gather, '
+                                    '"16": sharded, "32": sharded, "64": sharded}\n')
     (tmp / "engine.yaml").write_text(f"engine:\n  initial_table_file: {tmp / 'table.yaml'}\n")
     (tmp / "sidecar.yaml").write_text("traces:\n  sample_ratio: 0.0\n  every_nth: 7\n")
     # An OTLP endpoint nobody listens on: exports fail in the background, ingestion must not notice.
@@ -78,13 +83,15 @@ def test_every_family_with_its_labels(run) -> None:
         series = [lab for n, lab, _ in got if n == family + "_count"]
         assert series, f"{family} missing"
         assert all(set(lab) == labels for lab in series), (family, series[:3])
-        assert all(lab["engine"] == run["engine_id"] and lab["bucket"] in BUCKET_LABELS for lab in series)
+        assert all(lab["engine"] == run["engine_id"] and lab.get("bucket", "1") in BUCKET_LABELS for lab in series)
     for family, labels in SCALARS.items():
         assert family in names, f"{family} missing"
         assert all(set(lab) == labels for n, lab, _ in got if n == family)
     ops = {(lab["op"], lab["mode"]) for n, lab, _ in got if n == "gatherwise_collective_seconds_count"}
-    assert ops == {("all_gather", "all_gather"), ("gather", "gather"), ("broadcast", "gather")}
-    ranks = {lab["rank"] for n, lab, _ in got if n == "gatherwise_collective_seconds_count"}
+    first_ops = {("all_gather", "all_gather"), ("gather", "gather"), ("broadcast", "gather"),
+                 ("shard_exchange", "sharded")}
+    assert first_ops <= ops <= first_ops | {("shard_resolve", "sharded")}  # resolve: only temperature/top-p rows
+    ranks = {lab["rank"] for n, lab, _ in got if n == "gatherwise_logits_path_seconds_count"}
     assert ranks == {"0", "1"}
 
 
@@ -95,13 +102,22 @@ def test_counts_match_the_calls_made(run) -> None:
     for rank in ("0", "1"):
         assert total(text, "gatherwise_calls_total", engine=eng, rank=rank) == calls
         assert total(text, "gatherwise_logits_path_seconds_count", engine=eng, rank=rank) == calls
-        gather_calls = total(text, "gatherwise_calls_total", engine=eng, rank=rank, mode="gather")
-        assert 0 < gather_calls < calls
-        assert total(text, "gatherwise_collective_seconds_count", rank=rank, op="broadcast") == gather_calls
         assert total(text, "gatherwise_collective_bytes_total", rank=rank, op="broadcast") > 0
-    # only rank 0 samples in gather mode; every rank samples in all_gather mode
-    assert total(text, "gatherwise_sample_seconds_count", rank="1", mode="gather") == 0
-    assert total(text, "gatherwise_sample_seconds_count", rank="0") == calls
+    gather_calls = total(text, "gatherwise_calls_total", engine=eng, rank="0", mode="gather")
+    sharded_calls = total(text, "gatherwise_calls_total", engine=eng, rank="0", mode="sharded")
+    assert 0 < gather_calls < calls and 0 < sharded_calls < calls
+    other_calls = calls - gather_calls - sharded_calls  # all_gather
+    # collectives are pooled over the two ranks
+    assert total(text, "gatherwise_collective_seconds_count", op="broadcast") == 2 * gather_calls
+    assert total(text, "gatherwise_collective_seconds_count", op="all_gather") == 2 * other_calls
+    # a sharded call is its own op on every rank, never a gather
+    assert total(text, "gatherwise_collective_seconds_count", op="shard_exchange") == 2 * sharded_calls
+    assert total(text, "gatherwise_collective_seconds_count", op="gather") == 2 * gather_calls
+    # only rank 0 samples in gather mode; every rank samples in all_gather and sharded mode
+    assert total(text, "gatherwise_sample_seconds_count", mode="gather") == gather_calls
+    assert total(text, "gatherwise_sample_seconds_count", mode="all_gather") == 2 * other_calls
+    assert total(text, "gatherwise_sample_seconds_count", mode="sharded") == 2 * sharded_calls
+    assert total(text, "gatherwise_step_critical_path_seconds_count", mode="sharded") == sharded_calls
     assert total(text, "gatherwise_step_critical_path_seconds_count", engine=eng) == calls
     assert total(text, "gatherwise_rank_skew_seconds_count", engine=eng) == calls
     assert run["up"] == 1
@@ -141,13 +157,17 @@ def test_prometheus_scrapes_per_rank_per_op_series(run, tmp_path: Path) -> None:
     try:
         def per_rank_op():
             body = httpx.get(f"{api}/query", params={
-                "query": f'sum by (rank, op) (gatherwise_collective_seconds_count{{engine="{run["engine_id"]}"}})'},
+                "query": f'sum by (rank, op) (gatherwise_collective_bytes_total{{engine="{run["engine_id"]}"}})'},
                 timeout=5).json()
             result = body["data"]["result"]
             return {(r["metric"]["rank"], r["metric"]["op"]): float(r["value"][1]) for r in result} or None
 
         series = wait_for(per_rank_op, 60, "Prometheus to scrape the sidecar")
-        assert set(series) == {(r, op) for r in ("0", "1") for op in ("all_gather", "gather", "broadcast")}
+        assert set(series) == {(r, op) for r in ("0", "1") for op, _ in bytes_series()}
+        by_op = httpx.get(f"{api}/query", params={
+            "query": "sum by (op, mode) (gatherwise_collective_seconds_count)"}, timeout=5).json()["data"]["result"]
+        assert {(r["metric"]["op"], r["metric"]["mode"]) for r in by_op} >= {
+            ("all_gather", "all_gather"), ("gather", "gather"), ("broadcast", "gather"), ("shard_exchange", "sharded")}
         calls = httpx.get(f"{api}/query", params={"query": "sum by (rank) (gatherwise_calls_total)"},
                           timeout=5).json()["data"]["result"]
         assert {r["metric"]["rank"]: float(r["value"][1]) for r in calls} == {"0": run["calls"], "1": run["calls"]}

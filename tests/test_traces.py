@@ -43,7 +43,7 @@ def record(rank: int, mode: Mode, t0: int) -> CallRecord:
                           3000, s + 9000)
     sample_ns = 3000 if rank == 0 else 0
     return CallRecord(1, 42, int(mode), 3, 1000, "float32", rank, 5, 2048, s, s + 100, 5000, s + 5100 + sample_ns,
-                      2000, s + 5100, sample_ns, s + 5100 + sample_ns + 2500)
+                      2000, s + 5100, sample_ns, s + 5100 + sample_ns + 2500, second_op="broadcast")
 
 
 def test_span_tree_parents_and_exact_timestamps() -> None:

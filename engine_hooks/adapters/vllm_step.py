@@ -170,8 +170,8 @@ def sharded_greedy_ok(metadata: Any) -> bool:
         return False
     if metadata.bad_words_token_ids or metadata.max_num_logprobs is not None:
         return False
-    if getattr(metadata, "logprob_token_ids", None) or getattr(metadata, "spec_token_ids", None):
-        return False
+    if getattr(metadata, "logprob_token_ids", None) or any(getattr(metadata, "spec_token_ids", None) or ()):
+        return False  # spec_token_ids is one (normally empty) list per request slot
     holder = getattr(metadata, "thinking_budget_state_holder", None)
     if holder is not None and holder.has_tracked_requests():
         return False

@@ -41,7 +41,10 @@ def assert_engine_progresses(engine: Proc, shm: str, engine_id: int, calls: int 
 
 def sidecar_with_token(shm: str, token: str = "fault-token", **env: str) -> tuple[Proc, str, httpx.Client]:
     proc, url = start_sidecar(shm, env_extra={"GATHERWISE_API_TOKEN": token, **env})
-    return proc, url, httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"})
+    api = httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {token}"})
+    # "listening" is printed once the socket is bound; uvicorn accepts connections a moment later
+    wait_for(lambda: api.get("/healthz").status_code == 200, 60, "the sidecar to serve")
+    return proc, url, api
 
 
 def assert_sidecar_serves(proc: Proc, api: httpx.Client) -> dict:

@@ -77,7 +77,7 @@ def test_command_to_a_stopped_engine_is_409_and_logs_nothing(shm_dir):
     proc, url, api = sidecar_with_token(shm_dir)
     try:
         wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the sidecar attached")
-        assert api.put("/v1/mode", params={"wait": 10}, json={"mode": "gather"}).status_code == 200
+        assert api.put("/v1/mode", params={"wait": 60}, json={"mode": "gather"}).status_code == 200
         decisions = len(api.get("/v1/decisions").json()["decisions"])
         assert engine.stop() == 0
         wait_for(lambda: api.get("/v1/engine").json()["up"] is False, 60, "the engine reported down")

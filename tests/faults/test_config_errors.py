@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests._sidecar import GATHERWISE, ROOT, start_sidecar
+from tests._sidecar import GATHERWISE, ROOT, start_sidecar, wait_for
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -39,6 +39,7 @@ def test_token_that_looks_like_a_yaml_comment_is_the_token(shm_dir):
 
     proc, url = start_sidecar(shm_dir, env_extra={"GATHERWISE_SIDECAR_API_TOKEN": "#secret"})
     try:
+        wait_for(lambda: httpx.get(f"{url}/healthz", timeout=10).status_code == 200, 60, "the sidecar to serve")
         body = {"margin": 0.1}
         assert httpx.put(f"{url}/v1/policy", json=body, timeout=10).status_code == 401  # a token is configured
         wrong = httpx.put(f"{url}/v1/policy", json=body, headers={"Authorization": "Bearer secret"}, timeout=10)

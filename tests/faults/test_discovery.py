@@ -53,7 +53,7 @@ def test_sidecar_finds_the_live_engine_among_litter_and_removes_dead_dirs(shm_di
         assert assert_sidecar_serves(sidecar, api)["engine_id"] == live
         wait_for(lambda: not (engine_dirs(shm_dir) & dead), 120, "the dead engines' directories removed")
         assert engine_dirs(shm_dir) == {live, "ffffffffffffffff", "fffffffffffffffe"}  # young or unknown: kept
-        assert api.put("/v1/mode", params={"wait": 10}, json={"mode": "gather"}).status_code == 200
+        assert api.put("/v1/mode", params={"wait": 60}, json={"mode": "gather"}).status_code == 200
         assert_engine_progresses(engine, shm_dir, engine_id)
         assert_sidecar_serves(sidecar, api)
         assert sidecar.stop() == 0, "".join(sidecar.output)

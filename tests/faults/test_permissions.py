@@ -34,7 +34,7 @@ def test_everything_is_private_at_umask_000(tmp_path):
     try:
         directory = engine_dir(shm, engine_id)
         wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the sidecar attached")
-        assert api.put("/v1/mode", params={"wait": 5}, json={"mode": "gather"}).status_code == 200
+        assert api.put("/v1/mode", params={"wait": 60}, json={"mode": "gather"}).status_code == 200
         wait_for(lambda: os.path.exists(os.path.join(directory, SIDECAR_STATE_NAME)), 30, "the sidecar's state")
         assert mode(shm) == 0o700 and mode(directory) == 0o700
         names = sorted(os.listdir(directory))
@@ -123,7 +123,7 @@ def test_sidecar_ignores_symlinked_engine_dirs_and_state(shm_dir, tmp_path):
         wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the sidecar attached")
         info = assert_sidecar_serves(sidecar, api)
         assert info["engine_id"] == f"{engine_id:016x}"
-        assert api.put("/v1/mode", params={"wait": 5}, json={"mode": "gather"}).status_code == 200
+        assert api.put("/v1/mode", params={"wait": 60}, json={"mode": "gather"}).status_code == 200
         wait_for(lambda: not (real / SIDECAR_STATE_NAME).is_symlink(), 30, "the state saved over the link")
         assert victim.read_text() == "precious"
         assert sorted(p.name for p in outside.iterdir()) == ["control", "rank-0", "rank-1"]

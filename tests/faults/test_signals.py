@@ -44,7 +44,7 @@ def ignored_signals(log: Path) -> int:
 
 def wait_screen(log: Path) -> str:
     def screen() -> str | None:
-        text = log.read_text(errors="replace")
+        text = log.read_text(errors="replace") if log.exists() else ""  # the shell may not have opened it yet
         return text if "flip by hand" in text else None
 
     return wait_for(screen, 300, "the demo's first full screen")

@@ -9,8 +9,7 @@ and, in the streamed phases, between the chunks of one generation (mid-generatio
 fixed random_seed, and sampled phases send one request at a time, so that SGLang's own sampling (torch's
 generator, drawn per batch) is reproducible from run to run: plain SGLang is deterministic there.
 
-Phases (mode asked for before it, gatherwise run; the engine starts in sharded mode, which the sidecar's API
-cannot select, so the sharded phases come first):
+Phases (mode asked for before it, gatherwise run; the engine starts in sharded mode, its initial table):
 - greedy_sharded      sharded: every rank takes the argmax from the shards' (max, index) pairs
 - sampled_c           sharded table, sampled requests one at a time: they run all_gather
 - streamed_sharded    one streamed greedy generation, switched to all_gather mid-generation

@@ -45,7 +45,7 @@ def hooked(model) -> dict:
     os.makedirs(shm)
     sidecar = start_sidecar(shm)
     try:
-        # sharded first: the sidecar's PUT /v1/mode selects all_gather and gather (engine_run's phases)
+        # sharded first (engine_run's phases): the table an engine starts with, then switched by the sidecar
         env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, GATHERWISE_ENGINE_INITIAL_MODE="sharded")
         return run_engine(model, env, "--shm-dir", shm, "--sidecar", sidecar.url, "--token", sidecar.token)
     finally:

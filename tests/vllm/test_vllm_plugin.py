@@ -125,9 +125,10 @@ def test_every_rank_runs_the_same_mode_per_call(run, request):
     assert sorted(per_rank["0"]) == list(range(len(per_rank["0"])))
 
 
-def test_sidecar_metrics_show_per_rank_collective_timings(switched_run):
-    samples = metric_samples(switched_run["switched"]["metrics"], "gatherwise_collective_seconds_count")
-    counted = {(labels["rank"], labels["op"]) for labels, value in samples if value > 0}
-    assert {"0", "1"} <= {rank for rank, _ in counted}, samples
-    ops = {op for _, op in counted}
+def test_sidecar_metrics_show_per_rank_and_per_op_timings(switched_run):
+    metrics = switched_run["switched"]["metrics"]
+    paths = metric_samples(metrics, "gatherwise_logits_path_seconds_count")
+    assert {"0", "1"} <= {labels["rank"] for labels, value in paths if value > 0}, paths
+    samples = metric_samples(metrics, "gatherwise_collective_seconds_count")  # pooled over ranks, per op
+    ops = {labels["op"] for labels, value in samples if value > 0}
     assert {"all_gather", "gather"} <= ops, ops
