@@ -9,9 +9,11 @@ of modes (`modes`, default every implemented one). Rules:
   looks for (comparing such windows made it switch back and forth on drift alone). So every probe yields one
   paired ratio, the probed mode's median over the probe divided by the running mode's median just before it,
   and a bucket switches to the mode whose median ratio over its recent probes (at least min_samples/probe_calls
-  of them, none older than max_sample_age_seconds) is below 1 - `margin`. Windows are compared directly only when
-  the other mode's samples all fall within the running mode's window (both measured over the same period), with
-  `min_samples` on both sides.
+  of them, none older than max_sample_age_seconds) is below 1 - `margin`. Probes of the running mode taken while
+  another mode ran count too, inverted, so the evidence that made a bucket switch is the evidence against
+  switching back. A mode whose first probes beat the running one is probed first until it has enough. Windows
+  are compared directly only when the other mode's samples all fall within the running mode's window (both
+  measured over the same period), with `min_samples` on both sides.
   A bucket never switches twice within `dwell_seconds`;
 - keep the other modes' estimates fresh by probes: one (bucket, mode) at a time runs for `probe_calls` calls,
   and only while probe calls stay within `probe_budget` of all calls seen (calls that ran a mode other than the
@@ -34,13 +36,13 @@ import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine_hooks.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable, bucket_label, bucket_of
 from sidecar.estimates import Estimate, WindowEstimates
 
 DECISION_LOG = 256
-PAIRS_KEPT = 32  # paired ratios kept per (bucket, mode)
+PAIRS_KEPT = 64  # paired ratios kept per bucket
 REASONS = ("manual", "auto", "probe", "table_file")
 
 
@@ -79,6 +81,16 @@ class Decision:
     command_seq: int | None = None  # set by the controller once written to the control block
 
 
+class Pair(NamedTuple):
+    """One probe's evidence: the probed mode's median over the probe / the running (reference) mode's median
+    just before it, both measured under the same load."""
+
+    time: float
+    probed: Mode
+    reference: Mode
+    ratio: float
+
+
 @dataclass
 class Probe:
     bucket: int
@@ -114,7 +126,8 @@ class AutoPolicy:
         self.last_probe: dict[tuple[int, Mode], float] = {}
         self.backoff: dict[tuple[int, Mode], float] = {}  # probe interval factor (absent: 1)
         self.backoff_reference: dict[int, float] = {}  # chosen mode's cost when the bucket began backing off
-        self.pairs: dict[tuple[int, Mode], deque[tuple[float, float]]] = {}  # (bucket, mode) -> (time, ratio)
+        # bucket -> (time, probed mode, reference mode, probed cost / reference cost) of recent probes
+        self.pairs: dict[int, deque[Pair]] = {}
         self.probe: Probe | None = None
         self.calls_total = 0
         self.probe_calls_used = 0
@@ -156,16 +169,22 @@ class AutoPolicy:
         return max(1, math.ceil(self.params.min_samples / self.params.probe_calls))
 
     def paired_ratio(self, bucket: int, mode: Mode, now: float) -> tuple[int, float] | None:
-        """(probes, median ratio) of a mode against the bucket's running mode, from fresh probes; None if none."""
-        pairs = self.pairs.get((bucket, mode))
+        """(probes, median ratio) of `mode` against the bucket's running mode, from fresh probes of `mode` taken
+        while the running mode ran, and probes of the running mode taken while `mode` ran (inverted: that is
+        the evidence for switching back). The newest 2 x probes_needed count, so old evidence phases out."""
+        pairs = self.pairs.get(bucket)
         if not pairs:
             return None
         cutoff = now - self.params.max_sample_age_seconds
-        while pairs and pairs[0][0] < cutoff:
+        while pairs and pairs[0].time < cutoff:
             pairs.popleft()
-        if not pairs:
+        running = self.choice[bucket]
+        ratios = [p.ratio if p.probed == mode else 1.0 / p.ratio for p in pairs
+                  if (p.probed, p.reference) in ((mode, running), (running, mode))]
+        if not ratios:
             return None
-        return len(pairs), statistics.median(r for _, r in pairs)
+        ratios = ratios[-2 * self.pairs_needed:]
+        return len(ratios), statistics.median(ratios)
 
     # -- input ---------------------------------------------------------------------------------------------
     def observe(self, mode: Mode, rows: int, seconds: float, now: float) -> bool:
@@ -223,7 +242,6 @@ class AutoPolicy:
             if b in self.pins:
                 self.choice[b] = previous[b] = self.pins.pop(b)
                 self._reset_backoff(b)
-                self._forget_pairs(b)
         decision = self._decide("manual", self.modes[0], chosen, previous,
                                 {"released": [bucket_label(b) for b in chosen]})
         decision.mode = "auto"
@@ -240,7 +258,6 @@ class AutoPolicy:
                 for b in bs:
                     self.choice[b] = mode
                     self._reset_backoff(b)
-                    self._forget_pairs(b)
                 decision = self._decide("table_file", mode, bs, previous, {"source": source})
         return decision
 
@@ -269,7 +286,6 @@ class AutoPolicy:
                 self.choice[b] = best
                 self.last_switch[b] = now
                 self._reset_backoff(b)
-                self._forget_pairs(b)
                 out.append(self._decide("auto", best, [b], {b: active}, evidence))
         if self.probe is None:
             started = self._maybe_probe(now)
@@ -300,6 +316,10 @@ class AutoPolicy:
         return best if best is not None and should_switch(active_est, best_est, p) else None
 
     # -- probes and their back-off -------------------------------------------------------------------------
+    def _promising(self, bucket: int, mode: Mode, now: float) -> bool:
+        found = self.paired_ratio(bucket, mode, now)
+        return found is not None and found[0] < self.pairs_needed and found[1] < 1.0 - self.params.margin
+
     def _record_pair(self, probe: Probe, now: float) -> float | None:
         """The probe's paired ratio: its mode's median over the probe / the running mode's median just before."""
         if probe.calls < 1:
@@ -313,16 +333,11 @@ class AutoPolicy:
         if base <= 0:
             return None
         ratio = statistics.median(probed) / base
-        pairs = self.pairs.get((probe.bucket, probe.mode))
+        pairs = self.pairs.get(probe.bucket)
         if pairs is None:
-            pairs = self.pairs[(probe.bucket, probe.mode)] = deque(maxlen=PAIRS_KEPT)
-        pairs.append((now, ratio))
+            pairs = self.pairs[probe.bucket] = deque(maxlen=PAIRS_KEPT)
+        pairs.append(Pair(now, probe.mode, self.choice[probe.bucket], ratio))
         return ratio
-
-    def _forget_pairs(self, bucket: int) -> None:
-        """Ratios are against the running mode: a new running mode (or a new load) makes them meaningless."""
-        for key in [k for k in self.pairs if k[0] == bucket]:
-            del self.pairs[key]
 
     def _after_probe(self, probe: Probe, now: float) -> float:
         """Back off a mode the probe found far behind; reset one it found close. Returns the new factor."""
@@ -346,7 +361,6 @@ class AutoPolicy:
             return
         if abs(active.value - ref) > self.params.probe_backoff_margin * ref:
             self._reset_backoff(bucket)
-            self._forget_pairs(bucket)
             for m in self.modes:
                 self.last_probe.pop((bucket, m), None)
 
@@ -370,10 +384,13 @@ class AutoPolicy:
                 if now - self.last_probe.get((b, m), -math.inf) < self.probe_interval(b, m):
                     continue
                 newest_other = self.estimates.newest(b, m)
-                candidates.append((-math.inf if newest_other is None else newest_other, b, int(m)))
+                candidates.append((0 if self._promising(b, m, now) else 1,
+                                   -math.inf if newest_other is None else newest_other, b, int(m)))
         if not candidates:
             return None
-        _, b, code = min(candidates)  # the (bucket, mode) measured longest ago
+        # a mode whose first probes beat the running one is confirmed first (a switch it earns is worth more
+        # than any refresh); otherwise the (bucket, mode) measured longest ago
+        _, _, b, code = min(candidates)
         mode = Mode(code)
         self.probe = Probe(b, mode, now)
         self.last_probe[(b, mode)] = now

@@ -20,7 +20,7 @@ from typing import Any
 
 from engine_hooks.modes import Mode, ModeTable
 from engine_hooks.shm_format.private_files import read_small_file, write_private_file
-from sidecar.policy import PAIRS_KEPT, AutoPolicy, Decision, PolicyParams, Probe
+from sidecar.policy import PAIRS_KEPT, AutoPolicy, Decision, Pair, PolicyParams, Probe
 
 _DECISION_FIELDS = dataclasses.fields(Decision)
 STATE_VERSION = 2  # 2: probes, their times and back-off per (bucket, mode)
@@ -46,7 +46,8 @@ def policy_to_json(policy: AutoPolicy, extra: dict[str, Any] | None = None) -> s
         "last_probe": {_key(b, m): t for (b, m), t in policy.last_probe.items()},
         "backoff": {_key(b, m): f for (b, m), f in policy.backoff.items()},
         "backoff_reference": {str(b): v for b, v in policy.backoff_reference.items()},
-        "pairs": {_key(b, m): [list(x) for x in v] for (b, m), v in policy.pairs.items() if v},
+        "pairs": {str(b): [[p.time, p.probed.label, p.reference.label, p.ratio] for p in v]
+                  for b, v in policy.pairs.items() if v},
         "probe": None if policy.probe is None else {"bucket": policy.probe.bucket, "mode": policy.probe.mode.label,
                                                     "started": policy.probe.started, "calls": policy.probe.calls},
         "calls_total": policy.calls_total,
@@ -75,8 +76,8 @@ def policy_from_json(text: str) -> AutoPolicy:
         policy.last_probe = {_parse_key(k): float(t) for k, t in doc["last_probe"].items()}
         policy.backoff = {_parse_key(k): float(f) for k, f in doc["backoff"].items()}
         policy.backoff_reference = {int(b): float(v) for b, v in doc["backoff_reference"].items()}
-        policy.pairs = {_parse_key(k): deque(((float(t), float(r)) for t, r in v), maxlen=PAIRS_KEPT)
-                        for k, v in doc["pairs"].items()}
+        policy.pairs = {int(b): deque((Pair(float(t), Mode.parse(m), Mode.parse(ref), float(r)) for t, m, ref, r in v),
+                                      maxlen=PAIRS_KEPT) for b, v in doc["pairs"].items()}
         probe = doc["probe"]
         policy.probe = None if probe is None else Probe(int(probe["bucket"]), Mode.parse(probe["mode"]),
                                                         float(probe["started"]), int(probe["calls"]))

@@ -225,3 +225,33 @@ def test_a_load_drift_that_hits_every_mode_alike_causes_no_switch(modes, three_m
     assert policy.choice[0] == A and not [d for d in decisions if d.reason == "auto"]
     ends = [d for d in decisions if d.reason == "probe" and d.evidence["phase"] == "end"]
     assert ends and all(abs(r["ratio"] - 1.1) < 0.06 for d in ends for r in d.evidence["paired"].values())
+
+
+def test_one_mode_winning_everywhere_under_noise_and_drift_is_found_and_kept(three_modes):
+    """Sharded is ~40 % cheaper at every size; every call's cost is noisy (log-normal, sigma 0.25). Starting from
+    all_gather while the load swings every mode's cost by +-50 %, the policy moves every bucket to sharded and
+    stays (no switching back and forth on noise or drift). Once the load is steady, probes of the losing modes
+    back off and cost a fraction of the budget; a swinging load keeps them at the budget (the load changed)."""
+    import random
+
+    rng = random.Random(11)
+    base = {A: 0.0012, G: 0.00125, S: 0.0007}
+    swing = [0.5]
+
+    def cost(rows, mode, now):
+        return base[mode] * rng.lognormvariate(0.0, 0.25) * (1.0 + swing[0] * math.sin(now / 3.0))
+
+    params = PolicyParams(**{**FAST, "probe_budget": 0.02, "probe_interval_seconds": 1.0,
+                             "max_sample_age_seconds": 30.0})
+    policy = AutoPolicy(params, ModeTable.uniform(A), auto=True, modes=three_modes)
+    now, decisions = simulate(policy, cost, 15.0, 0.0, rows=(1, 8, 64))
+    assert [policy.choice[b] for b in (0, 3, 6)] == [S, S, S], [(d.buckets, d.mode) for d in decisions
+                                                                if d.reason == "auto"]
+    now, later = simulate(policy, cost, 30.0, now, rows=(1, 8, 64))
+    assert not [d for d in later if d.reason == "auto"]  # kept: no flapping on noise and drift
+    swing[0] = 0.0
+    now, _ = simulate(policy, cost, 20.0, now, rows=(1, 8, 64))  # the back-off builds up
+    used = policy.probe_calls_used
+    _, steady = simulate(policy, cost, 30.0, now, rows=(1, 8, 64))
+    assert not [d for d in steady if d.reason == "auto"]
+    assert (policy.probe_calls_used - used) / 30_000 < 0.005  # budget 0.02
