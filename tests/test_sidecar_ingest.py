@@ -35,7 +35,7 @@ def write_call(rec: RingRecorder, call_index: int, mode: Mode, rows: int, t0: in
         rec.record(call_index, mode, rows, 0, 4096, s, s + 100, s + 5100, 0, 0, s + 5100, s + 8100, s + 9000)
     elif mode == Mode.SHARDED:
         rec.record(call_index, mode, rows, 2, 96, s, s + 100, s + 5100, s + 8100, s + 9100, s + 5100, s + 8100,
-                   s + 9500, resolve_nbytes=512, topp_rows=rows, fallback_rows=fallback_rows)
+                   s + 9500, 512, rows, fallback_rows)  # resolve bytes, top-p rows, fallbacks (positional: C writer)
     else:
         ss = s + 5100
         se = ss + 3000 if rec.rank == 0 else ss

@@ -15,6 +15,7 @@ import pytest
 
 from dashboards import promql
 from dashboards.local_stack import start_local_stack
+from engine_hooks.modes import IMPLEMENTED_LABELS
 from tests.conftest import require_tool
 
 TOKEN = "stack-test-token"
@@ -64,7 +65,7 @@ def test_every_query_returns_data_after_a_run_through_both_modes(tmp_path):
             start = time.time()
             client = httpx.Client(base_url=stack.sidecar_url, headers={"Authorization": f"Bearer {TOKEN}"})
             missing = queries
-            for mode in itertools.cycle(["gather", "all_gather", "auto"]):
+            for mode in itertools.cycle([*IMPLEMENTED_LABELS, "auto"]):
                 answer = client.put("/v1/mode", params={"wait": 10}, json={"mode": mode})
                 assert answer.status_code in (200, 202), answer.text
                 time.sleep(2)
