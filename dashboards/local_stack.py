@@ -92,6 +92,7 @@ def start_local_stack(
     *,
     tp: int = 2,
     workload: str = "mixed",
+    sampling: str = "mixed",
     engine_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     with_prometheus: bool = True,
@@ -109,7 +110,8 @@ def start_local_stack(
     stack = LocalStack(work_dir, private_shm_dir(), f"http://127.0.0.1:{port}")
     try:
         shm = str(stack.shm_dir)
-        engine = ["engine", "--tp", str(tp), "--workload", workload, "--shm-dir", shm, *engine_args]
+        engine = ["engine", "--tp", str(tp), "--workload", workload, "--sampling", sampling, "--shm-dir", shm,
+                  *engine_args]
         stack.processes.append(_gatherwise(engine, work_dir / "engine.log", full_env))
         sidecar = ["sidecar", "--host", "127.0.0.1", "--port", str(port), "--shm-dir", shm]
         stack.processes.append(_gatherwise(sidecar, work_dir / "sidecar.log", full_env))

@@ -92,19 +92,45 @@ static void Writer_dealloc(Writer *self) {
 /* record(call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, bcast_start, bcast_end,
  *        sample_start, sample_end, t_end[, resolve_nbytes, topp_rows, fallback_rows]): exactly
  *        RingRecorder.record(). */
-static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t nargs) {
+static const char *const RECORD_ARGS[16] = {
+    "call_index", "mode", "rows", "epoch", "nbytes", "t_start", "coll_start", "coll_end", "bcast_start",
+    "bcast_end", "sample_start", "sample_end", "t_end", "resolve_nbytes", "topp_rows", "fallback_rows"};
+
+static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     long long a[16] = {0};
-    if (nargs != 13 && nargs != 16) {
-        PyErr_Format(PyExc_TypeError, "record() takes 13 or 16 arguments (%zd given)", nargs);
+    int given[16] = {0};
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs > 16) {
+        PyErr_Format(PyExc_TypeError, "record() takes at most 16 arguments (%zd given)", nargs);
         return NULL;
     }
     if (!self->has_view) {
         PyErr_SetString(PyExc_ValueError, "record() on a closed ring");
         return NULL;
     }
-    for (int i = 0; i < nargs; i++) {
-        a[i] = PyLong_AsLongLong(args[i]);
-        if (a[i] == -1 && PyErr_Occurred()) return NULL;
+    for (Py_ssize_t i = 0; i < nargs + nkw; i++) { /* keywords follow the positionals in args (vectorcall) */
+        int slot = (int)i;
+        if (i >= nargs) {
+            PyObject *name = PyTuple_GET_ITEM(kwnames, i - nargs);
+            slot = -1;
+            for (int k = 0; k < 16; k++) {
+                if (PyUnicode_CompareWithASCIIString(name, RECORD_ARGS[k]) == 0) slot = k;
+            }
+            if (slot < 0 || given[slot]) {
+                PyErr_Format(PyExc_TypeError, "record() got an %s keyword argument '%U'",
+                             slot < 0 ? "unexpected" : "repeated", name);
+                return NULL;
+            }
+        }
+        given[slot] = 1;
+        a[slot] = PyLong_AsLongLong(args[i]);
+        if (a[slot] == -1 && PyErr_Occurred()) return NULL;
+    }
+    for (int k = 0; k < 13; k++) {
+        if (!given[k]) {
+            PyErr_Format(PyExc_TypeError, "record() missing required argument '%s'", RECORD_ARGS[k]);
+            return NULL;
+        }
     }
     long long call_index = a[0], mode = a[1], rows = a[2], epoch = a[3], nbytes = a[4], t_start = a[5];
     long long coll_start = a[6], coll_end = a[7], bcast_start = a[8], bcast_end = a[9];
@@ -179,7 +205,8 @@ static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t n
 }
 
 static PyMethodDef Writer_methods[] = {
-    {"record", (PyCFunction)(void (*)(void))Writer_record, METH_FASTCALL, "Write one call's record and counters."},
+    {"record", (PyCFunction)(void (*)(void))Writer_record, METH_FASTCALL | METH_KEYWORDS,
+     "Write one call's record and counters (the arguments of RingRecorder.record())."},
     {"release", (PyCFunction)Writer_release, METH_NOARGS, "Release the buffer (before closing the mmap)."},
     {NULL, NULL, 0, NULL},
 };

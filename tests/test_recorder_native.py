@@ -70,3 +70,25 @@ def test_the_python_fallback_runs_without_the_compiled_module(tmp_path, monkeypa
     rec.record(*CALLS[0])
     assert rec.write_index == 1
     rec.close()
+
+
+def test_keyword_arguments_are_taken_like_the_python_writer(tmp_path, monkeypatch):
+    """Callers may pass the optional arguments (and any other) by name, as RingRecorder.record() allows."""
+    files = []
+    for pure in (True, False):
+        monkeypatch.setenv(PURE_PYTHON_ENV, "1" if pure else "0")
+        path = str(tmp_path / f"kw-{pure}")
+        rec = RingRecorder(path, engine_id=9, rank=0, tp_size=2, vocab=32000, dtype="float32", capacity=4)
+        rec.record(0, 2, 4, 1, 96, 1_000, 1_100, 2_000, 3_000, 3_500, 2_000, 2_900, 4_000, resolve_nbytes=512,
+                   topp_rows=4, fallback_rows=1)
+        rec.record(1, 0, 1, 1, 128, t_start=5_000, coll_start=5_100, coll_end=5_500, bcast_start=0, bcast_end=0,
+                   sample_start=5_500, sample_end=5_900, t_end=6_000)
+        with open(path, "rb") as f:
+            files.append(f.read()[fmt.HEADER_SIZE:])  # the records (headers differ in creation times)
+        if not pure:
+            with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+                rec.record(*CALLS[0], bogus=1)
+            with pytest.raises(TypeError, match="missing required argument 't_end'"):
+                rec.record(*CALLS[0][:12])
+        rec.close(unlink=True)
+    assert files[0] == files[1]

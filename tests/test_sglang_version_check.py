@@ -150,3 +150,24 @@ def test_hooked_gatherer_delegates_everything_but_the_call():
     wrapped = sglang_patches._HookedGatherer(original, "processor", hooks)
     assert wrapped("logits") == "x" and calls == [("processor", original, "logits")]
     assert wrapped.max_tokens == 128
+
+
+def _greedy_batch(**info):
+    fields = dict(is_all_greedy=True, penalizer_orchestrator=SimpleNamespace(is_required=False), logit_bias=None,
+                  grammars=None, acc_additive_penalties=None, acc_scaling_penalties=None,
+                  sampling_mask_batch_indices=None, has_custom_logit_processor=False, has_watermark_candidates=False)
+    return_logprob = info.pop("return_logprob", False)
+    return SimpleNamespace(sampling_info=SimpleNamespace(**(fields | info)), return_logprob=return_logprob)
+
+
+@pytest.mark.parametrize("change,ok", [
+    ({}, True), ({"is_all_greedy": False}, False), ({"return_logprob": True}, False),
+    ({"penalizer_orchestrator": SimpleNamespace(is_required=True)}, False), ({"logit_bias": object()}, False),
+    ({"grammars": [object()]}, False), ({"acc_additive_penalties": object()}, False),
+    ({"has_custom_logit_processor": True}, False), ({"sampling_mask_batch_indices": object()}, False),
+    ({"has_watermark_candidates": True}, False),
+])
+def test_sharded_only_where_sglangs_token_is_the_raw_argmax(change, ok):
+    from engine_hooks.adapters.sglang_step import sharded_greedy_ok
+
+    assert sharded_greedy_ok(_greedy_batch(**change)) is ok

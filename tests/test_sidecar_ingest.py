@@ -34,8 +34,9 @@ def write_call(rec: RingRecorder, call_index: int, mode: Mode, rows: int, t0: in
     if mode == Mode.ALL_GATHER:
         rec.record(call_index, mode, rows, 0, 4096, s, s + 100, s + 5100, 0, 0, s + 5100, s + 8100, s + 9000)
     elif mode == Mode.SHARDED:
+        # positional, as the engine calls it: the compiled record() (engine_hooks/_ring_writer.c) takes no keywords
         rec.record(call_index, mode, rows, 2, 96, s, s + 100, s + 5100, s + 8100, s + 9100, s + 5100, s + 8100,
-                   s + 9500, 512, rows, fallback_rows)  # resolve bytes, top-p rows, fallbacks (positional: C writer)
+                   s + 9500, 512, rows, fallback_rows)  # resolve_nbytes, topp_rows, fallback_rows
     else:
         ss = s + 5100
         se = ss + 3000 if rec.rank == 0 else ss

@@ -1,6 +1,6 @@
 """End to end: the stack without Docker (TP=2 engine, sidecar, real Prometheus with the compose's config and rules)
-runs a workload through both modes and some switches; then every PromQL expression of every dashboard panel,
-annotation, variable and rule parses and returns data, and latency exemplars carry trace ids.
+runs a mixed-sampling workload through every mode and some switches; then every PromQL expression of every
+dashboard panel, annotation, variable and rule parses and returns data, and latency exemplars carry trace ids.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def has_data(prometheus, query: promql.Query, start: float) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.timeout(DEADLINE_S + 120)
-def test_every_query_returns_data_after_a_run_through_both_modes(tmp_path):
+def test_every_query_returns_data_after_a_run_through_every_mode(tmp_path):
     require_tool("prometheus")
     sink = ThreadingHTTPServer(("127.0.0.1", 0), _AcceptEverything)
     threading.Thread(target=sink.serve_forever, daemon=True).start()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -140,12 +140,13 @@ class Engine:
                            torch.tensor(batch.logit_rows, device=dev), out)
         return path.run(batch.rows)
 
-    def synthetic(self, batch_sizes: Iterable[int], params: SamplingParams = GREEDY, context: int = 16,
-                  path: LogitsPath | None = None) -> LogitsPath:
+    def synthetic(self, batch_sizes: Iterable[int], params: Sequence[SamplingParams] = (GREEDY,),
+                  context: int = 16, path: LogitsPath | None = None) -> LogitsPath:
         """Synthetic decode load: for each B, one full forward of B single-token rows and one logits call.
 
-        Row j of call i decodes token (i * 7919 + j) mod V at position i mod `context` of KV slot j, so the
-        work per call is that of a real decode step at a rolling context length. Returns the path used.
+        Row j of call i decodes token (i * 7919 + j) mod V at position i mod `context` of KV slot j, with
+        params[j mod len(params)], so the work per call is that of a real decode step at a rolling context
+        length with a fixed mix of sampling kinds. Returns the path used.
         """
         path = path or self._new_path()
         cache = self.model.new_cache(self.max_batch, context)
@@ -156,7 +157,7 @@ class Engine:
             slots = list(range(rows))
             batch = StepBatch(tokens=[(i * 7919 + j) % vocab for j in slots], positions=[i % context] * rows,
                               slots=slots, logit_rows=slots,
-                              rows=[SamplingRow(params, j, i) for j in slots], running=[])
+                              rows=[SamplingRow(params[j % len(params)], j, i) for j in slots], running=[])
             self.step(path, batch, cache)
         return path
 

@@ -1,6 +1,7 @@
 """`gatherwise engine`: the TP engine with the gatherwise hooks under a synthetic decode load.
 
-    gatherwise engine --tp P [--workload mixed|fixed:ROWS] [--duration SECONDS] [--shm-dir DIR] [--config FILE]
+    gatherwise engine --tp P [--workload mixed|fixed:ROWS] [--sampling greedy|mixed] [--duration SECONDS]
+                      [--shm-dir DIR] [--config FILE]
 
 Runs until the duration ends or the parent gets SIGINT/SIGTERM. Ranks must stop at the same call (a rank that
 stops alone leaves the others blocked in a collective), so rank 0 decides and broadcasts "go on / stop" every
@@ -25,6 +26,12 @@ from typing import Any
 MIXED_MAX_ROWS = 64
 CALLS_PER_CHECK = 8  # logits calls between two stop checks (one tiny broadcast each)
 MIXED_DWELL = 32  # calls at one batch size before the mixed workload moves on
+# Sampling kinds given to the rows of every call, row j taking entry j mod len: "mixed" has one row of each kind
+# (greedy, top-k, top-p, temperature only), so every mode runs each of its code paths and every op shows up.
+SAMPLING_MIXES = {
+    "greedy": ({},),
+    "mixed": ({}, {"temperature": 0.8, "top_k": 50}, {"temperature": 0.8, "top_p": 0.9}, {"temperature": 1.0}),
+}
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,7 @@ class LoadSpec:
     vocab: int = 32000
     device: str = "cpu"
     seed: int = 0
+    sampling: str = "greedy"  # a key of SAMPLING_MIXES
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,7 @@ def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: in
 
     from engine_hooks.comm import default_communicator
     from engine_hooks.install import install_hooks, logits_dtype
+    from engine_hooks.sampling_params import SamplingParams
     from tp_engine.layers import TPGroup
     from tp_engine.runner import Engine, ModelSpec
 
@@ -96,11 +105,12 @@ def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: in
     engine = Engine(model, hooks.path, max_batch=max_rows(spec.workload))
     flag = torch.zeros(1, dtype=torch.int64, device=model.device)
     sizes = batch_sizes(spec.workload, spec.seed)
+    params = tuple(SamplingParams(**kind) for kind in SAMPLING_MIXES[spec.sampling])
     t0 = time.monotonic()
     deadline = t0 + spec.duration if spec.duration is not None else float("inf")
     try:
         while True:
-            engine.synthetic([next(sizes) for _ in range(CALLS_PER_CHECK)], path=hooks.path)
+            engine.synthetic([next(sizes) for _ in range(CALLS_PER_CHECK)], params, path=hooks.path)
             if rank == 0:
                 done = stop.poll() or time.monotonic() >= deadline or os.getppid() != parent_pid
                 flag.fill_(int(done))
@@ -118,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel size P (local ranks)")
     p.add_argument("--workload", type=parse_workload, default="mixed",
                    help="mixed (batch sizes moving across 1..64) or fixed:ROWS")
+    p.add_argument("--sampling", choices=tuple(SAMPLING_MIXES), default="greedy",
+                   help="sampling kinds of the rows: greedy, or mixed (greedy, top-k, top-p, temperature in turn)")
     p.add_argument("--duration", type=float, default=None, help="seconds to run (default: until SIGINT/SIGTERM)")
     p.add_argument("--shm-dir", help="where the rings and control block go (default: engine.shm_dir)")
     p.add_argument("--config", help="YAML config file (default: built-in defaults + GATHERWISE_* env)")
@@ -154,7 +166,8 @@ def engine_main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"gatherwise engine: engine.shm_dir: {exc}", file=sys.stderr)
             return 2
-    spec = LoadSpec(args.tp, args.workload, args.duration, cfg, args.vocab, args.device, args.seed)
+    spec = LoadSpec(args.tp, args.workload, args.duration, cfg, args.vocab, args.device, args.seed,
+                    args.sampling)
     # A pipe, not an Event: no named semaphore to leave in /dev/shm if the whole tree is killed. Rank 0 polls the
     # reading end; a byte, or the end of the pipe when this process dies, both mean stop.
     stop, stop_writer = mp.get_context("spawn").Pipe(duplex=False)

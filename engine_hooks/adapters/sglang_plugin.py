@@ -17,6 +17,7 @@ import logging
 import os
 
 from engine_hooks.adapters.enable import enabled
+from engine_hooks.adapters.engine_dirs import clean_at_exit, shm_dir_problem
 
 log = logging.getLogger("gatherwise.sglang")
 
@@ -42,6 +43,12 @@ def register() -> None:
     from engine_hooks.config import load_config
 
     config = load_config(os.environ.get("GATHERWISE_CONFIG"))  # a broken config fails loudly: hooks were asked for
+    problem = shm_dir_problem(config)
+    if problem:
+        log.warning("gatherwise: %s; the SGLang plugin leaves SGLang untouched (hooks off, logits path unchanged)",
+                    problem)
+        return
     sglang_patches.register(SglangStepHooks(config))
-    log.info("gatherwise: SGLang plugin active (shm_dir %s, initial mode %s)", config.engine.shm_dir,
-             config.engine.initial_table_file or config.engine.initial_mode)
+    clean_at_exit(config.engine.shm_dir)  # SGLang kills its schedulers: the engine's own process cleans up
+    log.info("gatherwise: SGLang plugin active in process %d (shm_dir %s, initial mode %s)", os.getpid(),
+             config.engine.shm_dir, config.engine.initial_table_file or config.engine.initial_mode)

@@ -16,7 +16,12 @@ hooked calls is the same on every rank and each one is followed by exactly one s
   overlap scheduler's FutureMap and the output processing of every rank see rank 0's ids. When the batch
   asked for logprobs, the skipping ranks write placeholder logprobs of the right shapes (only rank 0's reach
   the client). SGLang's optional id all_reduce is skipped by rank 0 in that mode: the others do not join it.
-- Sampled batches run in either mode. SGLang's sampler draws from torch's default generator, seeded alike on
+- sharded mode: every rank reduces its own shard to (max, index) per row and one all_gather of those pairs
+  gives every rank the argmax (engine_hooks.sharded_exchange); all ranks get placeholder logits, skip SGLang's
+  sampler and return those ids. Only for batches whose greedy token is the argmax of the raw logits
+  (`sharded_greedy_ok`: all greedy, no penalties, logit bias, grammar, custom logit processor, logprobs);
+  other batches in a sharded bucket run all_gather (recorded as such).
+- Sampled batches run all_gather or gather. SGLang's sampler draws from torch's default generator, seeded alike on
   every rank; ranks that skipped draws in gather mode adopt rank 0's generator state right before they draw
   again (engine_hooks.rng_resync), so every rank draws what plain SGLang draws.
 - Features the adapter does not support (speculative decoding, pipeline parallelism, DP attention, the DP or
@@ -82,6 +87,24 @@ def hookable(forward_batch: Any) -> bool:
     return mode.name == "DECODE" or not forward_batch.return_logprob  # input logprobs: SGLang's chunked path
 
 
+def sharded_greedy_ok(forward_batch: Any) -> bool:
+    """Whether SGLang's token for every row is the argmax of the raw logits, so sharded mode may pick it from
+    the shards: an all-greedy batch with nothing that rewrites logits before the argmax (penalties, logit bias,
+    grammar masks, custom logit processors, watermarks, sampling-mask capture) and no logprobs (they need every
+    column). Attributes of SGLang 0.5.23's SamplingBatchInfo."""
+    info = forward_batch.sampling_info
+    if not info.is_all_greedy or forward_batch.return_logprob:
+        return False
+    penalizer = getattr(info, "penalizer_orchestrator", None)
+    if penalizer is not None and penalizer.is_required:
+        return False
+    rewrites = ("logit_bias", "grammars", "acc_additive_penalties", "acc_scaling_penalties",
+                "sampling_mask_batch_indices")
+    if any(getattr(info, name, None) is not None for name in rewrites):
+        return False
+    return not (getattr(info, "has_custom_logit_processor", False) or getattr(info, "has_watermark_candidates", False))
+
+
 @dataclass
 class _Pending:
     """A hooked logits call whose sampling is still to come."""
@@ -99,8 +122,11 @@ class SglangStepHooks:
         self.disabled: str | None = None  # why the hooks stay off in this rank
         self.root_samples_alone = False  # rank 0 inside SGLang's sampler in gather mode
         self._in_step = False  # inside TpModelWorker.forward_batch_generation (not a verify pass)
+        self._worker: Any = None  # the TpModelWorker of this rank (seen at its first step)
         self._forward_batch: Any = None  # the batch of the LogitsProcessor.forward being hooked
         self._pending: _Pending | None = None
+        self._sharded_tokens: torch.Tensor | None = None  # ids of a sharded call, for its sampler call
+        self._greedy_rows: list = []  # engine_hooks SamplingRows of a greedy batch, reused
         self._missed_warned = False
         self._placeholder = PlaceholderLogits()
 
@@ -108,6 +134,7 @@ class SglangStepHooks:
     @contextmanager
     def step(self, worker: Any, args: tuple, kwargs: dict) -> Iterator[None]:
         is_verify = kwargs.get("is_verify", args[3] if len(args) > 3 else False)
+        self._worker = worker
         self._in_step = not is_verify and self.disabled is None
         try:
             yield
@@ -159,6 +186,11 @@ class SglangStepHooks:
         from engine_hooks.install import install_hooks
         from engine_hooks.rng_resync import RandomStateResync
 
+        if getattr(getattr(self._worker, "model_runner", None), "decode_cuda_graph_runner", None) is not None and \
+                rank == 0:
+            log.warning("gatherwise: SGLang replays decode steps from captured graphs here; those steps keep "
+                        "SGLang's captured all_gather and are not recorded (eager steps are hooked). Start SGLang "
+                        "with --disable-cuda-graph to hook every step (docs/sglang.md: per-mode CUDA graphs)")
         comm = SglangGroupCommunicator(group)
         self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
                                        device=logits.device, config=self.config)
@@ -182,20 +214,41 @@ class SglangStepHooks:
         if self._pending is not None:
             self._close_unsampled(path)
         rows = logits.shape[0]
-        path.logits_buffer(rows).copy_(logits)  # the one copy SGLang's own all_gather does not make
+        buf = path.logits_buffer(rows)
+        buf.copy_(logits)  # the one copy SGLang's own all_gather does not make
         info = forward_batch.sampling_info
-        # Sampling-mask capture needs the full logits on every rank: such batches run all_gather.
+        # Sampling-mask capture needs the full logits on every rank: such batches run all_gather. Every rank
+        # decides from the same table and the same batch; begin_call adopts what is due for this call and
+        # returns its mode (exchange() and run() below do not repeat it).
         override = Mode.ALL_GATHER if getattr(info, "sampling_mask_batch_indices", None) is not None else None
-        mode, shards = path.exchange(mode=override)
+        if override is None and path.begin_call(rows) == Mode.SHARDED and sharded_greedy_ok(forward_batch):
+            return self._sharded_greedy(path, buf, processor, rows, logits)
+        mode, shards = path.exchange(mode=override)  # a sharded bucket's other batches: all_gather
         self._pending = _Pending(mode, rows, draws=not info.is_all_greedy)
         if mode == Mode.ALL_GATHER or path.rank == 0:
             return shards.permute(1, 0, 2).reshape(rows, -1)  # [B, P*Vs], the layout SGLang's all_gather gives
+        return self._placeholder.get(rows, path.world_size * path.width, logits.dtype, logits.device)
+
+    def _sharded_greedy(self, path: Any, buf: torch.Tensor, processor: Any, rows: int,
+                        logits: torch.Tensor) -> torch.Tensor:
+        """A sharded call now: every rank gets the argmax ids; SGLang gets placeholder logits to pass along."""
+        from engine_hooks.sampling_params import SamplingParams, SamplingRow
+
+        real = int(processor.vocab_size)  # SGLang pads the LM head; it trims the padding after the gather
+        buf[:, max(0, min(path.width, real - path.rank * path.width)):] = float("-inf")
+        if len(self._greedy_rows) < rows:
+            self._greedy_rows = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
+        self._sharded_tokens = path.run(self._greedy_rows[:rows])
+        self._pending = _Pending(Mode.SHARDED, rows, draws=False)
         return self._placeholder.get(rows, path.world_size * path.width, logits.dtype, logits.device)
 
     def _close_unsampled(self, path: Any) -> None:
         """A hooked call that SGLang never sampled from (not expected): finish it the same way on every rank so
         the next call starts clean."""
         pending, self._pending = self._pending, None
+        if pending.mode == Mode.SHARDED:  # finished inside the path already
+            self._sharded_tokens = None
+            return
         zeros = torch.zeros(pending.rows, dtype=torch.int64, device=path.device)
         path.complete(zeros if pending.mode != Mode.ALL_GATHER and path.rank == 0 else None)
         log.warning("gatherwise: a hooked logits call was not followed by sampling; closed it")
@@ -208,6 +261,9 @@ class SglangStepHooks:
             if self.resync is not None:  # an unhooked call samples on every rank: they must draw alike
                 self.resync.before_call(True, not sampling_info.is_all_greedy)
             return original(sampler, logits_output, sampling_info, *args, **kwargs)
+        if pending.mode == Mode.SHARDED:  # every rank holds the ids already (greedy: int64, as argmax gives)
+            ids, self._sharded_tokens = self._sharded_tokens, None
+            return ids
         path = self.installed.path
         self.resync.before_call(pending.mode == Mode.ALL_GATHER, pending.draws)
         clock = getattr(path, "clock", time.perf_counter_ns)

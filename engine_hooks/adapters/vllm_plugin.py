@@ -13,21 +13,18 @@ Two things vLLM does not do for us:
   the `gatherwise` logger a handler in vLLM's format (unless the application configured logging itself), so
   "gatherwise: vLLM plugin active" and each worker's "hooks installed" appear in vLLM's log.
 - Cleanup: vLLM's workers are forked multiprocessing children that exit without running atexit, and vLLM kills
-  the ones that do not exit in time. Every process of the tree therefore removes, when it exits, the engine
-  directories in shm_dir whose ranks are all gone (liveness locks free; engine_hooks/shm_format/liveness.py);
-  the last process to exit (the API server or the LLM's process) finds every rank gone and removes the
-  directory. An engine killed outright is cleaned by the next engine start or by the sidecar.
+  the ones that do not exit in time; every process of the tree removes the directories of exited engines when
+  it exits (engine_hooks.adapters.engine_dirs).
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
-import multiprocessing.util
 import os
 import sys
 
 from engine_hooks.adapters.enable import enabled
+from engine_hooks.adapters.engine_dirs import clean_at_exit, shm_dir_problem
 
 log = logging.getLogger("gatherwise.vllm")
 
@@ -54,15 +51,10 @@ def register() -> None:
 
     config = load_config(os.environ.get("GATHERWISE_CONFIG"))  # a broken config fails loudly: hooks were asked for
     attach_log_handler()
-    if config.telemetry.enabled or config.control.enabled:
-        from engine_hooks.shm_format.private_files import ensure_private_dir
-
-        try:  # decided here, once, before any worker exists: never a failure in one rank's first step
-            ensure_private_dir(config.engine.shm_dir)
-        except OSError as exc:
-            log.warning("gatherwise: engine.shm_dir is unusable (%s); the vLLM plugin leaves vLLM untouched (hooks "
-                        "off, logits path unchanged)", exc)
-            return
+    problem = shm_dir_problem(config)
+    if problem:
+        log.warning("gatherwise: %s; the vLLM plugin leaves vLLM untouched (hooks off, logits path unchanged)", problem)
+        return
     vllm_patches.apply(VllmStepHooks(config))
     clean_at_exit(config.engine.shm_dir)
     log.info("gatherwise: vLLM plugin active in process %d (shm_dir %s, initial mode %s)", os.getpid(),
@@ -81,22 +73,3 @@ def attach_log_handler() -> None:
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     root.propagate = False  # one line per record even if someone configures the root logger later
-
-
-def clean_at_exit(shm_dir: str) -> None:
-    """Remove the directories of engines whose ranks are all gone when this process exits: at interpreter exit,
-    and at multiprocessing's exit of a worker (which skips atexit)."""
-    atexit.register(remove_dead_dirs, shm_dir)
-    multiprocessing.util.Finalize(None, remove_dead_dirs, args=(shm_dir,), exitpriority=0)
-
-
-def remove_dead_dirs(shm_dir: str) -> None:
-    from engine_hooks.shm_format.liveness import remove_dead_engine_dirs
-
-    try:
-        removed = remove_dead_engine_dirs(shm_dir)
-    except Exception as exc:  # noqa: BLE001 - never fail a process's exit over cleanup
-        log.debug("gatherwise: cleanup of %s failed: %s", shm_dir, exc)
-        return
-    if removed:
-        log.info("gatherwise: removed the shared-memory directories of exited engines: %s", ", ".join(removed))

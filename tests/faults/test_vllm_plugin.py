@@ -57,7 +57,7 @@ for name, keep in (("00000000000000aa", False), ("00000000000000bb", True)):
         kept = lock
     else:
         lock.close()
-from engine_hooks.adapters.vllm_plugin import remove_dead_dirs
+from engine_hooks.adapters.engine_dirs import remove_dead_dirs
 remove_dead_dirs({shm_dir!r})
 print(sorted(os.listdir({shm_dir!r})))
 """

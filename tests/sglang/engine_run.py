@@ -9,8 +9,11 @@ and, in the streamed phases, between the chunks of one generation (mid-generatio
 fixed random_seed, and sampled phases send one request at a time, so that SGLang's own sampling (torch's
 generator, drawn per batch) is reproducible from run to run: plain SGLang is deterministic there.
 
-Phases (mode asked for before it, gatherwise run):
-- greedy_a            all_gather (the initial mode): a batch of prompts of different lengths
+Phases (mode asked for before it, gatherwise run; the engine starts in sharded mode, its initial table):
+- greedy_sharded      sharded: every rank takes the argmax from the shards' (max, index) pairs
+- sampled_c           sharded table, sampled requests one at a time: they run all_gather
+- streamed_sharded    one streamed greedy generation, switched to all_gather mid-generation
+- greedy_a            all_gather: a batch of prompts of different lengths
 - greedy_b            gather
 - logprobs            gather: greedy with top-3 logprobs (ranks other than 0 write placeholder logprobs)
 - sampled_a           gather: sampled requests one at a time (only rank 0 draws)
@@ -62,14 +65,21 @@ class Controller:
             return
         # wait=0: the engine applies a command at its next logits call, and an idle engine makes none
         code, text = http("PUT", f"{self.url}/v1/mode?wait=0", body, self.token)
-        self.puts.append({"phase": phase, "body": body, "status": code, "reply": json.loads(text)})
+        try:
+            reply = json.loads(text)
+        except ValueError:
+            reply = text  # the test reports the status and text
+        self.puts.append({"phase": phase, "body": body, "status": code, "reply": reply})
 
     def wait_attached(self, timeout_s: float = 120.0) -> None:
         """The sidecar attaches to the engine once its hooks exist (after the first logits call)."""
         deadline = time.monotonic() + timeout_s
         while self.url is not None and time.monotonic() < deadline:
-            if http("GET", f"{self.url}/v1/mode")[0] == 200:
-                return
+            try:
+                if http("GET", f"{self.url}/v1/mode")[0] == 200:
+                    return
+            except OSError:  # not accepting connections yet
+                pass
             time.sleep(0.1)
 
 
@@ -103,14 +113,17 @@ def one_at_a_time(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
     return [engine.generate(input_ids=p, sampling_params=sampled(n))["output_ids"] for p in prompts]
 
 
-def streamed(engine, params: dict, ctl: Controller, phase: str) -> list[int]:
-    """One streamed generation; the mode flips between chunks (mid-generation)."""
+def streamed(engine, params: dict, ctl: Controller, phase: str, flips: tuple[str, ...] = ("gather", "all_gather"),
+             stop_after: int | None = None) -> list[int]:
+    """One streamed generation; the mode flips between chunks (mid-generation), cycling through `flips`
+    (`stop_after` flips at most)."""
     ids: list[int] = []
-    flips = ["gather", "all_gather"]
+    made = 0
     for i, chunk in enumerate(engine.generate(input_ids=STREAM_PROMPT, sampling_params=params, stream=True)):
         ids = list(chunk["output_ids"])  # cumulative output ids
-        if i % FLIP_EVERY == FLIP_EVERY - 1:
-            ctl.put({"mode": flips[(i // FLIP_EVERY) % 2]}, phase)
+        if i % FLIP_EVERY == FLIP_EVERY - 1 and (stop_after is None or made < stop_after):
+            ctl.put({"mode": flips[(i // FLIP_EVERY) % len(flips)]}, phase)
+            made += 1
     return ids
 
 
@@ -129,9 +142,16 @@ def main() -> None:
     engine = sglang.Engine(model_path=args.model, **ENGINE_ARGS)
     try:
         result: dict = {}
+        result["greedy_sharded"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
+        marks.mark("greedy_sharded")
+        result["sampled_c"] = one_at_a_time(engine, SAMPLED_PROMPTS, 12)
+        marks.mark("sampled_c")
+        ctl.wait_attached()
+        result["streamed_sharded"] = streamed(engine, greedy(STREAM_TOKENS), ctl, "streamed_sharded",
+                                              flips=("all_gather",), stop_after=1)
+        marks.mark("streamed_sharded")
         result["greedy_a"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
         marks.mark("greedy_a")
-        ctl.wait_attached()
         ctl.put({"mode": "gather"}, "greedy_b")
         result["greedy_b"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
         marks.mark("greedy_b")

@@ -52,4 +52,8 @@ def run_engine(model: str, env: dict[str, str], *args: str) -> dict:
         raise AssertionError(f"engine run {args} failed (rc {proc.returncode}):\n{tail}")
     result = json.loads(lines[-1][len("RESULT "):])
     result["log"] = proc.stderr
+    dump = os.environ.get("GATHERWISE_SGLANG_DUMP")  # a directory: keep each run's result for a closer look
+    if dump:
+        with open(os.path.join(dump, f"engine-run-{os.getpid()}-{len(os.listdir(dump))}.json"), "w") as f:
+            json.dump(result, f)
     return result

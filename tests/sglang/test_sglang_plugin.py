@@ -1,10 +1,11 @@
 """SGLang 0.5.23, TP=2 on CPU, with the gatherwise plugin: the same greedy tokens as plain SGLang in every mode
-and across switches made through a real sidecar's HTTP API, mid-generation too; the same sampled tokens as
-plain SGLang (fixed random_seed, one request at a time, where plain SGLang is deterministic), across gather
-stretches where only rank 0 draws; every rank runs the same mode per call; per-rank timings reach /metrics.
+(all_gather, gather, sharded) and across switches made through a real sidecar's HTTP API, mid-generation too;
+the same sampled tokens as plain SGLang (fixed random_seed, one request at a time, where plain SGLang is
+deterministic), across gather stretches where only rank 0 draws; every rank runs the same mode per call;
+per-rank timings reach /metrics.
 
 Two engines, each its own process, one at a time (startup dominates: each module-scoped fixture starts one):
-plain SGLang, and SGLang with the plugin, starting in all_gather, whose mode a `gatherwise sidecar` switches
+plain SGLang, and SGLang with the plugin, starting in sharded, whose mode a `gatherwise sidecar` switches
 between phases and between the chunks of a streamed generation (see engine_run for the phases).
 """
 
@@ -15,14 +16,16 @@ import shutil
 
 import pytest
 
+from engine_hooks.deferred_word import ADOPT_LAG
 from engine_hooks.modes import Mode
 from tests._engine_harness import metric_samples, mode_runs, start_sidecar
 from tests.sglang.harness import base_env, build_model, run_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-TOKEN_PHASES = ("greedy_a", "greedy_b", "sampled_a", "sampled_b", "greedy_mixed", "streamed_greedy",
-                "streamed_sampled")
+TOKEN_PHASES = ("greedy_sharded", "sampled_c", "streamed_sharded", "greedy_a", "greedy_b", "sampled_a", "sampled_b",
+                "greedy_mixed", "streamed_greedy", "streamed_sampled")
+SETTLE = ADOPT_LAG + 1  # a command rides in one call and every rank adopts it ADOPT_LAG calls later
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +45,8 @@ def hooked(model) -> dict:
     os.makedirs(shm)
     sidecar = start_sidecar(shm)
     try:
-        env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm)
+        # sharded first (engine_run's phases): the table an engine starts with, then switched by the sidecar
+        env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, GATHERWISE_ENGINE_INITIAL_MODE="sharded")
         return run_engine(model, env, "--shm-dir", shm, "--sidecar", sidecar.url, "--token", sidecar.token)
     finally:
         sidecar.stop()
@@ -81,12 +85,15 @@ def test_logprobs_in_gather_mode_match_plain_sglang(plain, hooked):
 
 def test_modes_follow_the_sidecar_commands(hooked):
     modes = {phase: [c[1] for c in _calls(hooked, "0", phase)] for phase in hooked["marks"]}
+    assert set(modes["greedy_sharded"]) == {Mode.SHARDED}
+    assert set(modes["sampled_c"]) == {Mode.ALL_GATHER}  # sampled batches in a sharded bucket
+    assert mode_runs(_calls(hooked, "0", "streamed_sharded")) == [Mode.SHARDED, Mode.ALL_GATHER]
     assert set(modes["greedy_a"]) == {Mode.ALL_GATHER}
     assert modes["greedy_b"][-1] == Mode.GATHER  # from the call after the one that carried the command
     assert set(modes["sampled_a"]) == {Mode.GATHER}  # sampled batches run gather too: only rank 0 draws
     assert modes["sampled_b"][-1] == Mode.ALL_GATHER and Mode.ALL_GATHER in modes["sampled_b"]
     # bucket-pinned table: batches of 1-2 rows gather, larger ones all_gather, within one generation
-    mixed = _calls(hooked, "0", "greedy_mixed")[1:]  # the first call carried the command
+    mixed = _calls(hooked, "0", "greedy_mixed")[SETTLE:]
     assert mixed and all(mode == (Mode.GATHER if rows <= 2 else Mode.ALL_GATHER) for _, mode, rows, _ in mixed)
     assert {Mode.GATHER, Mode.ALL_GATHER} <= {c[1] for c in mixed}
     for phase in ("streamed_greedy", "streamed_sampled"):  # switched back and forth within one generation
@@ -110,6 +117,6 @@ def test_every_rank_runs_the_same_mode_per_call(hooked):
 
 def test_sidecar_metrics_show_per_rank_collective_timings(hooked):
     samples = metric_samples(hooked["metrics"], "gatherwise_collective_seconds_count")
-    counted = {(labels["rank"], labels["op"]) for labels, value in samples if value > 0}
-    assert {"0", "1"} <= {rank for rank, _ in counted}, samples
-    assert {"all_gather", "gather"} <= {op for _, op in counted}
+    counted = {(labels["rank"], labels["mode"]) for labels, value in samples if value > 0}
+    for rank in ("0", "1"):
+        assert {(rank, mode) for mode in ("all_gather", "gather", "sharded")} <= counted, samples
