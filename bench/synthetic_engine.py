@@ -72,7 +72,7 @@ class SyntheticEngine:
             elif mode == 2 and resolve:  # sharded with temperature/top-p rows: the second collective
                 r0, r1 = s_end, s_end + cost // 16
                 ring.record(ci, mode, rows, self.epoch, rows * 16, t0, t0 + 500, coll_end, r0, r1, coll_end, s_end,
-                            r1 + 500, resolve_nbytes=rows * 8, topp_rows=rows, fallback_rows=int(ci % 7 == 1))
+                            r1 + 500, rows * 8, rows, int(ci % 7 == 1))  # resolve bytes, top-p rows, fallbacks
             else:
                 ring.record(ci, mode, rows, self.epoch, nbytes, t0, t0 + 500, coll_end, 0, 0, coll_end, s_end,
                             s_end + 500)

@@ -37,6 +37,7 @@ BUCKET_SOURCE = "gatherwise_step_critical_path_seconds_count"
 MODE_COLORS = {"all_gather": "blue", "gather": "orange", "sharded": "green"}
 MODES = tuple(Mode)  # every mode code
 OP_NAMES = tuple(dict.fromkeys(op for m in MODES for op in MODE_OPS[int(m)] if op))
+OPTIONAL_OPS = ("shard_resolve",)  # runs only in sharded calls with temperature-only or top-p rows
 
 
 def query(expr: str, legend: str, ref: str = "A", exemplar: bool = False) -> prometheus.Dataquery:
@@ -198,15 +199,21 @@ def latency_panels() -> list[object]:
 def per_op_panels() -> list[object]:
     panels = []
     for op in OP_NAMES:
-        modes = ", ".join(m.label for m in MODES if op in MODE_OPS[int(m)])
+        if op in OPTIONAL_OPS:
+            continue  # shown with its mode's first collective: it only runs in some calls of that mode
+        modes = [m for m in MODES if op in MODE_OPS[int(m)]]
+        optional = [o for m in modes for o in MODE_OPS[int(m)] if o in OPTIONAL_OPS]
+        ops = "|".join([op, *optional])
+        title = f"{op} latency by bucket" if not optional else f"{' + '.join([op, *optional])} latency by bucket"
         panels.append(
             latency(
-                f"{op} latency by bucket",
-                f"Duration of {op} ({modes} mode), pooled over the ranks (p50/p99 per selected bucket).",
+                title,
+                f"Duration of {' and '.join([op, *optional])} ({', '.join(m.label for m in modes)} mode), pooled "
+                "over the ranks (p50/p99 per selected bucket).",
                 "gatherwise_collective_seconds",
-                "bucket",
-                f'{BUCKET}, op="{op}"',
-                "≤{{bucket}}",
+                "op, bucket" if optional else "bucket",
+                f'{BUCKET}, op=~"{ops}"',
+                "{{op}} ≤{{bucket}}" if optional else "≤{{bucket}}",
             )
         )
     panels.append(

@@ -115,8 +115,11 @@ def test_every_rank_runs_the_same_mode_per_call(hooked):
     assert sorted(per_rank["0"]) == list(range(len(per_rank["0"])))
 
 
-def test_sidecar_metrics_show_per_rank_collective_timings(hooked):
-    samples = metric_samples(hooked["metrics"], "gatherwise_collective_seconds_count")
-    counted = {(labels["rank"], labels["mode"]) for labels, value in samples if value > 0}
+def test_sidecar_metrics_show_per_rank_and_per_op_timings(hooked):
+    metrics = hooked["metrics"]
+    paths = metric_samples(metrics, "gatherwise_logits_path_seconds_count")  # per rank and mode
+    counted = {(labels["rank"], labels["mode"]) for labels, value in paths if value > 0}
     for rank in ("0", "1"):
-        assert {(rank, mode) for mode in ("all_gather", "gather", "sharded")} <= counted, samples
+        assert {(rank, mode) for mode in ("all_gather", "gather", "sharded")} <= counted, paths
+    samples = metric_samples(metrics, "gatherwise_collective_seconds_count")  # pooled over ranks, per op
+    assert {"all_gather", "gather"} <= {labels["op"] for labels, value in samples if value > 0}, samples
