@@ -1,4 +1,4 @@
-"""One-time install handshake: every rank must run the same hooks, config and initial table (DESIGN §4).
+"""One-time install handshake: every rank must run the same hooks, config and initial table.
 
 Each rank contributes a fixed int64 tuple to one all_gather; every rank compares all tuples and raises
 the same clear error on any mismatch, so no rank is left waiting in a later collective.

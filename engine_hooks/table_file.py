@@ -1,4 +1,4 @@
-"""Starting-table files: a mode per batch-size bucket, like an NCCL tuner table (DESIGN §8).
+"""Starting-table files: a mode per batch-size bucket, like an NCCL tuner table.
 
 `gatherwise bench` writes them; the auto policy loads one as its starting table. Stdlib + yaml only, no
 torch: the sidecar's policy imports this module.

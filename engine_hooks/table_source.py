@@ -1,4 +1,4 @@
-"""Where rank 0 gets requested mode tables from (DESIGN §4, §7).
+"""Where rank 0 gets requested mode tables from (docs/architecture.md, "Control").
 
 Rank 0 calls `poll(call_index)` once at the start of every logits call and `report(...)` when a requested
 table has been put on the wire. Implementations: an in-process object (tests, embedding), a seeded random

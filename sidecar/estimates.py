@@ -1,4 +1,4 @@
-"""Windowed, robust per-bucket x mode estimates of the cross-rank critical path (DESIGN §8). Pure, no I/O.
+"""Windowed, robust per-bucket x mode estimates of the cross-rank critical path. Pure, no I/O.
 
 Each (bucket, mode) keeps its last `window` samples, each with the monotonic time it was observed. Samples
 older than `max_age` seconds drop out, so a mode that only gets probed (a few calls now and then) is judged on

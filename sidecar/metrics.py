@@ -36,7 +36,7 @@ OP_SECONDS = "gatherwise_op_seconds"  # exposed as ..._total: the ring header's 
 LOGITS_PATH_BYTES = "gatherwise_logits_path_bytes"  # exposed as ..._total: the header's per-call bytes in total
 ENGINE_UP = "gatherwise_engine_up"
 ENGINE_HEARTBEAT_AGE_SECONDS = "gatherwise_engine_heartbeat_age_seconds"
-# Control families (issue 4), fed by sidecar.controller:
+# Control families, fed by sidecar.controller:
 MODE_SWITCHES = "gatherwise_mode_switches"  # exposed as ..._total
 # gatherwise_active_mode and gatherwise_policy_estimate_seconds: sidecar.control_gauges (computed at scrape time)
 
@@ -162,7 +162,7 @@ class SidecarMetrics:
         r.register(self.header_collector)
         self._register_control_metrics()
 
-    # -- control metrics (issue 4) ----------------------------------------------------------------------
+    # -- control metrics ---------------------------------------------------------------------------------
     def _register_control_metrics(self) -> None:
         r = self.registry
         self.mode_switches = Counter(MODE_SWITCHES, "Buckets switched from one mode to another, by reason "
