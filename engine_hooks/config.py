@@ -46,6 +46,7 @@ class EngineSection:
     initial_mode: str = "all_gather"
     initial_table_file: str | None = None
     logits_dtype: str = "float32"
+    graph_modes: str = "all_gather,gather"  # modes SGLang captures a decode CUDA graph for (graph memory x each)
 
 
 @dataclass(frozen=True)
@@ -110,12 +111,22 @@ def _in(choices: tuple[str, ...]) -> Any:
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}, got {v!r}"
 
 
+def _labels_in(choices: tuple[str, ...]) -> Any:
+    def check(v: str) -> str | None:
+        labels = [part.strip() for part in v.split(",") if part.strip()]
+        if labels and all(label in choices for label in labels):
+            return None
+        return f"must be comma-separated labels from {', '.join(choices)}, got {v!r}"
+    return check
+
+
 def _between(lo: float, hi: float) -> Any:
     return lambda v: None if lo <= v <= hi else f"must be in [{lo}, {hi}], got {v!r}"
 
 
 _RULES: dict[tuple[str, str], Any] = {
     ("engine", "initial_mode"): _in(IMPLEMENTED_LABELS),
+    ("engine", "graph_modes"): _labels_in(IMPLEMENTED_LABELS),
     ("engine", "logits_dtype"): _in(("float32", "bfloat16", "float16")),
     ("telemetry", "ring_capacity"): _between(16, 1 << 22),
     ("sidecar", "port"): _between(0, 65535),

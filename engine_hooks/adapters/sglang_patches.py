@@ -13,6 +13,15 @@ SGLang applies in every process right after loading its general plugins; nothing
 - `Sampler._sync_token_ids_across_tp(self, batch_next_token_ids, sampling_info)` (around): SGLang's optional
   all_reduce of the ids; skipped by rank 0 when it samples alone (the others do not join it, and rank 0's ids
   reach them anyway).
+- `DecodeCudaGraphRunner._capture_one_stream(self, stream_idx)` (around): SGLang's decode graph capture loop,
+  run once per mode of `engine.graph_modes`, the logits gatherer recording that mode (engine_hooks.adapters.
+  sglang_graphs).
+- `DecodeCudaGraphRunner._make_graph_key(self, size, stream_idx, variant_label, attention_variant)` (around):
+  folds the mode being captured or replayed into `variant_label`, so each mode has its own graph per size.
+- `DecodeCudaGraphRunner.can_run_graph(self, forward_batch)` (around): picks this step's mode on the host before
+  replay; a mode without a graph (sharded) makes the step run eagerly.
+- `DecodeCudaGraphRunner.execute(self, forward_batch, pp_proxy_tensors)` (around): the replay of that mode's
+  graph, timed, then the host part of the call. All four do nothing unless SGLang captures decode graphs.
 
 Before registering, the installed SGLang version must be one the adapter was written and tested against, and
 each target must exist with the expected parameters. Otherwise SGLang is left untouched and ONE warning says why.
@@ -24,6 +33,7 @@ from typing import Any
 
 from engine_hooks.adapters import patch_targets
 from engine_hooks.adapters.patch_targets import Target, target_problems
+from engine_hooks.adapters.sglang_graphs import fold_label
 
 SUPPORTED_VERSIONS = ("0.5.23",)  # the SGLang releases this adapter was written and tested against
 
@@ -37,7 +47,14 @@ SAMPLER_FORWARD = Target("sglang.srt.layers.sampler", "Sampler", "forward",
                           "token_ids_logprobs", "positions"))
 SYNC_TOKEN_IDS = Target("sglang.srt.layers.sampler", "Sampler", "_sync_token_ids_across_tp",
                         ("self", "batch_next_token_ids", "sampling_info"))
-TARGETS = (TP_WORKER_FORWARD, LOGITS_INIT, LOGITS_FORWARD, SAMPLER_FORWARD, SYNC_TOKEN_IDS)
+_DECODE_GRAPHS = ("sglang.srt.model_executor.runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner")
+GRAPH_CAPTURE = Target(*_DECODE_GRAPHS, "_capture_one_stream", ("self", "stream_idx"))
+GRAPH_KEY = Target(*_DECODE_GRAPHS, "_make_graph_key", ("self", "size", "stream_idx", "variant_label",
+                                                         "attention_variant"))
+GRAPH_CAN_RUN = Target(*_DECODE_GRAPHS, "can_run_graph", ("self", "forward_batch"))
+GRAPH_EXECUTE = Target(*_DECODE_GRAPHS, "execute", ("self", "forward_batch", "pp_proxy_tensors"))
+TARGETS = (TP_WORKER_FORWARD, LOGITS_INIT, LOGITS_FORWARD, SAMPLER_FORWARD, SYNC_TOKEN_IDS, GRAPH_CAPTURE,
+           GRAPH_KEY, GRAPH_CAN_RUN, GRAPH_EXECUTE)
 # Other SGLang names the hooks use at run time (checked here too, so a missing one also refuses up front).
 USED_NAMES = (("sglang.srt.distributed.parallel_state", "get_tp_group"),
               ("sglang.srt.runtime_context", "get_server_args"),
@@ -100,6 +117,14 @@ def register(hooks: Any) -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    for target, fn, kind in wrappers(hooks):
+        HookRegistry.register(target.name, fn, HookType(kind))
+        _registered.append(target.name)
+
+
+def wrappers(hooks: Any) -> list[tuple[Target, Any, str]]:
+    """(target, wrapper, SGLang HookType value) for every target: what register() hands SGLang."""
+
     def forward_batch_generation(original, worker, *args, **kwargs):
         with hooks.step(worker, args, kwargs):
             return original(worker, *args, **kwargs)
@@ -121,10 +146,26 @@ def register(hooks: Any) -> None:
             return None
         return original(sampler, *args, **kwargs)
 
-    for target, fn, kind in ((TP_WORKER_FORWARD, forward_batch_generation, HookType.AROUND),
-                             (LOGITS_INIT, logits_init, HookType.AFTER),
-                             (LOGITS_FORWARD, logits_forward, HookType.AROUND),
-                             (SAMPLER_FORWARD, sampler_forward, HookType.AROUND),
-                             (SYNC_TOKEN_IDS, sync_token_ids, HookType.AROUND)):
-        HookRegistry.register(target.name, fn, kind)
-        _registered.append(target.name)
+    def graph_capture(original, runner, *args, **kwargs):
+        return hooks.capture_decode_graphs(original, runner, *args, **kwargs)
+
+    def graph_key(original, runner, size, stream_idx=None, variant_label=None, attention_variant=None):
+        mode = hooks.graphs.key_mode
+        return original(runner, size, stream_idx, variant_label if mode is None else fold_label(variant_label, mode),
+                        attention_variant)
+
+    def graph_can_run(original, runner, forward_batch):
+        return hooks.can_replay(original, runner, forward_batch)
+
+    def graph_execute(original, runner, forward_batch, *args, **kwargs):
+        return hooks.replay_decode(original, runner, forward_batch, *args, **kwargs)
+
+    return [(TP_WORKER_FORWARD, forward_batch_generation, "around"),
+            (LOGITS_INIT, logits_init, "after"),
+            (LOGITS_FORWARD, logits_forward, "around"),
+            (SAMPLER_FORWARD, sampler_forward, "around"),
+            (SYNC_TOKEN_IDS, sync_token_ids, "around"),
+            (GRAPH_CAPTURE, graph_capture, "around"),
+            (GRAPH_KEY, graph_key, "around"),
+            (GRAPH_CAN_RUN, graph_can_run, "around"),
+            (GRAPH_EXECUTE, graph_execute, "around")]

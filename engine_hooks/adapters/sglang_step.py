@@ -27,6 +27,10 @@ hooked calls is the same on every rank and each one is followed by exactly one s
 - Features the adapter does not support (speculative decoding, pipeline parallelism, DP attention, the DP or
   all-to-all LM head) are detected at the first step: the hooks stay off with one warning, SGLang runs as is.
 
+With CUDA graphs, SGLang's decode graph capture runs once per mode and each step replays the graph of its mode,
+chosen on the host before replay (capture_decode_graphs, can_replay, replay_decode; engine_hooks.adapters.
+sglang_graphs holds the bookkeeping, docs/sglang.md the design).
+
 The hooks are installed lazily at the first hooked call (torch.distributed and SGLang's TP group exist by
 then): handshake, engine id, ring recorder and control block come from engine_hooks.install.install_hooks.
 """
@@ -44,6 +48,7 @@ from typing import Any
 import torch
 
 from engine_hooks.adapters.placeholder_logits import PlaceholderLogits
+from engine_hooks.adapters.sglang_graphs import DecodeGraphModes, parse_graph_modes
 from engine_hooks.config import GatherwiseConfig
 from engine_hooks.modes import Mode
 
@@ -71,6 +76,19 @@ def sampled_ids_dtype(sampling_info: Any) -> torch.dtype:
     """The dtype SGLang 0.5.23's sampler returns ids in: argmax's int64 for an all-greedy batch, its samplers'
     int32 otherwise. Ranks that receive ids return them in the dtype they would have sampled them in."""
     return torch.int64 if sampling_info.is_all_greedy else torch.int32
+
+
+def _is_decode(forward_batch: Any) -> bool:
+    return getattr(getattr(forward_batch, "forward_mode", None), "name", None) == "DECODE"
+
+
+def _padded(ids: torch.Tensor, pending: _Pending) -> torch.Tensor:
+    """Rank 0's ids of a replayed call, padded to the rows its graph exchanged (the broadcast sends that many)."""
+    if pending.real_rows is None or pending.real_rows == pending.rows:
+        return ids
+    out = torch.zeros(pending.rows, dtype=ids.dtype, device=ids.device)
+    out[: ids.numel()] = ids
+    return out
 
 
 _SAMPLED_MODES = ("DECODE", "EXTEND", "MIXED")  # ForwardMode names of batches SGLang samples right after
@@ -112,6 +130,7 @@ class _Pending:
     mode: Mode
     rows: int
     draws: bool  # the batch draws from the default generator (not all-greedy)
+    real_rows: int | None = None  # a replayed graph exchanged `rows` (padded) rows for this many real ones
 
 
 class SglangStepHooks:
@@ -129,6 +148,9 @@ class SglangStepHooks:
         self._greedy_rows: list = []  # engine_hooks SamplingRows of a greedy batch, reused
         self._missed_warned = False
         self._placeholder = PlaceholderLogits()
+        self.graphs = DecodeGraphModes(parse_graph_modes(config.engine.graph_modes))
+        self._replay_mode: Mode | None = None  # this step replays that mode's decode graph (can_replay said so)
+        self._graph_reserve = 0  # rows the path reserves before the first graph captures its buffers
 
     # -- scopes ---------------------------------------------------------------------------------------------
     @contextmanager
@@ -136,17 +158,21 @@ class SglangStepHooks:
         is_verify = kwargs.get("is_verify", args[3] if len(args) > 3 else False)
         self._worker = worker
         self._in_step = not is_verify and self.disabled is None
+        self._replay_mode = None
         try:
             yield
         finally:
             self._in_step = False
+            self._replay_mode = None
 
     @contextmanager
     def logits_call(self, processor: Any, logits_metadata: Any) -> Iterator[None]:
-        if not self._in_step or not hookable(logits_metadata):
+        capturing = self.graphs.capturing is not None and _is_decode(logits_metadata)
+        if not capturing and (not self._in_step or not hookable(logits_metadata)):
             yield
             return
-        self._in_step = False  # one hooked logits call per step
+        if not capturing:
+            self._in_step = False  # one hooked logits call per step
         self._forward_batch = logits_metadata
         try:
             yield
@@ -187,10 +213,10 @@ class SglangStepHooks:
         from engine_hooks.rng_resync import RandomStateResync
 
         if getattr(getattr(self._worker, "model_runner", None), "decode_cuda_graph_runner", None) is not None and \
-                rank == 0:
-            log.warning("gatherwise: SGLang replays decode steps from captured graphs here; those steps keep "
-                        "SGLang's captured all_gather and are not recorded (eager steps are hooked). Start SGLang "
-                        "with --disable-cuda-graph to hook every step (docs/sglang.md: per-mode CUDA graphs)")
+                not self.graphs.passes and rank == 0:  # graphs captured without gatherwise's capture passes
+            log.warning("gatherwise: SGLang replays decode steps from graphs captured without gatherwise's "
+                        "per-mode capture here; those steps keep SGLang's captured all_gather and are not recorded "
+                        "(eager steps are hooked). Start SGLang with --disable-cuda-graph to hook every step")
         comm = SglangGroupCommunicator(group)
         self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
                                        device=logits.device, config=self.config)
@@ -211,6 +237,8 @@ class SglangStepHooks:
         path = self._path(processor, logits) if forward_batch is not None else None
         if path is None:
             return original(logits)
+        if self.graphs.capturing is not None:
+            return self._gather_captured(path, self.graphs.capturing, logits)
         if self._pending is not None:
             self._close_unsampled(path)
         rows = logits.shape[0]
@@ -228,6 +256,89 @@ class SglangStepHooks:
         if mode == Mode.ALL_GATHER or path.rank == 0:
             return shards.permute(1, 0, 2).reshape(rows, -1)  # [B, P*Vs], the layout SGLang's all_gather gives
         return self._placeholder.get(rows, path.world_size * path.width, logits.dtype, logits.device)
+
+    def _gather_captured(self, path: Any, mode: Mode, logits: torch.Tensor) -> torch.Tensor:
+        """A decode forward SGLang runs while capturing `mode`'s graphs (its warm-ups, then the capture):
+        only the device work of `mode`'s exchange; the host part runs around each replay (replay_decode)."""
+        if self._graph_reserve:  # captured graphs pin the path's buffers: size them for every later call now
+            path.reserve(self._graph_reserve)
+            self._graph_reserve = 0
+        rows = logits.shape[0]
+        path.logits_buffer(rows).copy_(logits)
+        with path.capturing(mode):
+            mode, shards = path.exchange()
+        self.graphs.note_captured(mode, rows)
+        if mode == Mode.ALL_GATHER or path.rank == 0:
+            return shards.permute(1, 0, 2).reshape(rows, -1)
+        # Fresh, not the cached placeholder: this one lives in the graph's memory pool.
+        return torch.zeros(rows, path.world_size * path.width, dtype=logits.dtype, device=logits.device)
+
+    # -- DecodeCudaGraphRunner: capture one graph per mode, pick one per step ---------------------------------
+    def _active(self) -> bool:
+        return self.installed is not None and self.disabled is None
+
+    def capture_decode_graphs(self, original: Callable, runner: Any, *args: Any, **kwargs: Any) -> Any:
+        """Around SGLang's capture loop (`_capture_one_stream`): one pass per mode of `engine.graph_modes`. The
+        hooks install in the first pass's first warm-up forward (eager, before any graph is recorded)."""
+        if self.disabled is not None or self.graphs.capturing is not None:
+            return original(runner, *args, **kwargs)
+        model_runner = getattr(runner, "model_runner", None)
+        if getattr(model_runner, "is_draft_worker", False):  # speculative decoding: the hooks stay off anyway
+            return original(runner, *args, **kwargs)
+        capture_bs = list(getattr(runner, "capture_bs", None) or [0])
+        self._graph_reserve = max(max(capture_bs), int(getattr(model_runner, "max_running_requests", 0) or 0))
+        result = None
+        for mode in self.graphs.modes:
+            with self.graphs.capture_pass(mode):
+                result = original(runner, *args, **kwargs)
+            if not self._active():  # hooks off, or the gatherer never ran: one plain pass is all SGLang needs
+                break
+        return result
+
+    def can_replay(self, original: Callable, runner: Any, forward_batch: Any) -> bool:
+        """Around `can_run_graph`: whether this step replays a graph, and which mode's. A hooked step replays
+        the graph of the mode its table gives (decided here, on the host, identically on every rank); a mode
+        without a captured graph (sharded, or one left out of engine.graph_modes) runs the step eagerly."""
+        self._replay_mode = None
+        if not self.graphs.passes:  # SGLang captured no decode graphs through the hooks
+            return original(runner, forward_batch)
+        if not self._active():
+            with self.graphs.keyed(self.graphs.plain_mode()):
+                return original(runner, forward_batch)
+        if not (self._in_step and hookable(forward_batch)):
+            return False  # a logits call gatherwise does not hook runs eagerly (its graphs all hold the hook)
+        info = forward_batch.sampling_info
+        if getattr(info, "sampling_mask_batch_indices", None) is not None:
+            return False  # all_gather forced for that batch: the eager path does it
+        rows = int(forward_batch.batch_size)
+        mode = self.installed.path.begin_call(rows)  # the eager path asks again for this call: same answer
+        if self.graphs.graph_rows(mode, rows) is None:
+            return False
+        with self.graphs.keyed(mode):
+            ok = bool(original(runner, forward_batch))
+        self._replay_mode = mode if ok else None
+        return ok
+
+    def replay_decode(self, original: Callable, runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        """Around `execute` (load inputs, replay, slice outputs): the replay of the mode can_replay chose, timed
+        on the host, then the host part of the call (LogitsPath.finish_replay); the sampler hook completes it."""
+        mode, self._replay_mode = self._replay_mode, None
+        if mode is None:
+            plain = self.graphs.plain_mode() if self.graphs.passes and not self._active() else None
+            with self.graphs.keyed(plain):
+                return original(runner, forward_batch, *args, **kwargs)
+        path = self.installed.path
+        self._in_step = False  # this step's logits call is the replayed one
+        if self._pending is not None:
+            self._close_unsampled(path)
+        t_start = path.clock()
+        with self.graphs.keyed(mode):
+            out = original(runner, forward_batch, *args, **kwargs)
+        rows = int(runner.bs)  # the captured size SGLang padded the batch to
+        path.finish_replay(mode, rows, t_start, path.clock())
+        self._pending = _Pending(mode, rows, draws=not forward_batch.sampling_info.is_all_greedy,
+                                 real_rows=int(forward_batch.batch_size))
+        return out
 
     def _sharded_greedy(self, path: Any, buf: torch.Tensor, processor: Any, rows: int,
                         logits: torch.Tensor) -> torch.Tensor:
@@ -275,10 +386,10 @@ class SglangStepHooks:
                 end = clock()
             finally:
                 self.root_samples_alone = False
-            path.complete(ids.view(-1) if pending.mode != Mode.ALL_GATHER else None, sample_start=start,
-                          sample_end=end)
+            path.complete(_padded(ids.view(-1), pending) if pending.mode != Mode.ALL_GATHER else None,
+                          sample_start=start, sample_end=end)
             return ids
-        ids = path.complete(None).to(sampled_ids_dtype(sampling_info))
+        ids = path.complete(None)[: pending.real_rows or pending.rows].to(sampled_ids_dtype(sampling_info))
         return_logprob = kwargs.get("return_logprob", args[0] if args else False)
         if return_logprob:
             self._placeholder_logprobs(sampler, logits_output, ids, *args, **kwargs)
