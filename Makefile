@@ -7,7 +7,7 @@ APT_PACKAGES := prometheus docker-compose
 
 .PHONY: demo test test-vllm test-sglang lint deps apt bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt engine_hooks/_ring_writer.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[engine,bench,dev]'

@@ -15,6 +15,7 @@
 #include <string.h>
 
 /* Layout constants; tests/test_recorder_native.py checks them against shm_format/ring.py. */
+#define FORMAT_VERSION 2
 #define HEADER_SIZE 512
 #define RECORD_SIZE 88
 #define WRITE_INDEX_OFFSET 56
@@ -235,11 +236,13 @@ PyMODINIT_FUNC PyInit__ring_writer(void) {
         Py_DECREF(m);
         return NULL;
     }
+    PyModule_AddIntConstant(m, "FORMAT_VERSION", FORMAT_VERSION);
     PyModule_AddIntConstant(m, "HEADER_SIZE", HEADER_SIZE);
     PyModule_AddIntConstant(m, "RECORD_SIZE", RECORD_SIZE);
     PyModule_AddIntConstant(m, "WRITE_INDEX_OFFSET", WRITE_INDEX_OFFSET);
     PyModule_AddIntConstant(m, "COUNTERS_OFFSET", COUNTERS_OFFSET);
     PyModule_AddIntConstant(m, "NUM_OPS", NUM_OPS);
     PyModule_AddIntConstant(m, "NUM_MODE_ROWS", NUM_MODE_ROWS);
+    PyModule_AddIntConstant(m, "TOPP_ROWS_OFFSET", TOPP_ROWS_OFFSET);
     return m;
 }

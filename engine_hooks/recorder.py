@@ -23,6 +23,23 @@ try:  # the compiled record() (engine_hooks/_ring_writer.c), built by pip instal
 except ImportError:
     _ring_writer = None
 
+_NATIVE_LAYOUT = ("FORMAT_VERSION", "HEADER_SIZE", "RECORD_SIZE", "WRITE_INDEX_OFFSET", "COUNTERS_OFFSET",
+                  "NUM_MODE_ROWS", "TOPP_ROWS_OFFSET")
+
+
+def _native_matches_format(native: object) -> bool:
+    """The compiled writer hard-codes the ring layout; it may only write rings of the layout it was built for."""
+    return all(getattr(native, k, None) == getattr(fmt, k) for k in _NATIVE_LAYOUT) and \
+        getattr(native, "NUM_OPS", None) == len(fmt.OPS)
+
+
+if _ring_writer is not None and not _native_matches_format(_ring_writer):
+    # An in-place build of an older ring format (sources changed, `pip install` not redone) would write records
+    # the reader misparses: use the Python writer and say why, once.
+    print("gatherwise: engine_hooks._ring_writer was built for another ring format; using the Python record writer "
+          "(reinstall gatherwise to rebuild it)", file=sys.stderr)
+    _ring_writer = None
+
 PURE_PYTHON_ENV = "GATHERWISE_PURE_PYTHON_RECORDER"  # "1": never use the compiled record()
 
 _GATHER = 1  # Mode.GATHER; modes above it (sharded) have their own pair of ops

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=.venv-sglang
 STAMP=$VENV/.installed
-if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ "$0" -nt "$STAMP" ]; then
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ engine_hooks/_ring_writer.c -nt "$STAMP" ] || [ "$0" -nt "$STAMP" ]; then
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   PIP=("$VENV/bin/pip" install --quiet)
   "${PIP[@]}" --upgrade pip

@@ -92,3 +92,21 @@ def test_keyword_arguments_are_taken_like_the_python_writer(tmp_path, monkeypatc
                 rec.record(*CALLS[0][:12])
         rec.close(unlink=True)
     assert files[0] == files[1]
+
+
+def test_the_compiled_writer_is_used_only_for_the_ring_layout_it_was_built_for():
+    """A stale in-place build (an older ring format) must never write rings: the recorder checks its layout."""
+    assert recorder_module._native_matches_format(native)
+
+    class StaleBuild:  # stand-in for a compiled writer built from an earlier ring format
+        FORMAT_VERSION = fmt.FORMAT_VERSION - 1
+        HEADER_SIZE, RECORD_SIZE, NUM_MODE_ROWS = fmt.HEADER_SIZE, fmt.RECORD_SIZE, fmt.NUM_MODE_ROWS
+        WRITE_INDEX_OFFSET, COUNTERS_OFFSET, TOPP_ROWS_OFFSET = (
+            fmt.WRITE_INDEX_OFFSET, fmt.COUNTERS_OFFSET, fmt.TOPP_ROWS_OFFSET)
+        NUM_OPS = len(fmt.OPS)
+
+    assert not recorder_module._native_matches_format(StaleBuild)
+    StaleBuild.FORMAT_VERSION = fmt.FORMAT_VERSION
+    assert recorder_module._native_matches_format(StaleBuild)
+    StaleBuild.NUM_OPS = len(fmt.OPS) - 1
+    assert not recorder_module._native_matches_format(StaleBuild)
