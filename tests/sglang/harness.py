@@ -29,13 +29,18 @@ def build_model(out_dir: str) -> str:
     return out_dir
 
 
+# What an SGLang run leaves in /dev/shm when it kills its own schedulers at shutdown: load-snapshot slots
+# (managers/load_snapshot.py), its shared-memory message queues, and the named semaphores of killed processes.
+_SGLANG_SHM_LEFTOVERS = ("sglang_loads_*", "sgl_shm_mq_*", "sem.mp-*")
+
+
 def _sglang_shm_files() -> set[str]:
-    return set(glob.glob("/dev/shm/sglang_loads_*"))  # SGLang's load-snapshot slots (managers/load_snapshot.py)
+    return {path for pattern in _SGLANG_SHM_LEFTOVERS for path in glob.glob(f"/dev/shm/{pattern}")}
 
 
 def run_engine(model: str, env: dict[str, str], *args: str) -> dict:
     """One engine_run process; returns its JSON result, with the process's log under "log". Removes the
-    /dev/shm/sglang_loads_* files it left (SGLang kills its schedulers at shutdown, before they unlink them)."""
+    /dev/shm files it left (SGLang kills its schedulers at shutdown, before they unlink them)."""
     before = _sglang_shm_files()
     try:
         proc = subprocess.run([sys.executable, "-m", "tests.sglang.engine_run", "--model", model, *args],
