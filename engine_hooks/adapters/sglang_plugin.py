@@ -14,10 +14,8 @@ scheduler process, at its first step (see sglang_step).
 from __future__ import annotations
 
 import logging
-import os
 
-from engine_hooks.adapters.enable import enabled
-from engine_hooks.adapters.engine_dirs import clean_at_exit, shm_dir_problem
+from engine_hooks.adapters.plugin import register_plugin
 
 log = logging.getLogger("gatherwise.sglang")
 
@@ -30,25 +28,11 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    if not enabled():
-        return
     from engine_hooks.adapters import sglang_patches
 
-    problems = sglang_patches.compatibility_problems()
-    if problems:
-        log.warning("gatherwise: %s; the SGLang plugin leaves SGLang untouched (hooks off, logits path unchanged)",
-                    "; ".join(problems))
-        return
-    from engine_hooks.adapters.sglang_step import SglangStepHooks
-    from engine_hooks.config import load_config
+    def install(config: object) -> None:
+        from engine_hooks.adapters.sglang_step import SglangStepHooks
 
-    config = load_config(os.environ.get("GATHERWISE_CONFIG"))  # a broken config fails loudly: hooks were asked for
-    problem = shm_dir_problem(config)
-    if problem:
-        log.warning("gatherwise: %s; the SGLang plugin leaves SGLang untouched (hooks off, logits path unchanged)",
-                    problem)
-        return
-    sglang_patches.register(SglangStepHooks(config))
-    clean_at_exit(config.engine.shm_dir)  # SGLang kills its schedulers: the engine's own process cleans up
-    log.info("gatherwise: SGLang plugin active in process %d (shm_dir %s, initial mode %s)", os.getpid(),
-             config.engine.shm_dir, config.engine.initial_table_file or config.engine.initial_mode)
+        sglang_patches.register(SglangStepHooks(config))
+
+    register_plugin("SGLang", log, sglang_patches.compatibility_problems, install)

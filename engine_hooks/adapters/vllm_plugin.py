@@ -20,11 +20,9 @@ Two things vLLM does not do for us:
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
-from engine_hooks.adapters.enable import enabled
-from engine_hooks.adapters.engine_dirs import clean_at_exit, shm_dir_problem
+from engine_hooks.adapters.plugin import register_plugin
 
 log = logging.getLogger("gatherwise.vllm")
 
@@ -37,28 +35,14 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    if not enabled():
-        return
     from engine_hooks.adapters import vllm_patches
 
-    problems = vllm_patches.compatibility_problems()
-    if problems:
-        log.warning("gatherwise: %s; the vLLM plugin leaves vLLM untouched (hooks off, logits path unchanged)",
-                    "; ".join(problems))
-        return
-    from engine_hooks.adapters.vllm_step import VllmStepHooks
-    from engine_hooks.config import load_config
+    def install(config: object) -> None:
+        from engine_hooks.adapters.vllm_step import VllmStepHooks
 
-    config = load_config(os.environ.get("GATHERWISE_CONFIG"))  # a broken config fails loudly: hooks were asked for
-    attach_log_handler()
-    problem = shm_dir_problem(config)
-    if problem:
-        log.warning("gatherwise: %s; the vLLM plugin leaves vLLM untouched (hooks off, logits path unchanged)", problem)
-        return
-    vllm_patches.apply(VllmStepHooks(config))
-    clean_at_exit(config.engine.shm_dir)
-    log.info("gatherwise: vLLM plugin active in process %d (shm_dir %s, initial mode %s)", os.getpid(),
-             config.engine.shm_dir, config.engine.initial_table_file or config.engine.initial_mode)
+        vllm_patches.apply(VllmStepHooks(config))
+
+    register_plugin("vLLM", log, vllm_patches.compatibility_problems, install, attach_log_handler)
 
 
 def attach_log_handler() -> None:
