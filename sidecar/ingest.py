@@ -354,8 +354,10 @@ class Ingest:
         return max(0.0, (self.clock() - (eng.last_record_end_ns or eng.attached_ns)) * 1e-9)
 
     def is_up(self, eng: AttachedEngine, age: float) -> bool:
-        """Fresh heartbeat, the engine has not closed its rings (a clean shutdown) and its processes still exist."""
-        return age < self.heartbeat_stale and not eng.exited and not any(h.closed for h in eng.headers)
+        """Fresh heartbeat and no sign that the engine stopped (closed rings, exited processes, its directory
+        removed). Asked at the moment of the scrape or API call: engines whose ranks exit without closing their
+        rings remove the directory from their last process, which a discovery pass may not have seen yet."""
+        return age < self.heartbeat_stale and self.stopped_reason(eng) is None
 
     def _refresh_headers(self, eng: AttachedEngine) -> None:
         """Read every rank's header now (scrapes and API calls; the poll loop does not parse headers it does not

@@ -163,3 +163,22 @@ def test_engine_restart_switches_without_mixing_series(tmp_path: Path) -> None:
     assert ingest.info().engine_id == "0000000000000020"
     engines = {dict(k[1]).get("engine") for k in samples(metrics)}
     assert engines == {"0000000000000020"}
+
+
+def test_engine_is_down_as_soon_as_its_directory_is_removed(tmp_path: Path) -> None:
+    """vLLM's workers exit without closing their rings and the engine's last process removes the directory:
+    the very next scrape or API call says the engine is down, without waiting for a discovery pass."""
+    import shutil
+
+    clock = FakeClock()
+    metrics = SidecarMetrics()
+    ingest = Ingest(tmp_path, metrics, clock=clock, discover_interval=3600.0)
+    rings = make_engine(tmp_path, 0x30)
+    for r in rings:
+        write_call(r, 0, Mode.ALL_GATHER, 1, clock.now)
+    ingest.poll_once()
+    assert ingest.info().up
+    shutil.rmtree(engine_dir(tmp_path, 0x30))  # the readers keep their open files
+    info = ingest.info()
+    assert info.attached and not info.up
+    assert value(samples(metrics), "gatherwise_engine_up", engine="0000000000000030") == 0
