@@ -5,11 +5,12 @@
 FROM python:3.11.11-slim-bookworm AS sidecar
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
-COPY pyproject.toml constraints.txt README.md gatherwise_cli.py ./
+COPY pyproject.toml constraints.txt README.md ./
+COPY gatherwise gatherwise
 COPY engine_hooks engine_hooks
 COPY sidecar sidecar
 COPY tp_engine tp_engine
-COPY bench bench
+COPY gatherwise_bench gatherwise_bench
 COPY config config
 RUN pip install -c constraints.txt . \
     && useradd --uid 10001 --create-home --shell /usr/sbin/nologin gatherwise

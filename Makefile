@@ -42,4 +42,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-sglang .pytest_cache .ruff_cache bench/out
+	rm -rf $(VENV) .venv-vllm .venv-sglang .pytest_cache .ruff_cache out

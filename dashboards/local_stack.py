@@ -67,7 +67,7 @@ class LocalStack:
 
 def _gatherwise(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     with log.open("wb") as out:  # a file, not a pipe: nobody reads it while the stack runs
-        return start_child([sys.executable, "-m", "gatherwise_cli", *args], stdout=out, stderr=out, env=env)
+        return start_child([sys.executable, "-m", "gatherwise.cli", *args], stdout=out, stderr=out, env=env)
 
 
 def wait_ready(url: str, processes: list[subprocess.Popen], timeout: float) -> None:

@@ -20,8 +20,8 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
-from engine_hooks.modes import Mode
-from engine_hooks.shm_format.ring import MODE_OPS
+from gatherwise.modes import Mode
+from gatherwise.shm_format.ring import MODE_OPS
 
 PROMETHEUS_UID = "gw-prometheus"  # fixed in dashboards/grafana/provisioning/datasources/datasources.yml
 JAEGER_UID = "gw-jaeger"

@@ -1,7 +1,5 @@
-"""gatherwise engine hooks: the logits->tokens path that runs inside every TP rank.
+"""gatherwise engine hooks: the logits->tokens path that runs inside every TP rank (torch).
 
-Importing this package must stay cheap and torch-free: the sidecar imports the stdlib-only
-format modules (`engine_hooks.modes`, `engine_hooks.shm_format`) from it.
+What the engine and the sidecar share (modes, control word, shared-memory formats, config) is in the torch-free
+`gatherwise` package.
 """
-
-HOOKS_VERSION = "0.1.0"

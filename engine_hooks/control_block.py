@@ -1,4 +1,4 @@
-"""Rank 0's side of the control block (format: engine_hooks/shm_format/control.py): a TableSource.
+"""Rank 0's side of the control block (format: gatherwise/shm_format/control.py): a TableSource.
 
 poll() runs once per logits call, so its common case is four u64 stores (the heartbeat) and one u64 load (the
 command seq); the seqlock read, decode and validation run only when the seq changed. Nothing here may raise
@@ -13,11 +13,11 @@ import mmap
 import os
 import time
 
-from engine_hooks.modes import ModeTable
-from engine_hooks.shm_format import control as fmt
-from engine_hooks.shm_format.control import CMD_SEQ, HB_CALL, HB_LOCK, HB_NS
-from engine_hooks.shm_format.private_files import open_regular_file, write_private_file
 from engine_hooks.table_source import AppliedStatus, TableRequest
+from gatherwise.modes import ModeTable
+from gatherwise.shm_format import control as fmt
+from gatherwise.shm_format.control import CMD_SEQ, HB_CALL, HB_LOCK, HB_NS
+from gatherwise.shm_format.private_files import open_regular_file, write_private_file
 
 log = logging.getLogger("gatherwise.control")
 _monotonic_ns = time.monotonic_ns

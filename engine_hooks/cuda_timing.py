@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from engine_hooks.shm_format.ring import DROP_TIMING_AT_CLOSE, DROP_TIMING_BACKLOG
+from gatherwise.shm_format.ring import DROP_TIMING_AT_CLOSE, DROP_TIMING_BACKLOG
 
 
 class Event(Protocol):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from engine_hooks.comm import Communicator
-from engine_hooks.config import DelayPhase
+from gatherwise.config import DelayPhase
 
 
 class DelayedCommunicator:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from engine_hooks.logits_path import LogitsPath
-from engine_hooks.modes import IMPLEMENTED, Mode
+from gatherwise.modes import IMPLEMENTED, Mode
 
 # Sharded mode decides on the host from the exchanged summaries (which rows fall back, who owns a draw), so a
 # graph cannot hold it: a table that selects it runs those calls eagerly (LogitsPath.run).

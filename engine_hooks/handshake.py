@@ -10,9 +10,9 @@ import hashlib
 
 import torch
 
-from engine_hooks import HOOKS_VERSION
 from engine_hooks.comm import Communicator
-from engine_hooks.modes import ModeTable
+from gatherwise import HOOKS_VERSION
+from gatherwise.modes import ModeTable
 
 _FIELDS = ("hooks version", "config hash", "initial table", "vocab", "logits dtype")
 _DTYPE_CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}

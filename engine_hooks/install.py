@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 from engine_hooks.comm import Communicator
-from engine_hooks.config import GatherwiseConfig, config_hash, load_config
 from engine_hooks.delay_injection import DelayedCommunicator
 from engine_hooks.handshake import handshake
 from engine_hooks.logits_path import LogitsPath
-from engine_hooks.modes import Mode, ModeTable
+from gatherwise.config import GatherwiseConfig, config_hash, load_config
+from gatherwise.modes import Mode, ModeTable
 
 log = logging.getLogger("gatherwise.install")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -34,7 +34,7 @@ class InstalledHooks:
     engine_dir: Path | None
     config: GatherwiseConfig
     _closables: list[Any] = field(default_factory=list)
-    liveness: Any = None  # engine_hooks.shm_format.liveness.LivenessLock of this rank, released last
+    liveness: Any = None  # gatherwise.shm_format.liveness.LivenessLock of this rank, released last
 
     def close(self) -> None:
         """Close the ring and control block; rank 0 removes the engine's shared-memory directory."""
@@ -54,7 +54,7 @@ def logits_dtype(config: GatherwiseConfig) -> torch.dtype:
 
 def initial_table(config: GatherwiseConfig) -> ModeTable:
     if config.engine.initial_table_file:
-        from engine_hooks.table_file import load_table_file
+        from gatherwise.table_file import load_table_file
 
         return load_table_file(config.engine.initial_table_file)
     return ModeTable.uniform(Mode.parse(config.engine.initial_mode))
@@ -81,7 +81,7 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
         engine_dir, liveness = _create_engine_dir(cfg.engine.shm_dir, engine_id, comm.rank)
     if cfg.telemetry.enabled:
         from engine_hooks.recorder import RingRecorder
-        from engine_hooks.shm_format.ring import ring_path
+        from gatherwise.shm_format.ring import ring_path
 
         recorder = RingRecorder(ring_path(cfg.engine.shm_dir, engine_id, comm.rank), engine_id=engine_id,
                                 rank=comm.rank, tp_size=comm.world_size, vocab=vocab, dtype=dtype,
@@ -89,7 +89,7 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
         closables.append(recorder)
     if cfg.control.enabled and comm.rank == 0:
         from engine_hooks.control_block import ControlBlockSource
-        from engine_hooks.shm_format.control import control_path
+        from gatherwise.shm_format.control import control_path
 
         source = ControlBlockSource(control_path(cfg.engine.shm_dir, engine_id), engine_id=engine_id,
                                     tp_size=comm.world_size, table=table)
@@ -112,9 +112,9 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
 def _create_engine_dir(shm_dir: str, engine_id: int, rank: int) -> tuple[Path, Any]:
     """`<shm_dir>/<engine id>`, private to this user (see shm_format/private_files.py), with this rank's liveness
     lock in it. Rank 0 first removes the directories of engines that died without removing theirs."""
-    from engine_hooks.shm_format.liveness import LivenessLock, remove_dead_engine_dirs
-    from engine_hooks.shm_format.private_files import ensure_private_dir
-    from engine_hooks.shm_format.ring import engine_dir
+    from gatherwise.shm_format.liveness import LivenessLock, remove_dead_engine_dirs
+    from gatherwise.shm_format.private_files import ensure_private_dir
+    from gatherwise.shm_format.ring import engine_dir
 
     ensure_private_dir(shm_dir)  # UnsafePathError names the directory and what is wrong with it
     if rank == 0:

@@ -22,10 +22,10 @@ import torch
 
 from engine_hooks.comm import Communicator
 from engine_hooks.deferred_word import ADOPT_LAG, DeferredWords
-from engine_hooks.modes import EPOCH_BITS, ControlWord, Mode, ModeTable
 from engine_hooks.sampling import SamplingRow, sample
 from engine_hooks.sharded_exchange import ShardedCall, ShardedSampler
 from engine_hooks.table_source import AppliedStatus, TableSource
+from gatherwise.modes import EPOCH_BITS, ControlWord, Mode, ModeTable
 
 _ALIGN = 4  # shard widths are padded to a multiple of 4 so the control word slot is 8-byte aligned
 

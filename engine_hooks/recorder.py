@@ -15,8 +15,8 @@ import struct
 import sys
 import time
 
-from engine_hooks.shm_format import ring as fmt
-from engine_hooks.shm_format.private_files import create_private_file, temporary_name
+from gatherwise.shm_format import ring as fmt
+from gatherwise.shm_format.private_files import create_private_file, temporary_name
 
 try:  # the compiled record() (engine_hooks/_ring_writer.c), built by pip install when a C compiler is there
     from engine_hooks import _ring_writer

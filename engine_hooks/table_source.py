@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine_hooks.modes import IMPLEMENTED, NUM_BUCKETS, ModeTable
+from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, ModeTable
 
 
 @dataclass(frozen=True)

@@ -23,4 +23,4 @@ if ! "$python" -c "import engine_hooks._ring_writer" 2>/dev/null && command -v c
     2>"$outdir/build_ring_writer.log" || echo "compiled record writer not built (see build_ring_writer.log)"
 fi
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout 480 "$python" -m bench.gpu_check "$outdir" "$@"
+exec timeout 480 "$python" -m gatherwise_bench.gpu_check "$outdir" "$@"

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from engine_hooks import HOOKS_VERSION
+from gatherwise import HOOKS_VERSION
 from sidecar import routes_control, routes_engine, routes_health, routes_metrics, validation_errors
 from sidecar.body_limit import BodySizeLimit
 from sidecar.state import SidecarState

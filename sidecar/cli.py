@@ -15,7 +15,7 @@ import sys
 
 import uvicorn
 
-from engine_hooks.config import ConfigError, GatherwiseConfig, load_config
+from gatherwise.config import ConfigError, GatherwiseConfig, load_config
 from sidecar.app import create_app
 from sidecar.state import build_state
 

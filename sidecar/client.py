@@ -1,6 +1,6 @@
 """`gatherwise mode get` / `gatherwise mode set <mode>|auto [--buckets 1,2,4] [--wait S]`.
 
-<mode> is any implemented mode (engine_hooks.modes.IMPLEMENTED: all_gather, gather, sharded).
+<mode> is any implemented mode (gatherwise.modes.IMPLEMENTED: all_gather, gather, sharded).
 
 Talks to the sidecar's HTTP API (docs/api.md). The token comes from --token or env GATHERWISE_API_TOKEN.
 Exit status: 0 done, 1 not applied within --wait (202), 2 usage or request refused (4xx), 3 sidecar unreachable.
@@ -15,7 +15,7 @@ import sys
 
 import httpx
 
-from engine_hooks.modes import IMPLEMENTED_LABELS
+from gatherwise.modes import IMPLEMENTED_LABELS
 
 DEFAULT_URL = "http://127.0.0.1:9400"
 

@@ -1,4 +1,4 @@
-"""The sidecar's side of an engine's control block (format: engine_hooks/shm_format/control.py). No torch.
+"""The sidecar's side of an engine's control block (format: gatherwise/shm_format/control.py). No torch.
 
 The sidecar is the only writer of the command area; rank 0 the only writer of heartbeat and status. Reads are
 seqlock copies that retry briefly; a block that stays inconsistent (its writer died mid-write) reads as an error,
@@ -12,10 +12,10 @@ import os
 import time
 from dataclasses import dataclass
 
-from engine_hooks.modes import ModeTable
-from engine_hooks.shm_format import control as fmt
-from engine_hooks.shm_format.control import Command, ControlFormatError, ControlHeader, Heartbeat, Status
-from engine_hooks.shm_format.private_files import open_regular_file
+from gatherwise.modes import ModeTable
+from gatherwise.shm_format import control as fmt
+from gatherwise.shm_format.control import Command, ControlFormatError, ControlHeader, Heartbeat, Status
+from gatherwise.shm_format.private_files import open_regular_file
 
 _READ_DEADLINE_S = 0.05
 

@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine_hooks.modes import IMPLEMENTED_LABELS, NUM_BUCKETS, bucket_from_upper_bound
+from gatherwise.modes import IMPLEMENTED_LABELS, NUM_BUCKETS, bucket_from_upper_bound
 
-# Generated from engine_hooks.modes.IMPLEMENTED: a mode the engine implements is accepted and documented here
+# Generated from gatherwise.modes.IMPLEMENTED: a mode the engine implements is accepted and documented here
 # (OpenAPI enum) without another change; a reserved one is refused with the list of valid values.
 ModeLabel = Literal[IMPLEMENTED_LABELS]  # type: ignore[valid-type]
 ModeOrAuto = Literal[(*IMPLEMENTED_LABELS, "auto")]  # type: ignore[valid-type]
@@ -139,7 +139,7 @@ class PolicyResponse(BaseModel):
 
 
 class TableFileModel(BaseModel):
-    """The learned table in the format of engine_hooks/table_file.py (JSON is valid YAML: save and load it)."""
+    """The learned table in the format of gatherwise/table_file.py (JSON is valid YAML: save and load it)."""
 
     tp: int
     vocab: int | None = None

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine_hooks.config import GatherwiseConfig
-from engine_hooks.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
-from engine_hooks.shm_format.control import CONTROL_NAME, FLAG_AUTO, ControlFormatError, sidecar_state_path
+from gatherwise.config import GatherwiseConfig
+from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
+from gatherwise.shm_format.control import CONTROL_NAME, FLAG_AUTO, ControlFormatError, sidecar_state_path
 from sidecar.control_client import ControlClient, ControlSnapshot
 from sidecar.control_gauges import ControlView
 from sidecar.decision_events import DecisionEvents
@@ -176,7 +176,7 @@ class Controller:
         return AutoPolicy(self.params, snap.active_table, auto=self.config.policy.mode == "auto"), {}
 
     def _adopt_table_file(self, att: Attached) -> None:
-        from engine_hooks.table_file import load_table_file
+        from gatherwise.table_file import load_table_file
 
         path = self.config.policy.table_file
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from engine_hooks.modes import IMPLEMENTED
+from gatherwise.modes import IMPLEMENTED
 from sidecar.metrics import SidecarMetrics
 from sidecar.policy import Decision
 

@@ -24,8 +24,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboards.local_stack import LocalStack, start_local_stack
-from engine_hooks.modes import IMPLEMENTED, IMPLEMENTED_LABELS
-from engine_hooks.shm_format.ring import MODE_OPS
+from gatherwise.modes import IMPLEMENTED, IMPLEMENTED_LABELS
+from gatherwise.shm_format.ring import MODE_OPS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "config" / "demo.yaml"

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine_hooks.modes import Mode
+from gatherwise.modes import Mode
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Ring header (engine_hooks.shm_format.ring.RingHeader) -> the exact counters the sidecar exports.
+"""Ring header (gatherwise.shm_format.ring.RingHeader) -> the exact counters the sidecar exports.
 
 The header's cumulative counters are written by the engine on every call (calls and bytes at the time of the
 call, times once known), so they are exact even when records were overwritten before the sidecar read them, and
@@ -7,8 +7,8 @@ they survive sidecar restarts: a restarted sidecar exports the same values, not 
 
 from __future__ import annotations
 
-from engine_hooks.modes import IMPLEMENTED, Mode
-from engine_hooks.shm_format.ring import MODE_OPS, RingHeader
+from gatherwise.modes import IMPLEMENTED, Mode
+from gatherwise.shm_format.ring import MODE_OPS, RingHeader
 from sidecar.metrics import RankCounters
 
 

@@ -10,7 +10,7 @@ Discovery is built for a directory other processes may litter: it tries engine d
 one attaches (an empty or half-built directory never hides a live engine), skips what is not a real directory
 or regular file (a FIFO never blocks the loop, a symlink is never followed), does not re-read directories that
 did not change, and removes the directories of engines whose processes are gone (their liveness locks are free,
-engine_hooks/shm_format/liveness.py). One poll reads at most `max_records_per_poll` records per rank, and a
+gatherwise/shm_format/liveness.py). One poll reads at most `max_records_per_poll` records per rank, and a
 newly attached engine is read from at most that many records back, so a full ring of the largest allowed
 capacity costs bounded time and memory per poll.
 """
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine_hooks.modes import Mode, bucket_label, bucket_of
-from engine_hooks.shm_format.liveness import Liveness, is_removable, liveness
-from engine_hooks.shm_format.private_files import check_private_dir
+from gatherwise.modes import Mode, bucket_label, bucket_of
+from gatherwise.shm_format.liveness import Liveness, is_removable, liveness
+from gatherwise.shm_format.private_files import check_private_dir
 from sidecar.header_counters import rank_counters
 from sidecar.histograms import Series
 from sidecar.metrics import CallSeries, EngineCounters, SidecarMetrics

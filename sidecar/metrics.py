@@ -16,8 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from engine_hooks.modes import Mode
-from engine_hooks.shm_format.ring import MODE_OPS
+from gatherwise.modes import Mode
+from gatherwise.shm_format.ring import MODE_OPS
 from sidecar.control_gauges import ControlGaugesCollector
 from sidecar.histograms import HistogramFamily, Series
 

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from engine_hooks.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable, bucket_label, bucket_of
+from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable, bucket_label, bucket_of
 from sidecar.estimates import Estimate, WindowEstimates
 
 DECISION_LOG = 256

@@ -18,8 +18,8 @@ import json
 from collections import deque
 from typing import Any
 
-from engine_hooks.modes import Mode, ModeTable
-from engine_hooks.shm_format.private_files import read_small_file, write_private_file
+from gatherwise.modes import Mode, ModeTable
+from gatherwise.shm_format.private_files import read_small_file, write_private_file
 from sidecar.policy import PAIRS_KEPT, AutoPolicy, Decision, Pair, PolicyParams, Probe
 
 _DECISION_FIELDS = dataclasses.fields(Decision)

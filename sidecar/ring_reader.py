@@ -1,4 +1,4 @@
-"""Read the per-rank telemetry rings an engine writes into shared memory (format: engine_hooks/shm_format/ring.py).
+"""Read the per-rank telemetry rings an engine writes into shared memory (format: gatherwise/shm_format/ring.py).
 
 Stdlib only — never torch. A reader opens the file read-only and copies what it needs with pread(): it can
 neither block nor disturb the writer, and a file that someone truncates under it gives a RingTruncatedError,
@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine_hooks.shm_format import ring as fmt
-from engine_hooks.shm_format.liveness import is_engine_dir_name
-from engine_hooks.shm_format.private_files import open_regular_file
-from engine_hooks.shm_format.ring import CallRecord, RingHeader
+from gatherwise.shm_format import ring as fmt
+from gatherwise.shm_format.liveness import is_engine_dir_name
+from gatherwise.shm_format.private_files import open_regular_file
+from gatherwise.shm_format.ring import CallRecord, RingHeader
 
 _SNAPSHOT_TRIES = 4
 

@@ -16,8 +16,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from engine_hooks.modes import parse_buckets
-from engine_hooks.shm_format.control import ControlFormatError
+from gatherwise.modes import parse_buckets
+from gatherwise.shm_format.control import ControlFormatError
 from sidecar.control_client import ControlSnapshot
 from sidecar.control_models import (
     BucketModeStats,

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
 
-from engine_hooks.config import GatherwiseConfig
+from gatherwise.config import GatherwiseConfig
 from sidecar.ingest import Ingest
 from sidecar.metrics import SidecarMetrics
 from sidecar.traces import CallTracer, build_tracer

@@ -2,7 +2,7 @@
 
 A trace is a root span `logits.call` (earliest rank start to latest rank end) with one child span per rank and
 operation, timed exactly from the records: the mode's collectives (`all_gather`; `gather` + `broadcast`;
-`shard_exchange` + `shard_resolve`: engine_hooks.shm_format.ring.MODE_OPS), `sample`, `logits_path`.
+`shard_exchange` + `shard_resolve`: gatherwise.shm_format.ring.MODE_OPS), `sample`, `logits_path`.
 Records carry CLOCK_MONOTONIC ns (perf_counter_ns on Linux); spans need epoch ns, so one offset measured at
 sidecar start converts them. Spans go through a BatchSpanProcessor: a slow or failing exporter never blocks
 ingestion (the queue drops instead). The provider is passed in, never installed globally.
@@ -22,11 +22,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
-from engine_hooks.modes import Mode
-from engine_hooks.shm_format.ring import MODE_OPS
+from gatherwise.modes import Mode
+from gatherwise.shm_format.ring import MODE_OPS
 
 if TYPE_CHECKING:
-    from engine_hooks.shm_format.ring import CallRecord
+    from gatherwise.shm_format.ring import CallRecord
 
 ROOT_SPAN = "logits.call"
 MODE_SWITCH_SPAN = "mode.switch"

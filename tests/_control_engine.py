@@ -58,9 +58,9 @@ def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
     import torch
 
     from engine_hooks.comm import default_communicator
-    from engine_hooks.config import load_config
     from engine_hooks.install import install_hooks
     from engine_hooks.sampling import SamplingParams, SamplingRow
+    from gatherwise.config import load_config
 
     cfg = load_config(spec.config_path)
     if not spec.control:

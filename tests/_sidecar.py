@@ -19,7 +19,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
-GATHERWISE = [sys.executable, "-m", "gatherwise_cli"]
+GATHERWISE = [sys.executable, "-m", "gatherwise.cli"]
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 

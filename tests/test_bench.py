@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from bench.cli import build_parser, main
-from engine_hooks.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
-from engine_hooks.table_file import load_table_file, read_table_file, save_table_file
+from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
+from gatherwise.table_file import load_table_file, read_table_file, save_table_file
+from gatherwise_bench.cli import build_parser, main
 
 
 @pytest.mark.parametrize(
@@ -172,10 +172,10 @@ def test_bucket_labels_in_the_file_are_the_api_labels(tmp_path):
 
 def test_bench_table_file_is_the_engines_starting_table(tmp_path):
     """engine.initial_table_file (config) loads what the bench writes: the engine starts on the measured table."""
-    from bench.report import ModeStats, ShapeResult
-    from bench.starting_table import best_table
-    from engine_hooks.config import EngineSection, GatherwiseConfig
     from engine_hooks.install import initial_table
+    from gatherwise.config import EngineSection, GatherwiseConfig
+    from gatherwise_bench.report import ModeStats, ShapeResult
+    from gatherwise_bench.starting_table import best_table
 
     def shape(rows: int, ag: float, g: float, wins: float = 1.0) -> ShapeResult:
         st = lambda t: ModeStats(t, t, t, 0.0, 0.0, 0.0, 0.0, 0.0)  # noqa: E731
@@ -197,7 +197,7 @@ def test_bench_table_file_is_the_engines_starting_table(tmp_path):
 
 
 def test_crossovers_skip_ties_and_interpolate_log_log():
-    from bench.report import ModeStats, ShapeResult, find_crossovers
+    from gatherwise_bench.report import ModeStats, ShapeResult, find_crossovers
 
     def shape(rows: int, ag: float, g: float, wins: float) -> ShapeResult:
         st = lambda t: ModeStats(t, t, t, 0.0, 0.0, 0.0, 0.0, 0.0)  # noqa: E731
@@ -235,11 +235,11 @@ def test_bench_table_file_round_trips_through_the_auto_policy(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_table_file_module_never_imports_torch():
-    """The sidecar's policy loads table files: engine_hooks.table_file must stay stdlib + yaml."""
+    """The sidecar's policy loads table files: gatherwise.table_file must stay stdlib + yaml."""
     import subprocess
     import sys
 
-    code = ("import sys, engine_hooks.table_file, bench.cli\n"
+    code = ("import sys, gatherwise.table_file, gatherwise_bench.cli\n"
             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

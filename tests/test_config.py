@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_hooks.config import ConfigError, DelayPhase, GatherwiseConfig, config_hash, load_config
+from gatherwise.config import ConfigError, DelayPhase, GatherwiseConfig, config_hash, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

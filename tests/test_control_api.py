@@ -11,7 +11,7 @@ import schemathesis
 import yaml
 from hypothesis import HealthCheck, given, settings
 
-from engine_hooks.modes import IMPLEMENTED, Mode
+from gatherwise.modes import IMPLEMENTED, Mode
 from sidecar.client import main as mode_cli
 from tests._control_engine import BackgroundEngine, LoopSpec
 from tests._sidecar import start_sidecar, wait_for
@@ -129,7 +129,7 @@ def test_cli_get_and_set(live, capsys):
 
 
 def test_every_implemented_mode_can_be_pinned_from_the_api_and_the_cli(live, capsys):
-    """Whatever engine_hooks.modes.IMPLEMENTED holds, PUT /v1/mode and `gatherwise mode set` accept each mode and
+    """Whatever gatherwise.modes.IMPLEMENTED holds, PUT /v1/mode and `gatherwise mode set` accept each mode and
     every rank runs it; the decision log, the switch counter and the active-mode gauge follow."""
     url = live[0]
     for i, mode in enumerate(IMPLEMENTED):

@@ -9,9 +9,9 @@ import threading
 import pytest
 
 from engine_hooks.control_block import ControlBlockSource
-from engine_hooks.modes import Mode, ModeTable
-from engine_hooks.shm_format import control as fmt
 from engine_hooks.table_source import AppliedStatus
+from gatherwise.modes import Mode, ModeTable
+from gatherwise.shm_format import control as fmt
 from sidecar.control_client import ControlClient, ControlFormatError
 
 GATHER = ModeTable.uniform(Mode.GATHER)

@@ -10,9 +10,9 @@ import httpx
 import pytest
 import yaml
 
-from engine_hooks.modes import Mode
-from engine_hooks.shm_format.control import BLOCK_SIZE, control_path
-from engine_hooks.shm_format.ring import ring_path
+from gatherwise.modes import Mode
+from gatherwise.shm_format.control import BLOCK_SIZE, control_path
+from gatherwise.shm_format.ring import ring_path
 from sidecar.ring_reader import RingReader
 from tests._control_engine import BackgroundEngine, LoopSpec
 from tests._sidecar import scrape, start_sidecar, total, wait_for

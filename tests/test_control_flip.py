@@ -6,7 +6,7 @@ import httpx
 import pytest
 import yaml
 
-from engine_hooks.modes import Mode, bucket_of
+from gatherwise.modes import Mode, bucket_of
 from tests._control_engine import BackgroundEngine, LoopSpec, reference_tokens, rows_for
 from tests._sidecar import start_sidecar, wait_for
 

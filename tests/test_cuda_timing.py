@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine_hooks.cuda_timing import EventClock, EventResolver
-from engine_hooks.modes import Mode
-from engine_hooks.shm_format import ring as fmt
+from gatherwise.modes import Mode
+from gatherwise.shm_format import ring as fmt
 
 
 class FakeGpuStream:

@@ -25,7 +25,7 @@ def _processes_mentioning(text: str) -> list[str]:
 
 
 def test_demo_shows_live_numbers_and_ctrl_c_cleans_up():
-    proc = subprocess.Popen([sys.executable, "-m", "gatherwise_cli", "demo", "--interval", "1"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "gatherwise.cli", "demo", "--interval", "1"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     output: list[str] = []

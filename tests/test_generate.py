@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from engine_hooks.handshake import HandshakeError, handshake
-from engine_hooks.modes import Mode, ModeTable
 from engine_hooks.sampling import SamplingParams
 from engine_hooks.sharded_exchange import collectives_for
+from gatherwise.modes import Mode, ModeTable
 from tp_engine.cli import generate_main
 from tp_engine.hf_config import config_from_hf
 from tp_engine.launch import LaunchError, launch
@@ -355,7 +355,7 @@ def test_handshake_refuses_mismatched_ranks_without_hanging(tmp_path):
 
 # -- the command line -----------------------------------------------------------------------------------------
 def _cli(*args: str) -> dict:
-    cmd = [sys.executable, "-m", "gatherwise_cli", "generate", *args, "--json"]
+    cmd = [sys.executable, "-m", "gatherwise.cli", "generate", *args, "--json"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

@@ -36,7 +36,7 @@ def hf_tokenizer(checkpoint):
 
 
 def _cli(*args: str) -> dict:
-    cmd = [sys.executable, "-m", "gatherwise_cli", "generate", *args, "--json"]
+    cmd = [sys.executable, "-m", "gatherwise.cli", "generate", *args, "--json"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

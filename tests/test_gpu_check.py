@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from bench import gpu_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(280)]
@@ -31,7 +30,7 @@ def test_the_script_runs_every_check_on_the_cpu_and_writes_its_report(tmp_path: 
     for name in ("sync_free", "tp2_gloo_cuda", "event_timing", "sampler", "hook_overhead", "header_metrics"):
         assert checks[name]["status"] == "pass", (name, checks[name])
     from engine_hooks.graphs import CAPTURABLE
-    from engine_hooks.modes import IMPLEMENTED
+    from gatherwise.modes import IMPLEMENTED
 
     labels = {m.label for m in IMPLEMENTED}  # every mode there is, whatever it is
     # sharded decides on the host by design: the sync-free check covers the modes a graph can hold

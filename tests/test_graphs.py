@@ -47,9 +47,9 @@ def _graphed_run(rank, world, exchange_only):
     from engine_hooks.comm import default_communicator
     from engine_hooks.graphs import CAPTURABLE, ModeGraphs
     from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.modes import Mode, ModeTable
     from engine_hooks.sampling import SamplingParams, SamplingRow
     from engine_hooks.table_source import InProcessTableSource
+    from gatherwise.modes import Mode, ModeTable
 
     source = InProcessTableSource()
     table = ModeTable.uniform(Mode.ALL_GATHER)
@@ -108,7 +108,7 @@ def _single_rank_graphs():
     from engine_hooks.comm import SingleRankCommunicator
     from engine_hooks.graphs import ModeGraphs
     from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.modes import Mode, ModeTable
+    from gatherwise.modes import Mode, ModeTable
 
     path = LogitsPath(SingleRankCommunicator(), VOCAB, initial_table=ModeTable.uniform(Mode.GATHER))
     path.reserve(2)
@@ -116,7 +116,7 @@ def _single_rank_graphs():
 
 
 def test_a_mode_without_a_captured_variant_is_a_clear_error_and_runs_nothing():
-    from engine_hooks.modes import Mode
+    from gatherwise.modes import Mode
 
     path, graphs = _single_rank_graphs()
     graphs.capture(Mode.ALL_GATHER, 1, lambda: (path.logits_buffer(1), path.exchange())[1])
@@ -130,8 +130,8 @@ def test_sharded_mode_is_refused_for_capture_and_runs_eagerly():
     the same call then runs eagerly through path.run()."""
     import torch
 
-    from engine_hooks.modes import Mode, ModeTable
     from engine_hooks.sampling import SamplingParams, SamplingRow
+    from gatherwise.modes import Mode, ModeTable
 
     path, graphs = _single_rank_graphs()
     with pytest.raises(ValueError, match="cannot be captured in a CUDA graph"):
@@ -146,7 +146,7 @@ def test_sharded_mode_is_refused_for_capture_and_runs_eagerly():
 
 
 def test_buffers_cannot_grow_under_captured_graphs():
-    from engine_hooks.modes import Mode
+    from gatherwise.modes import Mode
 
     path, graphs = _single_rank_graphs()
     path.logits_buffer(1)
@@ -156,7 +156,7 @@ def test_buffers_cannot_grow_under_captured_graphs():
 
 
 def test_capture_asks_for_the_mode_it_captures():
-    from engine_hooks.modes import Mode
+    from gatherwise.modes import Mode
 
     path, graphs = _single_rank_graphs()
     path.logits_buffer(1)
@@ -169,9 +169,9 @@ def test_replayed_calls_are_timed_around_the_replay_and_nothing_is_timed_inside_
     from engine_hooks.cuda_timing import EventClock, EventResolver
     from engine_hooks.graphs import CAPTURABLE, ModeGraphs
     from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.modes import Mode, ModeTable
     from engine_hooks.recorder import RingRecorder
     from engine_hooks.sampling import SamplingParams, SamplingRow
+    from gatherwise.modes import Mode, ModeTable
     from sidecar.ring_reader import RingReader
     from tests.test_cuda_timing import FakeCudaEvent, FakeGpuStream
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_hooks.modes import Mode
 from engine_hooks.recorder import RingRecorder
-from engine_hooks.shm_format import ring as fmt
+from gatherwise.modes import Mode
+from gatherwise.shm_format import ring as fmt
 from sidecar.ring_reader import RingReader
 from tests._sidecar import scrape, start_sidecar, total, wait_for
 

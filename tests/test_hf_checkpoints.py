@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_hooks.modes import IMPLEMENTED
+from gatherwise.modes import IMPLEMENTED
 from tests._hf_checkpoints import TinyCheckpoint, build, load_reference, reference_greedy
 from tp_engine.hf_config import eos_token_ids
 from tp_engine.launch import launch

@@ -1,4 +1,5 @@
-"""Import rules: the sidecar never pulls in torch; the engine hooks never pull in the sidecar's web/telemetry stack.
+"""Import rules: the core (`gatherwise`) pulls in neither torch nor the web stack; the sidecar never pulls in torch
+or the engine hooks; the engine hooks never pull in the sidecar's web/telemetry stack.
 
 Each check runs in a fresh interpreter, imports the modules one by one, and names the first one that broke the rule.
 Modules are globbed at test time, so new files are covered without editing this test.
@@ -48,12 +49,22 @@ def _check(modules: list[str], forbidden: set[str]) -> subprocess.CompletedProce
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+WEB_STACK = {"fastapi", "uvicorn", "starlette", "prometheus_client", "opentelemetry", "sidecar"}
+
+
 @pytest.mark.timeout(150)
-def test_sidecar_and_shared_formats_never_import_torch():
-    modules = ["engine_hooks", "engine_hooks.modes", "sidecar.ring_reader",
-               *_modules("engine_hooks/shm_format/*.py", "sidecar/*.py", "sidecar/**/*.py")]
-    assert "engine_hooks.shm_format.ring" in modules and "sidecar.ring_reader" in modules
-    result = _check(modules, {"torch"})
+def test_the_core_imports_neither_torch_nor_the_web_stack():
+    modules = [m for m in _modules("gatherwise/*.py", "gatherwise/**/*.py") if m != "gatherwise.__main__"]
+    assert "gatherwise.shm_format.ring" in modules and "gatherwise.config" in modules and "gatherwise.cli" in modules
+    result = _check(modules, {"torch", "engine_hooks", "tp_engine"} | WEB_STACK)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+
+
+@pytest.mark.timeout(150)
+def test_sidecar_never_imports_torch():
+    modules = _modules("sidecar/*.py", "sidecar/**/*.py")
+    assert "sidecar.ring_reader" in modules
+    result = _check(modules, {"torch", "engine_hooks"})
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
 
@@ -61,8 +72,7 @@ def test_sidecar_and_shared_formats_never_import_torch():
 def test_engine_hooks_never_import_the_sidecar_stack():
     modules = _modules("engine_hooks/*.py", "engine_hooks/**/*.py")
     assert "engine_hooks.recorder" in modules and "engine_hooks.cuda_timing" in modules
-    forbidden = {"fastapi", "uvicorn", "starlette", "prometheus_client", "opentelemetry", "sidecar"}
-    result = _check(modules, forbidden)
+    result = _check(modules, WEB_STACK)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
 

@@ -25,8 +25,8 @@ def _fill(path, rank: int, full: torch.Tensor) -> None:
 def _run_path(rank, world, vocab, mode, dtype_name, switch_at=None):
     from engine_hooks.comm import default_communicator
     from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.modes import Mode, ModeTable
     from engine_hooks.table_source import InProcessTableSource, ScheduleTableSource, initial_schedule_table
+    from gatherwise.modes import Mode, ModeTable
 
     source = None
     if mode.startswith("schedule:"):
@@ -115,7 +115,7 @@ def test_bfloat16_logits_agree_across_modes():
 def _mismatched_handshake(rank, world):
     from engine_hooks.comm import default_communicator
     from engine_hooks.handshake import HandshakeError, handshake
-    from engine_hooks.modes import Mode, ModeTable
+    from gatherwise.modes import Mode, ModeTable
 
     table = ModeTable.uniform(Mode.GATHER if rank == 1 else Mode.ALL_GATHER)
     try:
@@ -133,7 +133,7 @@ def test_handshake_refuses_mismatched_tables_on_every_rank():
 def test_run_without_filled_buffer_is_a_clear_error():
     from engine_hooks.comm import SingleRankCommunicator
     from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.modes import Mode, ModeTable
+    from gatherwise.modes import Mode, ModeTable
 
     path = LogitsPath(SingleRankCommunicator(), 10, initial_table=ModeTable.uniform(Mode.GATHER))
     with pytest.raises(ValueError, match="logits_buffer"):

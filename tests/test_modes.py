@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine_hooks.modes import (
+from gatherwise.modes import (
     IMPLEMENTED,
     NUM_BUCKETS,
     ControlWord,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from engine_hooks.modes import NUM_BUCKETS, Mode, ModeTable
+from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
 from sidecar.estimates import Estimate, WindowEstimates, summarize
 from sidecar.policy import AutoPolicy, PolicyParams, should_switch
 from sidecar.policy_state import policy_from_json, policy_to_json
@@ -144,7 +144,7 @@ def test_bad_state_json_is_rejected(bad):
 def three_modes(monkeypatch):
     """All three mode codes valid in tables, whether or not this checkout's engine implements sharded yet: the
     policy's N-mode logic is pure and is tested on its own (the engine side has its own tests)."""
-    import engine_hooks.modes as modes
+    import gatherwise.modes as modes
 
     monkeypatch.setattr(modes, "IMPLEMENTED", (A, G, S))
     monkeypatch.setattr(modes, "IMPLEMENTED_LABELS", tuple(m.label for m in (A, G, S)))

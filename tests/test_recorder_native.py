@@ -6,7 +6,7 @@ import pytest
 
 from engine_hooks import recorder as recorder_module
 from engine_hooks.recorder import PURE_PYTHON_ENV, RingRecorder
-from engine_hooks.shm_format import ring as fmt
+from gatherwise.shm_format import ring as fmt
 
 native = pytest.importorskip("engine_hooks._ring_writer",
                              reason="the compiled record writer was not built (no C compiler at install)")

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from engine_hooks.modes import Mode
-from engine_hooks.shm_format import ring as fmt
+from gatherwise.modes import Mode
+from gatherwise.shm_format import ring as fmt
 from sidecar.ring_reader import RingReader
 from tests._dist import run_ranks
 
@@ -23,7 +23,7 @@ def _rows(step: int, batch: int):
 
 
 def _table():
-    from engine_hooks.modes import ModeTable
+    from gatherwise.modes import ModeTable
 
     return ModeTable.uniform(Mode.GATHER).with_buckets(Mode.ALL_GATHER, [0])
 

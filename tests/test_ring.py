@@ -9,9 +9,9 @@ import struct
 
 import pytest
 
-from engine_hooks.modes import Mode
 from engine_hooks.recorder import RingRecorder
-from engine_hooks.shm_format import ring as fmt
+from gatherwise.modes import Mode
+from gatherwise.shm_format import ring as fmt
 from sidecar.ring_reader import RingFormatError, RingReader, discover_engines
 
 

@@ -136,11 +136,11 @@ def _logits_forward(hooks, original, processor, batch):
 
 def _hooks(comm, graph_modes: str, installed: bool = True):
     from engine_hooks.adapters.sglang_step import SglangStepHooks
-    from engine_hooks.config import EngineSection, GatherwiseConfig
     from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.modes import Mode, ModeTable
     from engine_hooks.rng_resync import RandomStateResync
     from engine_hooks.table_source import InProcessTableSource
+    from gatherwise.config import EngineSection, GatherwiseConfig
+    from gatherwise.modes import Mode, ModeTable
 
     hooks = SglangStepHooks(GatherwiseConfig(engine=EngineSection(graph_modes=graph_modes)))
     source = InProcessTableSource() if comm.rank == 0 else None
@@ -160,7 +160,7 @@ def _serve(rank, world, graph_modes, schedule):
     """Capture, then decode steps of `schedule` [(rows, table requested before the step or None)]; returns what
     every step did and gave."""
     from engine_hooks.comm import default_communicator
-    from engine_hooks.modes import Mode, ModeTable
+    from gatherwise.modes import Mode, ModeTable
 
     hooks, source = _hooks(default_communicator(), graph_modes)
     wrapped = _wrapped(hooks)
@@ -252,9 +252,9 @@ def test_without_active_hooks_sglang_captures_and_replays_as_before(disabled):
 
 def test_graph_modes_setting():
     from engine_hooks.adapters.sglang_graphs import GRAPH_MODES, fold_label, parse_graph_modes
-    from engine_hooks.config import load_config
     from engine_hooks.graphs import CAPTURABLE
-    from engine_hooks.modes import Mode
+    from gatherwise.config import load_config
+    from gatherwise.modes import Mode
 
     assert GRAPH_MODES == CAPTURABLE
     assert parse_graph_modes("gather, all_gather") == (Mode.ALL_GATHER, Mode.GATHER)

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from engine_hooks.logits_path import LogitsPath, shard_width
-from engine_hooks.modes import IMPLEMENTED, Mode, ModeTable
 from engine_hooks.sampling import SamplingParams, SamplingRow, sample
 from engine_hooks.sharded_exchange import collectives_for
 from engine_hooks.table_source import ScheduleTableSource, initial_schedule_table
+from gatherwise.modes import IMPLEMENTED, Mode, ModeTable
 from tp_engine.launch import launch
 
 GREEDY = SamplingParams()

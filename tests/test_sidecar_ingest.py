@@ -6,9 +6,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_hooks.modes import Mode
 from engine_hooks.recorder import RingRecorder
-from engine_hooks.shm_format.ring import engine_dir, ring_path
+from gatherwise.modes import Mode
+from gatherwise.shm_format.ring import engine_dir, ring_path
 from sidecar.ingest import Ingest
 from sidecar.metrics import SidecarMetrics
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine_hooks.modes import NUM_BUCKETS, bucket_label
+from gatherwise.modes import NUM_BUCKETS, bucket_label
 from sidecar.header_counters import bytes_series
 from tests._dist import free_port
 from tests._sidecar import OPENMETRICS, samples, scrape, start_engine, start_sidecar, total, wait_for

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine_hooks.shm_format.ring import engine_dir, ring_path
+from gatherwise.shm_format.ring import engine_dir, ring_path
 from sidecar.header_counters import total_calls
 from sidecar.ring_reader import RingReader
 from tests._sidecar import samples, scrape, start_engine, start_sidecar, total, wait_for

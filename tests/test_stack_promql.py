@@ -15,7 +15,7 @@ import pytest
 
 from dashboards import promql
 from dashboards.local_stack import start_local_stack
-from engine_hooks.modes import IMPLEMENTED_LABELS
+from gatherwise.modes import IMPLEMENTED_LABELS
 from tests.conftest import require_tool
 
 TOKEN = "stack-test-token"

@@ -14,8 +14,8 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from engine_hooks.modes import Mode
-from engine_hooks.shm_format.ring import CallRecord
+from gatherwise.modes import Mode
+from gatherwise.shm_format.ring import CallRecord
 from sidecar.ingest import Ingest
 from sidecar.metrics import SidecarMetrics
 from sidecar.traces import CallTracer, build_tracer, new_provider

@@ -14,7 +14,7 @@ import sys
 
 
 def _mode(text: str) -> str:
-    from engine_hooks.modes import IMPLEMENTED_LABELS
+    from gatherwise.modes import IMPLEMENTED_LABELS
 
     if text in IMPLEMENTED_LABELS:
         return text

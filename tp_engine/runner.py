@@ -21,9 +21,9 @@ import torch
 from engine_hooks.comm import Communicator, default_communicator
 from engine_hooks.handshake import handshake, stable_hash
 from engine_hooks.logits_path import CallRecorder, LogitsPath
-from engine_hooks.modes import Mode, ModeTable
 from engine_hooks.sampling import SamplingParams, SamplingRow
 from engine_hooks.table_source import ScheduleTableSource, TableSource, initial_schedule_table
+from gatherwise.modes import Mode, ModeTable
 from tp_engine.config import ModelConfig, tiny_config
 from tp_engine.hf_config import load_hf_config
 from tp_engine.kv_cache import KVCache

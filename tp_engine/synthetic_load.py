@@ -148,7 +148,7 @@ def engine_main(argv: list[str] | None = None) -> int:
         parser.error(f"--duration must be > 0, got {args.duration}")
     import multiprocessing as mp
 
-    from engine_hooks.config import ConfigError, load_config
+    from gatherwise.config import ConfigError, load_config
     from tp_engine.launch import LaunchError, launch
 
     try:
@@ -159,7 +159,7 @@ def engine_main(argv: list[str] | None = None) -> int:
     if args.shm_dir:
         cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, shm_dir=args.shm_dir))
     if cfg.telemetry.enabled or cfg.control.enabled:
-        from engine_hooks.shm_format.private_files import ensure_private_dir
+        from gatherwise.shm_format.private_files import ensure_private_dir
 
         try:  # refuse an unsafe shm_dir here, with one line, rather than as a traceback from every rank
             ensure_private_dir(cfg.engine.shm_dir)

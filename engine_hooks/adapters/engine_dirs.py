@@ -4,7 +4,7 @@ of the directories of exited engines when each engine process exits. Engine-neut
 Engines end their rank processes in ways that skip atexit (vLLM's forked workers exit through multiprocessing,
 SGLang kills its schedulers), so no rank can be relied on to remove its engine's directory. Every process of
 the engine's tree therefore removes, when it exits, the engine directories whose ranks are all gone (liveness
-locks free; engine_hooks/shm_format/liveness.py); the last process to exit (the engine's own process) finds
+locks free; gatherwise/shm_format/liveness.py); the last process to exit (the engine's own process) finds
 every rank gone. An engine killed outright is cleaned by the next engine start or by the sidecar.
 """
 
@@ -14,7 +14,7 @@ import atexit
 import logging
 import multiprocessing.util
 
-from engine_hooks.config import GatherwiseConfig
+from gatherwise.config import GatherwiseConfig
 
 log = logging.getLogger("gatherwise.adapters")
 
@@ -24,7 +24,7 @@ def shm_dir_problem(config: GatherwiseConfig) -> str | None:
     Decided once, when the plugin registers, before any rank exists: never a failure in one rank's first step."""
     if not (config.telemetry.enabled or config.control.enabled):
         return None
-    from engine_hooks.shm_format.private_files import ensure_private_dir
+    from gatherwise.shm_format.private_files import ensure_private_dir
 
     try:
         ensure_private_dir(config.engine.shm_dir)
@@ -41,7 +41,7 @@ def clean_at_exit(shm_dir: str) -> None:
 
 
 def remove_dead_dirs(shm_dir: str) -> None:
-    from engine_hooks.shm_format.liveness import remove_dead_engine_dirs
+    from gatherwise.shm_format.liveness import remove_dead_engine_dirs
 
     try:
         removed = remove_dead_engine_dirs(shm_dir)

@@ -25,7 +25,7 @@ def register_plugin(engine: str, log: logging.Logger, compatibility_problems: Ca
     if problems:
         log.warning("gatherwise: %s; %s", "; ".join(problems), untouched)
         return False
-    from engine_hooks.config import load_config
+    from gatherwise.config import load_config
 
     config = load_config(os.environ.get("GATHERWISE_CONFIG"))
     problem = shm_dir_problem(config)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from engine_hooks.modes import Mode
+from gatherwise.modes import Mode
 
 # The modes a graph can hold: all_gather and gather (engine_hooks.graphs.CAPTURABLE, which imports torch; kept
 # in step by tests/test_sglang_graphs.py). Sharded decides on the host per call: those steps run eagerly.

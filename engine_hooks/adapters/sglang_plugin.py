@@ -3,7 +3,7 @@
 SGLang 0.5.23 loads the general plugins of its `sglang.srt.plugins` entry-point group at the start of every
 process it runs (engine, each TP scheduler, detokenizer), then applies the hooks they registered with its hook
 registry. register() does nothing unless `GATHERWISE_ENABLE=1` (and `SGLANG_PLUGINS`, when set, must name
-`gatherwise`). The configuration is engine_hooks.config's: the YAML file named by `GATHERWISE_CONFIG` plus
+`gatherwise`). The configuration is gatherwise.config's: the YAML file named by `GATHERWISE_CONFIG` plus
 `GATHERWISE_<SECTION>_<KEY>` overrides, e.g. `GATHERWISE_ENGINE_SHM_DIR` for where the rings and the control
 block go (the sidecar must read the same directory).
 

@@ -49,8 +49,8 @@ import torch
 
 from engine_hooks.adapters.placeholder_logits import PlaceholderLogits
 from engine_hooks.adapters.sglang_graphs import DecodeGraphModes, parse_graph_modes
-from engine_hooks.config import GatherwiseConfig
-from engine_hooks.modes import Mode
+from gatherwise.config import GatherwiseConfig
+from gatherwise.modes import Mode
 
 log = logging.getLogger("gatherwise.sglang")
 

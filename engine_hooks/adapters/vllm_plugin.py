@@ -1,7 +1,7 @@
 """vLLM general plugin (entry point `vllm.general_plugins: gatherwise`): puts the hooks into every vLLM worker.
 
 vLLM calls register() in every process it starts (API server, engine core, each worker), possibly more than
-once; it does nothing unless `GATHERWISE_ENABLE=1`. The configuration is engine_hooks.config's: the YAML file
+once; it does nothing unless `GATHERWISE_ENABLE=1`. The configuration is gatherwise.config's: the YAML file
 named by `GATHERWISE_CONFIG` plus `GATHERWISE_<SECTION>_<KEY>` overrides, e.g. `GATHERWISE_ENGINE_SHM_DIR`
 for where the rings and the control block go (the sidecar must read the same directory).
 

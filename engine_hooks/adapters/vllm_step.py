@@ -36,9 +36,9 @@ from typing import Any
 import torch
 
 from engine_hooks.adapters.placeholder_logits import PlaceholderLogits
-from engine_hooks.config import GatherwiseConfig
-from engine_hooks.modes import Mode
 from engine_hooks.sampling_params import SamplingParams, SamplingRow
+from gatherwise.config import GatherwiseConfig
+from gatherwise.modes import Mode
 
 log = logging.getLogger("gatherwise.vllm")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from engine_hooks.shm_format.ring import ring_path
+from gatherwise.shm_format.ring import ring_path
 from sidecar.header_counters import total_calls
 from sidecar.ring_reader import RingReader
 from tests._sidecar import Proc, start_engine, start_sidecar, wait_for

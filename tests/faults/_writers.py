@@ -14,9 +14,9 @@ import sys
 import time
 
 from engine_hooks.recorder import RingRecorder
-from engine_hooks.shm_format.liveness import LivenessLock
-from engine_hooks.shm_format.private_files import ensure_private_dir
-from engine_hooks.shm_format.ring import engine_dir, ring_path
+from gatherwise.shm_format.liveness import LivenessLock
+from gatherwise.shm_format.private_files import ensure_private_dir
+from gatherwise.shm_format.ring import engine_dir, ring_path
 
 
 def make_engine(shm: str, engine_id: int, capacity: int) -> tuple[LivenessLock, RingRecorder]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_hooks.shm_format.ring import engine_dir
+from gatherwise.shm_format.ring import engine_dir
 from tests._sidecar import ROOT, wait_for
 from tests.faults._faults import (
     assert_engine_progresses,

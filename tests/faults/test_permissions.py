@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_hooks.shm_format.control import SIDECAR_STATE_NAME
-from engine_hooks.shm_format.private_files import UnsafePathError, ensure_private_dir, write_private_file
-from engine_hooks.shm_format.ring import engine_dir
+from gatherwise.shm_format.control import SIDECAR_STATE_NAME
+from gatherwise.shm_format.private_files import UnsafePathError, ensure_private_dir, write_private_file
+from gatherwise.shm_format.ring import engine_dir
 from tests._sidecar import spawn, wait_for
 from tests.faults._faults import NOBODY, assert_sidecar_serves, running_engine, sidecar_with_token
 

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 def start_demo_in_background(log: Path, *extra: str) -> tuple[subprocess.Popen, int]:
     """`sh -c 'demo & wait'`: returns the shell and the demo's pid. The shell's exit status is the demo's."""
     command = f"grep SigIgn /proc/self/status > {log}.sigign & " \
-              f"{sys.executable} -m gatherwise_cli demo --interval 1 {' '.join(extra)} > {log} 2>&1 & " \
+              f"{sys.executable} -m gatherwise.cli demo --interval 1 {' '.join(extra)} > {log} 2>&1 & " \
               f"echo $!; wait $!"
     shell = subprocess.Popen(["bash", "-c", command], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)

@@ -12,8 +12,8 @@ import os
 
 import pytest
 
-from engine_hooks.shm_format.control import control_path
-from engine_hooks.shm_format.ring import engine_dir, ring_path
+from gatherwise.shm_format.control import control_path
+from gatherwise.shm_format.ring import engine_dir, ring_path
 from tests._sidecar import wait_for
 from tests.faults._faults import (
     NOBODY,

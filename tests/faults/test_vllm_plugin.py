@@ -49,8 +49,8 @@ def test_exit_cleanup_removes_only_dead_engines_dirs(shm_dir):
     """What every vLLM process runs when it exits: dead engines' directories go, a live one stays."""
     code = f"""
 import os, sys
-from engine_hooks.shm_format.liveness import LivenessLock
-from engine_hooks.shm_format.private_files import ensure_private_dir
+from gatherwise.shm_format.liveness import LivenessLock
+from gatherwise.shm_format.private_files import ensure_private_dir
 for name, keep in (("00000000000000aa", False), ("00000000000000bb", True)):
     lock = LivenessLock(ensure_private_dir(os.path.join({shm_dir!r}, name)), 0)
     if keep:

@@ -17,7 +17,7 @@ import shutil
 import pytest
 
 from engine_hooks.deferred_word import ADOPT_LAG
-from engine_hooks.modes import Mode
+from gatherwise.modes import Mode
 from tests._engine_harness import metric_samples, mode_runs, start_sidecar
 from tests.sglang.harness import base_env, build_model, run_engine
 

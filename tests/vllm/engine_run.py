@@ -69,7 +69,7 @@ def run_control_switched(llm, shm_dir: str) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from engine_hooks.modes import Mode, ModeTable
+    from gatherwise.modes import Mode, ModeTable
     from sidecar.control_client import ControlClient
     from sidecar.ring_reader import discover_engines
 

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from engine_hooks.modes import Mode
+from gatherwise.modes import Mode
 from tests.vllm.harness import base_env, build_model, metric_samples, mode_runs, run_engine, start_sidecar
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

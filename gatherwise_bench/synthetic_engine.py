@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine_hooks.control_block import ControlBlockSource
-from engine_hooks.modes import Mode, ModeTable, bucket_of
 from engine_hooks.recorder import RingRecorder
-from engine_hooks.shm_format.control import control_path
-from engine_hooks.shm_format.ring import engine_dir, ring_path
 from engine_hooks.table_source import AppliedStatus
+from gatherwise.modes import Mode, ModeTable, bucket_of
+from gatherwise.shm_format.control import control_path
+from gatherwise.shm_format.ring import engine_dir, ring_path
 
 VOCAB = 32000
 # Synthetic critical path per mode: a fixed cost plus a per-row cost (ns). Gather is cheaper at small batches,

@@ -13,7 +13,7 @@ COMMANDS = {
     "engine": ("tp_engine.cli", "engine_main", "run the TP engine with hooks under a synthetic load"),
     "sidecar": ("sidecar.cli", "main", "serve metrics, traces and the control API"),
     "mode": ("sidecar.client", "main", "get or set the logits mode through the sidecar's HTTP API"),
-    "bench": ("bench.cli", "main", "sweep the logits path: which mode wins where"),
+    "bench": ("gatherwise_bench.cli", "main", "sweep the logits path: which mode wins where"),
     "demo": ("sidecar.demo", "main", "engine + sidecar (+ Prometheus) with a live terminal view"),
 }
 

@@ -26,14 +26,14 @@ import os
 import struct
 from dataclasses import dataclass
 
-from engine_hooks.shm_format.ring import CONTROL_NAME, engine_dir
+from gatherwise.shm_format.ring import CONTROL_NAME, engine_dir
 
 MAGIC = b"GWCTRL\x00\x00"
 FORMAT_VERSION = 1
 BLOCK_SIZE = 512
 SIDECAR_STATE_NAME = "sidecar-state.json"
 
-# Command flags (low 4 bits travel in the control word, engine_hooks.modes.ControlWord.flags).
+# Command flags (low 4 bits travel in the control word, gatherwise.modes.ControlWord.flags).
 FLAG_AUTO = 1  # the policy is auto for at least one bucket (the sidecar's durable state has the details)
 
 HEADER = struct.Struct("<8sIIQIIQ")

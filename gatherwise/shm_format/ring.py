@@ -183,7 +183,7 @@ class CallRecord:
 
     seq: int
     call_index: int
-    mode: int  # engine_hooks.modes.Mode value
+    mode: int  # gatherwise.modes.Mode value
     rows: int
     vocab: int
     dtype: str

@@ -1,14 +1,14 @@
 """The GPU check: what must hold (and what it costs) when the logits path runs on CUDA.
 
-    scripts/gpu_check.sh OUTDIR            # = python -m bench.gpu_check OUTDIR (from the repository root)
-    python -m bench.gpu_check OUTDIR --cpu # the same checks on the CPU (what `make test` runs; no GPU parts)
+    scripts/gpu_check.sh OUTDIR            # = python -m gatherwise_bench.gpu_check OUTDIR (from the repository root)
+    python -m gatherwise_bench.gpu_check OUTDIR --cpu # the same checks on the CPU (what `make test` runs; no GPU parts)
 
 Needs torch (with CUDA for the real check), pyyaml and, for the metrics part, prometheus-client; nothing else,
 no network, no install. Writes OUTDIR/gpu_check.json (every number) and OUTDIR/summary.txt (one line per
 check). Each check is independent: a failure is recorded with its message and the next check runs. A global
 deadline keeps the run under 8 minutes (checks that would start past it are recorded as skipped).
 
-Checks (every mode in engine_hooks.modes.IMPLEMENTED, so a new mode is covered without changing this file):
+Checks (every mode in gatherwise.modes.IMPLEMENTED, so a new mode is covered without changing this file):
   sync_free       TP=1 path on CUDA per capturable mode (not sharded) and sampling kind, steady state under
                   torch.cuda.set_sync_debug_mode("error"), with a mode switch; every rank's switch call
   tp2_gloo_cuda   TP=2 on one GPU: two processes, gloo, CUDA tensors (if this torch's gloo takes them)
@@ -62,7 +62,7 @@ def _rows(kind: str, batch: int, position: int = 0):
 
 
 def _other_mode(mode, modes=None):
-    from engine_hooks.modes import IMPLEMENTED
+    from gatherwise.modes import IMPLEMENTED
 
     modes = IMPLEMENTED if modes is None else modes
     return modes[(modes.index(mode) + 1) % len(modes)]
@@ -80,7 +80,7 @@ def _path(device, vocab: int, mode, *, dtype=None, recorder=None, clock=None, so
 
     from engine_hooks.comm import SingleRankCommunicator
     from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.modes import ModeTable
+    from gatherwise.modes import ModeTable
 
     kw = {"clock": clock} if clock is not None else {}
     return LogitsPath(comm or SingleRankCommunicator(), vocab, dtype=dtype or torch.bfloat16, device=device,
@@ -201,8 +201,8 @@ def _tp2_rank(rank: int, world: int, device: str, vocab: int, batch: int) -> dic
     import torch
 
     from engine_hooks.comm import TorchDistCommunicator
-    from engine_hooks.modes import IMPLEMENTED
     from engine_hooks.table_source import InProcessTableSource
+    from gatherwise.modes import IMPLEMENTED
 
     out = {}
     gen = torch.Generator().manual_seed(7)
@@ -254,7 +254,7 @@ def check_event_timing(ctx: dict) -> dict:
     """Per mode: the recorded path time (CUDA events, resolved later) against synchronized wall time."""
     import torch
 
-    from engine_hooks.modes import IMPLEMENTED
+    from gatherwise.modes import IMPLEMENTED
     from sidecar.ring_reader import RingReader
 
     device, batch = ctx["device"], 64
@@ -383,8 +383,8 @@ def check_sampler(ctx: dict) -> dict:
     the shared sampler alone on the received [P, B, V/P] layout for P = 1 and 8."""
     import torch
 
-    from engine_hooks.modes import IMPLEMENTED
     from engine_hooks.sampling import sample
+    from gatherwise.modes import IMPLEMENTED
 
     # On the CPU (the plumbing test in make test) a smaller vocab: the GPU shapes would take minutes there.
     device, vocab = ctx["device"], 32000 if ctx["cpu"] else SAMPLER_VOCAB
@@ -423,7 +423,7 @@ def check_hook_overhead(ctx: dict) -> dict:
     """Host µs per TP=1 path call, recording off vs on, interleaved blocks; per-call host time (no sync)."""
     import torch
 
-    from engine_hooks.modes import IMPLEMENTED
+    from gatherwise.modes import IMPLEMENTED
 
     device, vocab = ctx["device"], 32000
     blocks, block = (10, 50) if ctx["cpu"] else (40, 100)
@@ -473,7 +473,7 @@ def check_header_metrics(ctx: dict) -> dict:
         raise Skip(f"sidecar metrics need {exc.name}") from None
     import torch
 
-    from engine_hooks.modes import IMPLEMENTED
+    from gatherwise.modes import IMPLEMENTED
     from sidecar.ring_reader import RingReader
 
     device, vocab, batch = ctx["device"], 32000, 4
@@ -606,7 +606,7 @@ def run(outdir: Path, *, cpu: bool, only: list[str] | None = None, budget_s: flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gatherwise_bench.gpu_check", description=__doc__.split("\n")[0])
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--cpu", action="store_true", help="run the checks on the CPU (no GPU parts)")
     parser.add_argument("--only", default="", help="comma-separated check names (default: all)")

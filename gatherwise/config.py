@@ -21,7 +21,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from engine_hooks.modes import IMPLEMENTED_LABELS
+from gatherwise.modes import IMPLEMENTED_LABELS
 
 DEFAULT_SHM_DIR = "/dev/shm/gatherwise"
 ENV_PREFIX = "GATHERWISE_"

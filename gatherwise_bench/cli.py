@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.sampling_spec import parse_sampling
-from engine_hooks.modes import IMPLEMENTED_LABELS, Mode
+from gatherwise.modes import IMPLEMENTED_LABELS, Mode
+from gatherwise_bench.sampling_spec import parse_sampling
 
 if TYPE_CHECKING:  # torch-free at import: argument errors come before any heavy import
-    from bench.report import SweepResult
+    from gatherwise_bench.report import SweepResult
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 DEFAULT_ROWS = "1,2,4,8,16,32,64,128,256"
@@ -108,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="untimed calls per mode before each shape, default 3")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: cuda (NCCL, rank r on cuda:r) when there are >= tp GPUs, else cpu (gloo)")
-    p.add_argument("--out", type=Path, default=Path("bench/out/logits_sweep"),
-                   help="output directory, default bench/out/logits_sweep")
+    p.add_argument("--out", type=Path, default=Path("out/logits_sweep"),
+                   help="output directory, default out/logits_sweep")
     p.add_argument("--seed", type=int, default=0, help="seed of the random logits")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the sweep is abandoned")
     p.add_argument("--from-results", type=Path, metavar="RESULTS_JSON",
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_results is not None:
         if not args.from_results.is_file():
             parser.error(f"--from-results: no such file {args.from_results}")
-        from bench.report import load_results
+        from gatherwise_bench.report import load_results
 
         return _write_outputs(load_results(args.from_results), args.out)
     device = _pick_device(args.device, args.tp, parser)
@@ -142,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     # heavy imports only once the arguments are known to be good
     import torch
 
-    from bench.launch import run_ranks
-    from bench.report import SweepResult, find_crossovers, summarize
-    from bench.sweep import SweepConfig, sweep_rank
+    from gatherwise_bench.launch import run_ranks
+    from gatherwise_bench.report import SweepResult, find_crossovers, summarize
+    from gatherwise_bench.sweep import SweepConfig, sweep_rank
 
     cfg = SweepConfig(tp=args.tp, vocabs=args.vocab, rows=args.rows, dtypes=args.dtype, modes=args.modes,
                       iters=args.iters, warmup=args.warmup, device=device, seed=args.seed,
@@ -167,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write_outputs(result: SweepResult, out_dir: Path) -> int:
-    from bench.plot import plot_crossover
-    from bench.report import format_table, write_results_json
-    from bench.starting_table import write_starting_tables
+    from gatherwise_bench.plot import plot_crossover
+    from gatherwise_bench.report import format_table, write_results_json
+    from gatherwise_bench.starting_table import write_starting_tables
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tables = write_starting_tables(out_dir, result.config, result.shapes)

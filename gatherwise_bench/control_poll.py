@@ -1,6 +1,6 @@
 """Cost of ControlBlockSource.poll() per logits call (rank 0's per-call control overhead), JSON to stdout/file.
 
-    .venv/bin/python -m bench.control_poll [--calls 1000000] [--out bench/results/control_poll.json]
+    .venv/bin/python -m gatherwise_bench.control_poll [--calls 1000000] [--out out/control_poll.json]
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from engine_hooks.control_block import ControlBlockSource
-from engine_hooks.modes import Mode, ModeTable
-from engine_hooks.shm_format.control import control_path
+from gatherwise.modes import Mode, ModeTable
+from gatherwise.shm_format.control import control_path
 
 
 def measure(calls: int, repeats: int = 5) -> dict:

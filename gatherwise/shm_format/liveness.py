@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 
-from engine_hooks.shm_format.private_files import create_private_file, open_regular_file, temporary_name
+from gatherwise.shm_format.private_files import create_private_file, open_regular_file, temporary_name
 
 ALIVE_PREFIX = "alive-"
 # A directory with no files at all is one an engine is creating right now, or garbage: garbage after this long.

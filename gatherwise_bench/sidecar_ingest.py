@@ -1,8 +1,8 @@
 """Sidecar ingest pipeline rate: ring records -> cross-rank join -> histograms (-> traces), on one core.
 
-    python -m bench.sidecar_ingest [--calls 50000] [--tp 2] [--repeats 5] [--trace-ratio 0.01] [--out FILE]
+    python -m gatherwise_bench.sidecar_ingest [--calls 50000] [--tp 2] [--repeats 5] [--trace-ratio 0.01] [--out FILE]
 
-bench/ingest_rate.py measures RingReader alone; this measures everything Ingest.poll_once() does per record.
+gatherwise_bench/ingest_rate.py measures RingReader alone; this measures everything Ingest.poll_once() does per record.
 The rings are filled by a RingRecorder first (not timed). Reported: records/s of the reader's CPU time
 (time.process_time, so other load on the machine does not count), median and best of --repeats, with tracing off
 and with --trace-ratio of calls traced into an in-memory exporter. Target: >= 200k records/s.
@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from engine_hooks.recorder import RingRecorder
-from engine_hooks.shm_format.ring import engine_dir, ring_path
+from gatherwise.shm_format.ring import engine_dir, ring_path
 from sidecar.ingest import Ingest
 from sidecar.metrics import SidecarMetrics
 from sidecar.traces import CallTracer, new_provider
@@ -57,7 +57,7 @@ def one_run(shm: Path, trace_ratio: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.sidecar_ingest", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gatherwise_bench.sidecar_ingest", description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=50_000)
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)

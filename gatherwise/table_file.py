@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from engine_hooks.modes import NUM_BUCKETS, Mode, ModeTable, bucket_from_upper_bound
+from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_from_upper_bound
 
 _INT_META = ("tp", "vocab")
 

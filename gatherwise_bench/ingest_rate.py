@@ -1,6 +1,6 @@
 """Sidecar ingest rate: how many ring records per second RingReader.read_new() turns into CallRecords on one core.
 
-    python -m bench.ingest_rate [--records 200000] [--repeats 5] [--out bench/out/ingest_rate]
+    python -m gatherwise_bench.ingest_rate [--records 200000] [--repeats 5] [--out out/ingest_rate]
 
 1. drain: a ring (capacity 65536) is filled by a RingRecorder (not timed), then read back in batches of
    64, 512, 4096 and everything-at-once. Reported per batch size: records/s of wall time and of the reader's
@@ -137,11 +137,11 @@ def plot(path: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.ingest_rate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gatherwise_bench.ingest_rate", description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=60_000, help="records per drain repeat (max 65535)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=2.0, help="duration of the live run")
-    parser.add_argument("--out", type=Path, default=Path("bench/out/ingest_rate"))
+    parser.add_argument("--out", type=Path, default=Path("out/ingest_rate"))
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as shm:

@@ -1,9 +1,9 @@
 """The sidecar's own CPU, idle and at load: what it takes from the engine's cores.
 
-    python -m bench.sidecar_cpu [--tp 2] [--rates 0,50,500,2000] [--seconds 10] [--out bench/out/sidecar_cpu]
+    python -m gatherwise_bench.sidecar_cpu [--tp 2] [--rates 0,50,500,2000] [--seconds 10] [--out out/sidecar_cpu]
 
-A real sidecar subprocess (`gatherwise sidecar`) follows a telemetry stand-in (bench.synthetic_engine: real rings
-and a real control block, written from this process at a fixed call rate, cycling batch sizes 1..32). For each
+A real sidecar subprocess (`gatherwise sidecar`) follows a telemetry stand-in (gatherwise_bench.synthetic_engine: real
+rings and a real control block, written from this process at a fixed call rate, cycling batch sizes 1..32). For each
 rate and policy (manual, auto) it reads the sidecar's utime+stime from /proc/<pid>/stat over a window, while a
 scraper GETs /metrics every 5 s as Prometheus would. Reported: % of one core, and CPU µs per call. Rate 0 is the
 attached engine with no traffic (the floor: poll loops).
@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from bench.synthetic_engine import SyntheticEngine
+from gatherwise_bench.synthetic_engine import SyntheticEngine
 
 SIZES = (1, 2, 4, 8, 16, 32)
 TOKEN = "bench-sidecar-cpu"
@@ -40,7 +40,7 @@ def cpu_seconds(pid: int) -> float:
 
 def start_sidecar(config: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "GATHERWISE_API_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "gatherwise_cli", "sidecar", "--port", "0", "--config", config],
+    proc = subprocess.Popen([sys.executable, "-m", "gatherwise.cli", "sidecar", "--port", "0", "--config", config],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     url = re.search(r"(http://127\.0\.0\.1:\d+)", proc.stdout.readline()).group(1)
     return proc, url
@@ -131,12 +131,12 @@ def plot(path: Path, results: dict[str, dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.sidecar_cpu", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gatherwise_bench.sidecar_cpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--rates", default="0,50,500,2000", help="calls per second, comma separated")
     p.add_argument("--seconds", type=float, default=10.0, help="measurement window per rate")
     p.add_argument("--poll", type=float, default=0.02, help="sidecar.poll_interval_seconds")
-    p.add_argument("--out", default="bench/out/sidecar_cpu")
+    p.add_argument("--out", default="out/sidecar_cpu")
     p.add_argument("--baseline", help="a sidecar_cpu.json of another build to draw next to this one")
     args = p.parse_args(argv)
     out = Path(args.out)

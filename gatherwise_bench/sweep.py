@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from bench.sampling_spec import parse_sampling
 from engine_hooks.comm import default_communicator
 from engine_hooks.logits_path import LogitsPath
-from engine_hooks.modes import Mode, ModeTable
 from engine_hooks.sampling import SamplingParams, SamplingRow
+from gatherwise.modes import Mode, ModeTable
+from gatherwise_bench.sampling_spec import parse_sampling
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -40,7 +40,7 @@ class SweepConfig:
     warmup: int
     device: str = "cpu"  # "cpu" (gloo) or "cuda" (NCCL, rank r on cuda:r)
     seed: int = 0
-    samplings: tuple[str, ...] = ("greedy",)  # bench.sampling_spec labels
+    samplings: tuple[str, ...] = ("greedy",)  # gatherwise_bench.sampling_spec labels
     logit_scale: float = 1.0
 
     @property

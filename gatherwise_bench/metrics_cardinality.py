@@ -1,9 +1,9 @@
 """/metrics at TP=8 with every mode and every bucket: how many series, and how long a scrape takes.
 
-    python -m bench.metrics_cardinality [--tp 8] [--calls-per-cell 24] [--scrapes 30] [--out bench/out/cardinality]
+    python -m gatherwise_bench.metrics_cardinality [--tp 8] [--calls-per-cell 24] [--scrapes 30] [--out out/cardinality]
 
-A real sidecar subprocess follows a telemetry stand-in (bench.synthetic_engine: 8 real rings and a real control
-block) that runs calls of every mode code the engine has (all_gather, gather, sharded; sharded calls alternate
+A real sidecar subprocess follows a telemetry stand-in (gatherwise_bench.synthetic_engine: 8 real rings and a real
+control block) that runs calls of every mode code the engine has (all_gather, gather, sharded; sharded calls alternate
 one and two collectives, some with top-p fallbacks) in all 16 batch-size buckets: the worst case, every label
 combination present. The policy is auto, so its estimate gauges exist for every (bucket, mode) it chooses among.
 Then --scrapes GETs of /metrics in the classic text format and in OpenMetrics (what Prometheus asks for with
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.sidecar_cpu import start_sidecar
-from bench.synthetic_engine import SyntheticEngine
-from engine_hooks.modes import IMPLEMENTED, NUM_BUCKETS, Mode, bucket_upper_bound
+from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, bucket_upper_bound
+from gatherwise_bench.sidecar_cpu import start_sidecar
+from gatherwise_bench.synthetic_engine import SyntheticEngine
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 MAX_SERIES, MAX_SCRAPE_SECONDS = 5000, 0.050
@@ -133,11 +133,12 @@ def plot(path: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.metrics_cardinality", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gatherwise_bench.metrics_cardinality",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--tp", type=int, default=8)
     p.add_argument("--calls-per-cell", type=int, default=24, help="calls per (bucket, mode)")
     p.add_argument("--scrapes", type=int, default=30)
-    p.add_argument("--out", default="bench/out/cardinality")
+    p.add_argument("--out", default="out/cardinality")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """What a sidecar pays next to a full ring and next to many leftover engine directories.
 
-    python -m bench.ingest_bounds [--capacity 1048576] [--dirs 1000] [--out bench/out/ingest_bounds]
+    python -m gatherwise_bench.ingest_bounds [--capacity 1048576] [--dirs 1000] [--out out/ingest_bounds]
 
 1. attach: a single-rank ring of --capacity records, full, then a fresh process (one per variant, so its peak
    RSS is its own) builds an Ingest and runs its first poll (discover, attach, read). Variants side by side:
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from engine_hooks.recorder import RingRecorder
-from engine_hooks.shm_format.liveness import LivenessLock
-from engine_hooks.shm_format.ring import engine_dir, ring_path
+from gatherwise.shm_format.liveness import LivenessLock
+from gatherwise.shm_format.ring import engine_dir, ring_path
 
 
 def _peak_rss_kib() -> int:
@@ -132,10 +132,10 @@ def plot(path: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.ingest_bounds", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gatherwise_bench.ingest_bounds", description=__doc__.split("\n\n")[0])
     p.add_argument("--capacity", type=int, default=1 << 20)
     p.add_argument("--dirs", type=int, default=1000)
-    p.add_argument("--out", type=Path, default=Path("bench/out/ingest_bounds"))
+    p.add_argument("--out", type=Path, default=Path("out/ingest_bounds"))
     args = p.parse_args(argv)
     root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     shm = tempfile.mkdtemp(dir=root, prefix="gatherwise-bench-bounds-")

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.sweep import DTYPES, CallTimes, ShapeKey, SweepConfig
 from engine_hooks.logits_path import shard_width
+from gatherwise_bench.sweep import DTYPES, CallTimes, ShapeKey, SweepConfig
 
 # A winner counts for crossovers only when it won this share of the interleaved pairs: 0.75 is ~2.7 sigma
 # away from a coin flip at 30 pairs, so scheduler noise on a shared machine does not draw crossovers.

@@ -1,6 +1,6 @@
 """Hook overhead per logits call: the path with recording on vs off vs the bare collective.
 
-    python -m bench.hook_overhead [--tp 2] [--iters 300] [--warmup 30] [--out bench/out/hook_overhead]
+    python -m gatherwise_bench.hook_overhead [--tp 2] [--iters 300] [--warmup 30] [--out out/hook_overhead]
 
 Variants, interleaved call by call (a rotating order, so drift of the machine hits all alike), on TP ranks:
   bare — all_gather_into_tensor of the shard + greedy argmax over the gathered shards (no hooks at all)
@@ -44,10 +44,10 @@ def _measure_shape(comm, rank: int, world: int, rows: int, vocab: int, iters: in
     import torch.distributed as dist
 
     from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.modes import Mode, ModeTable
     from engine_hooks.recorder import RingRecorder
     from engine_hooks.sampling import SamplingParams, SamplingRow
-    from engine_hooks.shm_format.ring import ring_path
+    from gatherwise.modes import Mode, ModeTable
+    from gatherwise.shm_format.ring import ring_path
 
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     table = ModeTable.uniform(Mode.ALL_GATHER)
@@ -140,8 +140,8 @@ def single_rank_path_us(rounds: int = 60, block: int = 100) -> dict:
 
     from engine_hooks.comm import SingleRankCommunicator
     from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.modes import Mode, ModeTable
     from engine_hooks.sampling import SamplingParams, SamplingRow
+    from gatherwise.modes import Mode, ModeTable
 
     torch.set_num_threads(1)
     table = ModeTable.uniform(Mode.ALL_GATHER)
@@ -228,15 +228,16 @@ def plot(path: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.hook_overhead", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gatherwise_bench.hook_overhead",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=Path("bench/out/hook_overhead"))
+    parser.add_argument("--out", type=Path, default=Path("out/hook_overhead"))
     parser.add_argument("--path-runs", type=int, default=5,
                         help="repeat the TP=1 path A/B this many times; the result is the median of the runs")
     args = parser.parse_args(argv)
-    from bench.launch import run_ranks
+    from gatherwise_bench.launch import run_ranks
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as shm_dir:

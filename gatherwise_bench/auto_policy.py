@@ -1,6 +1,6 @@
 """Auto policy vs static modes on a mixed workload that crosses the gather/all_gather crossover (TP=2, gloo).
 
-    .venv/bin/python -m bench.auto_policy [--rounds 4] [--segment 4] [--cold 90] [--out bench/out/auto_policy]
+    .venv/bin/python -m gatherwise_bench.auto_policy [--rounds 4] [--segment 4] [--cold 90] [--out out/auto_policy]
 
 One real TP=2 engine (install_hooks: rings + control block) and one real sidecar subprocess. Phase 1 interleaves
 segments of static all_gather, static gather and auto (PUT /v1/mode) in rotating order, so slow drifts of this
@@ -30,8 +30,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from bench.sidecar_cpu import cpu_seconds
-from engine_hooks.modes import IMPLEMENTED, Mode
+from gatherwise.modes import IMPLEMENTED, Mode
+from gatherwise_bench.sidecar_cpu import cpu_seconds
 
 STATIC = tuple(m.label for m in IMPLEMENTED)  # every implemented mode is a static variant
 
@@ -48,9 +48,9 @@ def engine_rank(rank: int, world: int, config_path: str, stop_file: str) -> int:
     import torch
 
     from engine_hooks.comm import default_communicator
-    from engine_hooks.config import load_config
     from engine_hooks.install import install_hooks
     from engine_hooks.sampling import SamplingParams, SamplingRow
+    from gatherwise.config import load_config
 
     comm = default_communicator()
     hooks = install_hooks(comm, vocab=VOCAB, config=load_config(config_path))
@@ -75,10 +75,10 @@ def engine_rank(rank: int, world: int, config_path: str, stop_file: str) -> int:
 
 
 class Engine:
-    """The TP=2 engine in a thread (bench.launch.run_ranks blocks), plus readers of its rings."""
+    """The TP=2 engine in a thread (gatherwise_bench.launch.run_ranks blocks), plus readers of its rings."""
 
     def __init__(self, config_path: str, shm: str, stop_file: str) -> None:
-        from bench.launch import run_ranks
+        from gatherwise_bench.launch import run_ranks
 
         self.stop_file = stop_file
         known = {e.engine_id for e in _engines(shm)}
@@ -243,7 +243,7 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
         "sidecar": {"poll_interval_seconds": 0.01}, "traces": {"enabled": False},
         "policy": {"mode": "manual", **POLICY}}))
     env = {**os.environ, "GATHERWISE_API_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
-    sidecar = subprocess.Popen([sys.executable, "-m", "gatherwise_cli", "sidecar", "--port", "0", "--config", config],
+    sidecar = subprocess.Popen([sys.executable, "-m", "gatherwise.cli", "sidecar", "--port", "0", "--config", config],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         url = re.search(r"(http://127\.0\.0\.1:\d+)", sidecar.stdout.readline()).group(1)
@@ -304,14 +304,14 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.auto_policy", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gatherwise_bench.auto_policy", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds of the three variants")
     p.add_argument("--segment", type=float, default=10.0, help="seconds per variant segment")
     p.add_argument("--settle", type=float, default=3.0, help="seconds at the start of every segment not measured")
     p.add_argument("--cold", type=float, default=90.0, help="seconds of the cold-start auto run")
     p.add_argument("--gather-delay", type=float, default=0.0,
                    help="seconds added to every gather (control.inject_delay), to give this machine a crossover")
-    p.add_argument("--out", default="bench/out/auto_policy", help="directory for auto_policy.json and .png")
+    p.add_argument("--out", default="out/auto_policy", help="directory for auto_policy.json and .png")
     args = p.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="gw-bench-auto-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     try:

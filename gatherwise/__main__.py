@@ -1,0 +1,5 @@
+import sys
+
+from gatherwise.cli import main
+
+sys.exit(main())
