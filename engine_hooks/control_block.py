@@ -14,7 +14,7 @@ import os
 import time
 
 from engine_hooks.table_source import AppliedStatus, TableRequest
-from gatherwise.modes import ModeTable
+from gatherwise.modes import FLAG_MASK, ModeTable
 from gatherwise.shm_format import control as fmt
 from gatherwise.shm_format.control import CMD_SEQ, HB_CALL, HB_LOCK, HB_NS
 from gatherwise.shm_format.private_files import open_regular_file, write_private_file
@@ -82,7 +82,7 @@ class ControlBlockSource:
             if seq <= (self._request.seq if self._request else 0):
                 raise ValueError(f"command seq {seq} is not newer than the last one applied")
             table = ModeTable.decode(table_word)
-            if flags >> 4:
+            if flags & ~FLAG_MASK:
                 raise ValueError(f"unknown command flags {flags:#x}")
         except ValueError as exc:
             self.ignored_commands += 1

@@ -6,31 +6,26 @@ the same clear error on any mismatch, so no rank is left waiting in a later coll
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 from engine_hooks.comm import Communicator
 from gatherwise import HOOKS_VERSION
+from gatherwise.logits_dtypes import dtype_code
 from gatherwise.modes import ModeTable
+from gatherwise.stable_hash import stable_hash
 
+INT64_MAX = (1 << 63) - 1  # every field travels as one int64
 _FIELDS = ("hooks version", "config hash", "initial table", "vocab", "logits dtype")
-_DTYPE_CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 
 
 class HandshakeError(RuntimeError):
     pass
 
 
-def stable_hash(text: str) -> int:
-    """A 63-bit hash that is the same in every process (unlike hash())."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
-
-
 def handshake(comm: Communicator, *, config_hash: int, table: ModeTable, vocab: int, dtype: torch.dtype,
               device: torch.device | str = "cpu", hooks_version: str = HOOKS_VERSION) -> None:
     """Raise HandshakeError on every rank unless all ranks agree on version, config, table, vocab, dtype."""
-    mine = [stable_hash(hooks_version), config_hash & (2**63 - 1), table.encode(), vocab, _DTYPE_CODES[dtype]]
+    mine = [stable_hash(hooks_version), config_hash & INT64_MAX, table.encode(), vocab, dtype_code(dtype)]
     out = torch.zeros(comm.world_size, len(mine), dtype=torch.int64, device=device)
     comm.all_gather(out, torch.tensor(mine, dtype=torch.int64, device=device))
     rows = out.cpu().tolist()

@@ -20,11 +20,11 @@ from engine_hooks.comm import Communicator
 from engine_hooks.delay_injection import DelayedCommunicator
 from engine_hooks.handshake import handshake
 from engine_hooks.logits_path import LogitsPath
+from engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 from gatherwise.config import GatherwiseConfig, config_hash, load_config
 from gatherwise.modes import Mode, ModeTable
 
 log = logging.getLogger("gatherwise.install")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -49,7 +49,7 @@ class InstalledHooks:
 
 
 def logits_dtype(config: GatherwiseConfig) -> torch.dtype:
-    return _DTYPES[config.engine.logits_dtype]
+    return TORCH_LOGITS_DTYPES[config.engine.logits_dtype]
 
 
 def initial_table(config: GatherwiseConfig) -> ModeTable:

@@ -15,6 +15,7 @@ import struct
 import sys
 import time
 
+from gatherwise.logits_dtypes import dtype_code
 from gatherwise.shm_format import ring as fmt
 from gatherwise.shm_format.private_files import create_private_file, temporary_name
 
@@ -84,7 +85,7 @@ class RingRecorder:
         self.path = os.fspath(path)
         self.capacity = capacity
         self.rank, self.vocab = rank, vocab
-        self.dtype_code = fmt.dtype_code(dtype)
+        self.dtype_code = dtype_code(dtype)
         size = fmt.ring_file_size(capacity)
         # Build the file under a temporary name and rename it into place: readers never see a blank header.
         tmp = temporary_name(self.path)

@@ -133,8 +133,14 @@ _LETTER = {Mode.ALL_GATHER: "A", Mode.GATHER: "G", Mode.SHARDED: "S"}
 #   bits 32..55  epoch   (24 bits, wraps; +1 each time rank 0 adopts a new table)
 #   bits 56..59  flags   (bit 0: table came from the auto policy)
 #   bits 60..63  version (CONTROL_WORD_VERSION)
+TABLE_BITS = NUM_BUCKETS * BITS_PER_BUCKET  # 32
 EPOCH_BITS = 24
 FLAG_BITS = 4
+EPOCH_SHIFT = TABLE_BITS
+FLAG_SHIFT = EPOCH_SHIFT + EPOCH_BITS
+VERSION_SHIFT = FLAG_SHIFT + FLAG_BITS
+EPOCH_MASK = (1 << EPOCH_BITS) - 1
+FLAG_MASK = (1 << FLAG_BITS) - 1
 FLAG_AUTO = 1
 
 
@@ -148,9 +154,9 @@ class ControlWord:
         """The word as an unsigned 64-bit int."""
         return (
             self.table.encode()
-            | (self.epoch % (1 << EPOCH_BITS)) << 32
-            | (self.flags & ((1 << FLAG_BITS) - 1)) << 56
-            | CONTROL_WORD_VERSION << 60
+            | (self.epoch & EPOCH_MASK) << EPOCH_SHIFT
+            | (self.flags & FLAG_MASK) << FLAG_SHIFT
+            | CONTROL_WORD_VERSION << VERSION_SHIFT
         )
 
     def pack_signed(self) -> int:
@@ -161,13 +167,13 @@ class ControlWord:
     @classmethod
     def unpack(cls, word: int) -> ControlWord:
         word &= (1 << 64) - 1
-        version = word >> 60
+        version = word >> VERSION_SHIFT
         if version != CONTROL_WORD_VERSION:
             raise ValueError(f"control word version {version} != {CONTROL_WORD_VERSION} (word {word:#018x})")
         return cls(
-            table=ModeTable.decode(word & 0xFFFF_FFFF),
-            epoch=(word >> 32) & ((1 << EPOCH_BITS) - 1),
-            flags=(word >> 56) & ((1 << FLAG_BITS) - 1),
+            table=ModeTable.decode(word & ((1 << TABLE_BITS) - 1)),
+            epoch=(word >> EPOCH_SHIFT) & EPOCH_MASK,
+            flags=(word >> FLAG_SHIFT) & FLAG_MASK,
         )
 
 

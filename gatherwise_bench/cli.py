@@ -15,13 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gatherwise.logits_dtypes import LOGITS_DTYPES
 from gatherwise.modes import IMPLEMENTED_LABELS, Mode
 from gatherwise_bench.sampling_spec import parse_sampling
 
 if TYPE_CHECKING:  # torch-free at import: argument errors come before any heavy import
     from gatherwise_bench.report import SweepResult
 
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
 DEFAULT_ROWS = "1,2,4,8,16,32,64,128,256"
 
 
@@ -63,8 +63,8 @@ def _name_list(what: str, parse_one: Callable[[str], str]) -> Callable[[str], tu
 
 
 def _dtype(text: str) -> str:
-    if text.lower() not in DTYPE_NAMES:
-        raise ValueError(f"unknown dtype {text!r}: expected one of {', '.join(DTYPE_NAMES)}")
+    if text.lower() not in LOGITS_DTYPES:
+        raise ValueError(f"unknown dtype {text!r}: expected one of {', '.join(LOGITS_DTYPES)}")
     return text.lower()
 
 
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=_int_list("--rows", 1), default=_int_list("--rows", 1)(DEFAULT_ROWS),
                    help=f"comma-separated batch rows, default {DEFAULT_ROWS}")
     p.add_argument("--dtype", type=_name_list("--dtype", _dtype), default=("float32", "bfloat16"),
-                   help=f"comma-separated logits dtypes ({', '.join(DTYPE_NAMES)}), default float32,bfloat16")
+                   help=f"comma-separated logits dtypes ({', '.join(LOGITS_DTYPES)}), default float32,bfloat16")
     p.add_argument("--modes", type=_name_list("--modes", lambda t: Mode.parse(t).label),
                    default=IMPLEMENTED_LABELS, help="comma-separated modes, interleaved in this order; "
                    f"default {','.join(IMPLEMENTED_LABELS)}")

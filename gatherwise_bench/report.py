@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from engine_hooks.logits_path import shard_width
-from gatherwise_bench.sweep import DTYPES, CallTimes, ShapeKey, SweepConfig
+from engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
+from gatherwise_bench.sweep import CallTimes, ShapeKey, SweepConfig
 
 # A winner counts for crossovers only when it won this share of the interleaved pairs: 0.75 is ~2.7 sigma
 # away from a coin flip at 30 pairs, so scheduler noise on a shared machine does not draw crossovers.
@@ -93,7 +94,7 @@ def summarize(cfg: SweepConfig, per_rank: list[dict[ShapeKey, CallTimes]]) -> li
     for vocab in cfg.vocabs:
         width = shard_width(vocab, cfg.tp)
         for dtype in cfg.dtypes:
-            elem = DTYPES[dtype].itemsize
+            elem = TORCH_LOGITS_DTYPES[dtype].itemsize
             for sampling in cfg.samplings:
                 for rows in cfg.rows:
                     nbytes = cfg.tp * rows * width * elem

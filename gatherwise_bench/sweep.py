@@ -23,10 +23,9 @@ import torch.distributed as dist
 from engine_hooks.comm import default_communicator
 from engine_hooks.logits_path import LogitsPath
 from engine_hooks.sampling import SamplingParams, SamplingRow
+from engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 from gatherwise.modes import Mode, ModeTable
 from gatherwise_bench.sampling_spec import parse_sampling
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ def sweep_rank(rank: int, world: int, cfg: SweepConfig) -> dict[ShapeKey, CallTi
     for vocab in cfg.vocabs:
         for dtype_name in cfg.dtypes:
             recorders = {m: _PhaseRecorder() for m in cfg.modes}
-            paths = {m: LogitsPath(comm, vocab, dtype=DTYPES[dtype_name], device=device,
+            paths = {m: LogitsPath(comm, vocab, dtype=TORCH_LOGITS_DTYPES[dtype_name], device=device,
                                    initial_table=ModeTable.uniform(Mode.parse(m)), recorder=recorders[m])
                      for m in cfg.modes}
             for sampling, rows in ((s, r) for s in cfg.samplings for r in cfg.rows):

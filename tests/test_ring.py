@@ -10,6 +10,7 @@ import struct
 import pytest
 
 from engine_hooks.recorder import RingRecorder
+from gatherwise.logits_dtypes import dtype_code, dtype_name
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
 from sidecar.ring_reader import RingFormatError, RingReader, discover_engines
@@ -74,10 +75,11 @@ def test_header_identity_and_counters(tmp_path):
 
 
 def test_dtype_codes():
-    assert fmt.dtype_code("bfloat16") == fmt.dtype_code("torch.bfloat16") == 2
-    assert fmt.dtype_name(fmt.dtype_code("float16")) == "float16"
+    assert dtype_code("bfloat16") == dtype_code("torch.bfloat16") == 2
+    assert dtype_name(dtype_code("float16")) == "float16"
+    assert fmt.DTYPE_NAMES[2] == "bfloat16"  # the names ring readers show for the header's dtype field
     with pytest.raises(ValueError, match="unsupported logits dtype"):
-        fmt.dtype_code("int8")
+        dtype_code("int8")
 
 
 def test_wrap_around_counts_exact_missed_and_counters_stay_exact(tmp_path):

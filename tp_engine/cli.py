@@ -12,6 +12,8 @@ import argparse
 import json
 import sys
 
+from gatherwise.logits_dtypes import LOGITS_DTYPES
+
 
 def _mode(text: str) -> str:
     from gatherwise.modes import IMPLEMENTED_LABELS
@@ -77,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=_ranged(float, 0.0, 1.0, low_open=True), default=1.0, help="1 = off")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of sampling")
     p.add_argument("--vocab", type=_ranged(int, 1), default=None, help="vocab of the random model (default 32000)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="logits dtype")
+    p.add_argument("--dtype", choices=LOGITS_DTYPES, default="float32", help="logits dtype")
     p.add_argument("--compute-dtype", choices=("float64", "float32"), default="float64",
                    help="model compute dtype (float64 keeps tokens identical across P; float32 is faster)")
     p.add_argument("--checkpoint", default=None, help="HF Llama/Qwen2 directory (config.json + *.safetensors)")

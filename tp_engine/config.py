@@ -6,7 +6,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from engine_hooks.handshake import stable_hash
+from gatherwise.stable_hash import stable_hash
 from tp_engine.rope import RopeConfig
 
 

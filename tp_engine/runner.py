@@ -19,11 +19,13 @@ from dataclasses import dataclass
 import torch
 
 from engine_hooks.comm import Communicator, default_communicator
-from engine_hooks.handshake import handshake, stable_hash
+from engine_hooks.handshake import handshake
 from engine_hooks.logits_path import CallRecorder, LogitsPath
 from engine_hooks.sampling import SamplingParams, SamplingRow
 from engine_hooks.table_source import ScheduleTableSource, TableSource, initial_schedule_table
+from engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 from gatherwise.modes import Mode, ModeTable
+from gatherwise.stable_hash import stable_hash
 from tp_engine.config import ModelConfig, tiny_config
 from tp_engine.hf_config import load_hf_config
 from tp_engine.kv_cache import KVCache
@@ -40,7 +42,7 @@ from tp_engine.scheduler import (
 from tp_engine.weights import RandomSource, SafetensorsSource, TensorSource, check_tensor_names, shard_weights
 
 GREEDY = SamplingParams()
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float64": torch.float64, **TORCH_LOGITS_DTYPES}  # compute (float64 is the reference) and logits dtypes
 
 
 @dataclass(frozen=True)

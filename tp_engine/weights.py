@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 
+from gatherwise.stable_hash import stable_hash
 from tp_engine.config import ModelConfig
 from tp_engine.layers import Span, head_shard, split_evenly, vocab_span
 
@@ -164,6 +165,10 @@ def random_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], float
     return spec
 
 
+_SEED_STRIDE = 1_000_003  # a prime: (seed, tensor name) pairs map to distinct generator seeds
+_SEED_LIMIT = 1 << 63  # torch.Generator.manual_seed takes a non-negative int64
+
+
 class RandomSource:
     """Seeded random weights: every tensor is a pure function of (seed, name), identical on every rank."""
 
@@ -178,9 +183,7 @@ class RandomSource:
 
     def full(self, name: str) -> torch.Tensor:
         shape, mean, std = self._spec[name]
-        from engine_hooks.handshake import stable_hash
-
-        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + stable_hash(name)) % (1 << 63))
+        gen = torch.Generator().manual_seed((self.seed * _SEED_STRIDE + stable_hash(name)) % _SEED_LIMIT)
         return torch.randn(shape, generator=gen, dtype=torch.float64) * std + mean
 
     def read(self, name: str, dim: int = 0, span: Span | None = None) -> torch.Tensor:

@@ -18,8 +18,10 @@ import torch
 import torch.distributed as dist
 
 from engine_hooks.adapters.group_coordinator_comm import GroupCoordinatorCommunicator
+from engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 
-_SHM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_SHM_DTYPES = frozenset(TORCH_LOGITS_DTYPES.values())  # the logits; vLLM's shm ops take floating point only
+
 
 
 class VllmGroupCommunicator(GroupCoordinatorCommunicator):

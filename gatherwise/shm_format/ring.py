@@ -11,6 +11,10 @@ import os
 import struct
 from dataclasses import dataclass, field
 
+# The header's dtype field holds a logits dtype code (gatherwise.logits_dtypes); named here for ring readers.
+from gatherwise.logits_dtypes import DTYPE_NAMES as DTYPE_NAMES
+from gatherwise.logits_dtypes import dtype_name as dtype_name
+
 MAGIC = b"GWRING\x00\x00"
 FORMAT_VERSION = 2
 HEADER_SIZE = 512  # records start here
@@ -30,23 +34,6 @@ def engine_dir(shm_dir: str | os.PathLike, engine_id: int) -> str:
 
 def ring_path(shm_dir: str | os.PathLike, engine_id: int, rank: int) -> str:
     return os.path.join(engine_dir(shm_dir, engine_id), f"{RING_PREFIX}{rank}")
-
-
-# -- dtype codes -------------------------------------------------------------------------------------------
-DTYPE_CODES = {"float32": 1, "bfloat16": 2, "float16": 3}
-DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
-
-
-def dtype_code(dtype: object) -> int:
-    """Code of a logits dtype given as "float32", "torch.float32" or a torch.dtype (no torch import)."""
-    name = str(dtype).removeprefix("torch.")
-    if name not in DTYPE_CODES:
-        raise ValueError(f"unsupported logits dtype {dtype!r}: expected one of {', '.join(DTYPE_CODES)}")
-    return DTYPE_CODES[name]
-
-
-def dtype_name(code: int) -> str:
-    return DTYPE_NAMES.get(code, f"unknown({code})")
 
 
 # -- header ------------------------------------------------------------------------------------------------
@@ -101,7 +88,7 @@ U32_MAX = 0xFFFFFFFF
 FLAG_BROADCAST = 1  # the call broadcast tokens (gather mode); the broadcast fields time it
 FLAG_RESOLVE = 2  # sharded mode: the call ran its second collective (shard_resolve); the broadcast fields time it
 FALLBACK_SHIFT = 8  # flags bits 8..31: top-p rows of this call that took the full-row fallback (sharded mode)
-FALLBACK_MAX = (1 << 24) - 1
+FALLBACK_MAX = (1 << (32 - FALLBACK_SHIFT)) - 1  # what the rest of the u32 flags field holds
 BROADCAST_BYTES_PER_ROW = 8  # int64 token ids; plus one 8-byte control word per call
 
 
