@@ -9,19 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+from tests._processes import processes_mentioning
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _processes_mentioning(text: str) -> list[str]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in args:
-            found.append(args)
-    return found
 
 
 def test_demo_shows_live_numbers_and_ctrl_c_cleans_up():
@@ -54,4 +44,4 @@ def test_demo_shows_live_numbers_and_ctrl_c_cleans_up():
     shm_dir = re.search(r"shared-memory dir (\S+) removed", text)
     assert shm_dir, text[-3000:]
     assert not Path(shm_dir.group(1)).exists()
-    assert _processes_mentioning(shm_dir.group(1)) == []
+    assert processes_mentioning(shm_dir.group(1)) == []

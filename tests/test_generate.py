@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +18,8 @@ from engine_hooks.handshake import HandshakeError, handshake
 from engine_hooks.sampling import SamplingParams
 from engine_hooks.sharded_exchange import collectives_for
 from gatherwise.modes import Mode, ModeTable
+from tests._counting_comm import CountingComm
+from tests._generate_cli import generate_json
 from tp_engine.cli import generate_main
 from tp_engine.hf_config import config_from_hf
 from tp_engine.launch import LaunchError, launch
@@ -51,25 +51,6 @@ class Case:
     max_gap: int = 2
     max_batch: int = 16
     logits_dtype: str = "float32"
-
-
-class CountingComm:
-    """Counts the collectives the logits path really issues (the model's all_reduces bypass it)."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.rank, self.world_size, self.count = inner, inner.rank, inner.world_size, 0
-
-    def all_gather(self, out, inp) -> None:
-        self.count += 1
-        self.inner.all_gather(out, inp)
-
-    def gather(self, out, inp) -> None:
-        self.count += 1
-        self.inner.gather(out, inp)
-
-    def broadcast(self, tensor) -> None:
-        self.count += 1
-        self.inner.broadcast(tensor)
 
 
 def probe_tokens(vocab: int) -> list[int]:
@@ -354,18 +335,11 @@ def test_handshake_refuses_mismatched_ranks_without_hanging(tmp_path):
 
 
 # -- the command line -----------------------------------------------------------------------------------------
-def _cli(*args: str) -> dict:
-    cmd = [sys.executable, "-m", "gatherwise.cli", "generate", *args, "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
 @pytest.mark.timeout(300)
 def test_cli_tp2_prints_tp1_tokens():
     args = ("--mode", "schedule:4", "--prompts", "5", "--max-new-tokens", "5", "--temperature", "0.9", "--top-k",
             "50", "--top-p", "0.95", "--seed", "3")
-    one, two = _cli("--tp", "1", *args), _cli("--tp", "2", *args)
+    one, two = generate_json("--tp", "1", *args), generate_json("--tp", "2", *args)
     assert set(two) == {"prompt_ids", "tokens", "finish_reasons", "modes", "collectives"}  # no tokenizer: no text
     assert two["tokens"] == one["tokens"] and len(two["tokens"]) == 5
     assert two["prompt_ids"] == one["prompt_ids"] and len(two["prompt_ids"]) == 5

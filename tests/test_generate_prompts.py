@@ -4,12 +4,11 @@ template, end-of-sequence stops and the JSON output, held against transformers' 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests._generate_cli import generate_json
 from tests._hf_checkpoints import TinyCheckpoint, build, load_reference, reference_greedy, write_tokenizer
 from tp_engine.cli import generate_main
 
@@ -35,17 +34,10 @@ def hf_tokenizer(checkpoint):
     return AutoTokenizer.from_pretrained(checkpoint)
 
 
-def _cli(*args: str) -> dict:
-    cmd = [sys.executable, "-m", "gatherwise.cli", "generate", *args, "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
 @pytest.mark.timeout(300)
 def test_text_and_id_prompts_match_transformers(checkpoint, hf_tokenizer):
-    out = _cli("--checkpoint", str(checkpoint), "--tp", "2", "--mode", "gather", "--max-new-tokens", str(MAX_NEW),
-               "--prompt", TEXTS[0], "--prompt-ids", "5,6,7", "--prompt", TEXTS[1])
+    out = generate_json("--checkpoint", str(checkpoint), "--tp", "2", "--mode", "gather", "--max-new-tokens",
+                        str(MAX_NEW), "--prompt", TEXTS[0], "--prompt-ids", "5,6,7", "--prompt", TEXTS[1])
     want_prompts = [hf_tokenizer(TEXTS[0]).input_ids, [5, 6, 7], hf_tokenizer(TEXTS[1]).input_ids]
     assert out["prompt_ids"] == want_prompts and want_prompts[0][0] == 1  # BOS from tokenizer.json
     want = reference_greedy(load_reference(checkpoint), want_prompts, MAX_NEW)
@@ -57,7 +49,7 @@ def test_text_and_id_prompts_match_transformers(checkpoint, hf_tokenizer):
 
 @pytest.mark.timeout(300)
 def test_chat_prompt_uses_the_checkpoint_template(checkpoint, hf_tokenizer):
-    out = _cli("--checkpoint", str(checkpoint), "--max-new-tokens", "3", "--chat", "--prompt", TEXTS[1])
+    out = generate_json("--checkpoint", str(checkpoint), "--max-new-tokens", "3", "--chat", "--prompt", TEXTS[1])
     messages = [{"role": "user", "content": TEXTS[1]}]
     want = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     want = want["input_ids"] if hasattr(want, "keys") else want  # transformers 5 returns a BatchEncoding
@@ -79,10 +71,10 @@ def test_generation_stops_at_the_checkpoints_eos_unless_ignored(checkpoint, tmp_
     (ckpt / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": [free[stop_at], 2]}))
     args = ("--checkpoint", str(ckpt), "--tp", "3", "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens",
             "8")
-    stopped = _cli(*args)
+    stopped = generate_json(*args)
     assert stopped["tokens"] == [free[: stop_at + 1]] == reference_greedy(load_reference(ckpt), [prompt], 8)
     assert stopped["finish_reasons"] == ["stop"]
-    ignored = _cli(*args, "--ignore-eos")
+    ignored = generate_json(*args, "--ignore-eos")
     assert ignored["tokens"] == [free] and ignored["finish_reasons"] == ["length"]
 
 

@@ -17,9 +17,10 @@ import torch
 from engine_hooks.logits_path import LogitsPath, shard_width
 from engine_hooks.sampling import SamplingParams, SamplingRow, sample
 from engine_hooks.sharded_exchange import collectives_for
-from engine_hooks.table_source import ScheduleTableSource, initial_schedule_table
-from gatherwise.modes import IMPLEMENTED, Mode, ModeTable
+from gatherwise.modes import IMPLEMENTED, Mode
+from tests._counting_comm import CountingComm
 from tp_engine.launch import launch
+from tp_engine.runner import mode_setup
 
 GREEDY = SamplingParams()
 TOP_K = SamplingParams(temperature=0.9, top_k=7, seed=1)
@@ -58,32 +59,6 @@ def sampling_rows(case: Case, call: int, rows: int) -> list[SamplingRow]:
     return [SamplingRow(rng.choice(case.params), request_id=100 * call + i, position=call) for i in range(rows)]
 
 
-def setup(mode: str):
-    if mode.startswith("schedule:"):
-        seed = int(mode.split(":")[1])
-        return initial_schedule_table(seed), lambda: ScheduleTableSource(seed)
-    return ModeTable.uniform(Mode.parse(mode)), lambda: None
-
-
-class CountingComm:
-    """Counts the collectives the path really issues."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.rank, self.world_size, self.count = inner, inner.rank, inner.world_size, 0
-
-    def all_gather(self, out, inp) -> None:
-        self.count += 1
-        self.inner.all_gather(out, inp)
-
-    def gather(self, out, inp) -> None:
-        self.count += 1
-        self.inner.gather(out, inp)
-
-    def broadcast(self, tensor) -> None:
-        self.count += 1
-        self.inner.broadcast(tensor)
-
-
 class ListRecorder:
     def __init__(self) -> None:
         self.calls: list[dict] = []
@@ -101,7 +76,7 @@ def run_cases(rank: int, world: int, cases: list[Case]) -> list[dict]:
     comm = CountingComm(default_communicator())
     out = []
     for case in cases:
-        table, source = setup(case.mode)
+        table, source = mode_setup(case.mode)
         recorder = ListRecorder()
         path = LogitsPath(comm, case.vocab, dtype=getattr(torch, case.dtype), initial_table=table,
                           table_source=source() if rank == 0 else None, recorder=recorder, keep_log=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +32,33 @@ class Target:
 
 
 def version_supported(version: str, supported: Iterable[str]) -> bool:
-    """True when `version` (e.g. "0.32.3+cpu") is one of the `supported` major.minor releases (e.g. "0.32")."""
+    """True when `version` (e.g. "0.32.3+cpu") is one of the `supported` releases: "0.32" covers every 0.32.x,
+    "0.5.23" covers 0.5.23 and its post releases."""
     release = version.split("+")[0]
     return any(release == v or release.startswith(v + ".") for v in supported)
+
+
+def _supported_text(supported: Sequence[str]) -> str:
+    return ", ".join(v + ".x" if v.count(".") == 1 else v for v in supported)
+
+
+def compatibility_problems(engine: str, installed_version: Callable[[], str], supported: Sequence[str],
+                           targets: Iterable[Target], used_names: Iterable[tuple[str, str]]) -> list[str]:
+    """Empty when an adapter may patch the installed `engine`; else the reasons it must not. Imports the
+    engine's modules only after its version is known to be supported."""
+    try:
+        version = installed_version()
+    except ModuleNotFoundError as exc:  # importlib.metadata.PackageNotFoundError is one too
+        return [f"{engine} is not installed ({exc})"]
+    except Exception as exc:  # a broken install
+        return [f"{engine} is not importable ({exc!r})"]
+    if not version_supported(version, supported):
+        return [f"{engine} {version} is not a version this adapter knows (supported: {_supported_text(supported)})"]
+    try:
+        classes, problems = import_problems(targets, used_names)
+    except Exception as exc:  # an engine module failing at import time for its own reasons
+        return [f"{engine} is not importable ({exc!r})"]
+    return problems + target_problems(classes)
 
 
 def target_problems(classes: Mapping[Target, Any]) -> list[str]:

@@ -2,10 +2,14 @@
 adapter does not know (engine version, unusable shm_dir), else install the hooks and clean up at exit.
 
 A broken gatherwise config fails loudly instead: the operator asked for the hooks.
+
+Each engine's patches module provides the same three things: `compatibility_problems()` (empty when the engine
+is one the adapter knows), `install(config)` (wrap the engine around that engine's step hooks) and `applied()`.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Callable
@@ -14,26 +18,39 @@ from engine_hooks.adapters.enable import enabled
 from engine_hooks.adapters.engine_dirs import clean_at_exit, shm_dir_problem
 
 
-def register_plugin(engine: str, log: logging.Logger, compatibility_problems: Callable[[], list[str]],
-                    install: Callable[[object], None], prepare_logging: Callable[[], None] = lambda: None) -> bool:
-    """Returns True when the hooks were installed. `install(config)` applies the engine's patches."""
-    if not enabled():
-        return False
-    prepare_logging()
-    untouched = f"the {engine} plugin leaves {engine} untouched (hooks off, logits path unchanged)"
-    problems = compatibility_problems()
-    if problems:
-        log.warning("gatherwise: %s; %s", "; ".join(problems), untouched)
-        return False
-    from gatherwise.config import load_config
+class EnginePlugin:
+    """One engine's plugin entry point. Engines call register() in every process they start, possibly more than
+    once: it acts the first time only."""
 
-    config = load_config(os.environ.get("GATHERWISE_CONFIG"))
-    problem = shm_dir_problem(config)
-    if problem:
-        log.warning("gatherwise: %s; %s", problem, untouched)
-        return False
-    install(config)
-    clean_at_exit(config.engine.shm_dir)  # engines kill their workers: every process of the tree cleans up
-    log.info("gatherwise: %s plugin active in process %d (shm_dir %s, initial mode %s)", engine, os.getpid(),
-             config.engine.shm_dir, config.engine.initial_table_file or config.engine.initial_mode)
-    return True
+    def __init__(self, engine: str, patches: str, log: logging.Logger,
+                 prepare_logging: Callable[[], None] = lambda: None) -> None:
+        self.engine, self.patches, self.log, self.prepare_logging = engine, patches, log, prepare_logging
+        self.registered = False
+
+    def register(self) -> bool:
+        """Returns True when the hooks were installed (by this call)."""
+        if self.registered:
+            return False
+        self.registered = True
+        if not enabled():
+            return False
+        self.prepare_logging()
+        untouched = f"the {self.engine} plugin leaves {self.engine} untouched (hooks off, logits path unchanged)"
+        patches = importlib.import_module(self.patches)
+        problems = patches.compatibility_problems()
+        if problems:
+            self.log.warning("gatherwise: %s; %s", "; ".join(problems), untouched)
+            return False
+        from gatherwise.config import load_config
+
+        config = load_config(os.environ.get("GATHERWISE_CONFIG"))
+        problem = shm_dir_problem(config)
+        if problem:
+            self.log.warning("gatherwise: %s; %s", problem, untouched)
+            return False
+        patches.install(config)
+        clean_at_exit(config.engine.shm_dir)  # engines kill their workers: every process of the tree cleans up
+        self.log.info("gatherwise: %s plugin active in process %d (shm_dir %s, initial mode %s)", self.engine,
+                      os.getpid(), config.engine.shm_dir,
+                      config.engine.initial_table_file or config.engine.initial_mode)
+        return True

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine_hooks.adapters import patch_targets
-from engine_hooks.adapters.patch_targets import Target, target_problems
+from engine_hooks.adapters.patch_targets import Target
 from engine_hooks.adapters.sglang_graphs import fold_label
 
 SUPPORTED_VERSIONS = ("0.5.23",)  # the SGLang releases this adapter was written and tested against
@@ -66,7 +66,7 @@ USED_NAMES = (("sglang.srt.distributed.parallel_state", "get_tp_group"),
 _registered: list[str] = []
 
 
-def installed_sglang_version() -> str:
+def installed_version() -> str:
     from importlib.metadata import version
 
     return version("sglang")  # sglang's own __version__ import pulls in most of the package
@@ -77,23 +77,20 @@ def version_supported(version: str) -> bool:
 
 
 def compatibility_problems() -> list[str]:
-    """Empty when the adapter may patch this SGLang; else the reasons it must not. Imports SGLang modules only
-    after the version is known to be supported."""
-    try:
-        version = installed_sglang_version()
-    except Exception as exc:  # PackageNotFoundError, or a broken install
-        return [f"SGLang is not installed ({exc})"]
-    if not version_supported(version):
-        return [f"SGLang {version} is not a version this adapter knows (supported: {', '.join(SUPPORTED_VERSIONS)})"]
-    try:
-        classes, problems = patch_targets.import_problems(TARGETS, USED_NAMES)
-    except Exception as exc:  # an SGLang module failing at import time for its own reasons
-        return [f"SGLang is not importable ({exc!r})"]
-    return problems + target_problems(classes)
+    """Empty when the adapter may patch this SGLang; else the reasons it must not."""
+    return patch_targets.compatibility_problems("SGLang", installed_version, SUPPORTED_VERSIONS, TARGETS, USED_NAMES)
 
 
-def registered() -> bool:
+def applied() -> bool:
     return bool(_registered)
+
+
+def install(config: Any) -> None:
+    """Register the wrappers around the step hooks of `config` (engine_hooks.adapters.plugin calls this once per
+    process)."""
+    from engine_hooks.adapters.sglang_step import SglangStepHooks
+
+    apply(SglangStepHooks(config))
 
 
 class _HookedGatherer:
@@ -110,7 +107,7 @@ class _HookedGatherer:
         return getattr(self.original, name)
 
 
-def register(hooks: Any) -> None:
+def apply(hooks: Any) -> None:
     """Register the wrappers with SGLang's hook registry so they call into `hooks` (an SglangStepHooks).
     Idempotent. SGLang applies them when its plugin loader finishes (load_plugins), in every process."""
     if _registered:
@@ -123,7 +120,7 @@ def register(hooks: Any) -> None:
 
 
 def wrappers(hooks: Any) -> list[tuple[Target, Any, str]]:
-    """(target, wrapper, SGLang HookType value) for every target: what register() hands SGLang."""
+    """(target, wrapper, SGLang HookType value) for every target: what apply() hands SGLang."""
 
     def forward_batch_generation(original, worker, *args, **kwargs):
         with hooks.step(worker, args, kwargs):

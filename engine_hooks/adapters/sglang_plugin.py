@@ -15,24 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from engine_hooks.adapters.plugin import register_plugin
+from engine_hooks.adapters.plugin import EnginePlugin
 
-log = logging.getLogger("gatherwise.sglang")
-
-_registered = False
-
-
-def register() -> None:
-    """Idempotent. Leaves SGLang untouched (one warning) when the installed SGLang is not one the adapter knows."""
-    global _registered
-    if _registered:
-        return
-    _registered = True
-    from engine_hooks.adapters import sglang_patches
-
-    def install(config: object) -> None:
-        from engine_hooks.adapters.sglang_step import SglangStepHooks
-
-        sglang_patches.register(SglangStepHooks(config))
-
-    register_plugin("SGLang", log, sglang_patches.compatibility_problems, install)
+PLUGIN = EnginePlugin("SGLang", "engine_hooks.adapters.sglang_patches", logging.getLogger("gatherwise.sglang"))
+register = PLUGIN.register  # the entry point; leaves SGLang untouched (one warning) when it does not know this SGLang

@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from engine_hooks.adapters import patch_targets
-from engine_hooks.adapters.patch_targets import Target, target_problems
+from engine_hooks.adapters.patch_targets import Target
 
 log = logging.getLogger("gatherwise.vllm")
 
@@ -35,7 +35,7 @@ USED_NAMES = (("vllm.distributed.parallel_state", "get_tp_group"), ("vllm.distri
 _originals: dict[Target, Any] = {}
 
 
-def installed_vllm_version() -> str:
+def installed_version() -> str:
     import vllm
 
     return str(getattr(vllm, "__version__", "unknown"))
@@ -46,21 +46,19 @@ def version_supported(version: str) -> bool:
 
 
 def compatibility_problems() -> list[str]:
-    """Empty when the adapter may patch this vLLM; else the reasons it must not. Imports vLLM modules only
-    after the version is known to be supported."""
-    try:
-        version = installed_vllm_version()
-    except ImportError as exc:
-        return [f"vLLM is not importable ({exc})"]
-    if not version_supported(version):
-        return [f"vLLM {version} is not a version this adapter knows (supported: "
-                f"{', '.join(v + '.x' for v in SUPPORTED_VERSIONS)})"]
-    classes, problems = patch_targets.import_problems(TARGETS, USED_NAMES)
-    return problems + target_problems(classes)
+    """Empty when the adapter may patch this vLLM; else the reasons it must not."""
+    return patch_targets.compatibility_problems("vLLM", installed_version, SUPPORTED_VERSIONS, TARGETS, USED_NAMES)
 
 
 def applied() -> bool:
     return bool(_originals)
+
+
+def install(config: Any) -> None:
+    """Wrap vLLM around the step hooks of `config` (engine_hooks.adapters.plugin calls this once per process)."""
+    from engine_hooks.adapters.vllm_step import VllmStepHooks
+
+    apply(VllmStepHooks(config))
 
 
 def apply(hooks: Any) -> None:

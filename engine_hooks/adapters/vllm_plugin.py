@@ -22,27 +22,9 @@ from __future__ import annotations
 import logging
 import sys
 
-from engine_hooks.adapters.plugin import register_plugin
+from engine_hooks.adapters.plugin import EnginePlugin
 
 log = logging.getLogger("gatherwise.vllm")
-
-_registered = False
-
-
-def register() -> None:
-    """Idempotent. Leaves vLLM untouched (one warning) when the installed vLLM is not one the adapter knows."""
-    global _registered
-    if _registered:
-        return
-    _registered = True
-    from engine_hooks.adapters import vllm_patches
-
-    def install(config: object) -> None:
-        from engine_hooks.adapters.vllm_step import VllmStepHooks
-
-        vllm_patches.apply(VllmStepHooks(config))
-
-    register_plugin("vLLM", log, vllm_patches.compatibility_problems, install, attach_log_handler)
 
 
 def attach_log_handler() -> None:
@@ -57,3 +39,7 @@ def attach_log_handler() -> None:
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     root.propagate = False  # one line per record even if someone configures the root logger later
+
+
+PLUGIN = EnginePlugin("vLLM", "engine_hooks.adapters.vllm_patches", log, attach_log_handler)
+register = PLUGIN.register  # the entry point; leaves vLLM untouched (one warning) when it does not know this vLLM

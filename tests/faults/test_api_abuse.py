@@ -11,8 +11,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests._processes import vm_kib
 from tests._sidecar import wait_for
-from tests.faults._faults import assert_sidecar_serves, running_engine, sidecar_with_token, vm_kib
+from tests.faults._faults import assert_sidecar_serves, running_engine, sidecar_with_token
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 BIG = 100 * 1024 * 1024

@@ -12,15 +12,13 @@ from pathlib import Path
 import pytest
 
 from gatherwise.shm_format.ring import engine_dir
+from tests._processes import descendants, kill_tree, vm_kib
 from tests._sidecar import ROOT, wait_for
 from tests.faults._faults import (
     assert_engine_progresses,
     assert_sidecar_serves,
-    descendants,
-    kill_tree,
     running_engine,
     sidecar_with_token,
-    vm_kib,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._processes import descendants, processes_mentioning
 from tests._sidecar import ROOT, wait_for
-from tests.faults._faults import descendants, processes_mentioning
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

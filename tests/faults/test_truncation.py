@@ -14,12 +14,12 @@ import pytest
 
 from gatherwise.shm_format.control import control_path
 from gatherwise.shm_format.ring import engine_dir, ring_path
+from tests._processes import kill_tree
 from tests._sidecar import wait_for
 from tests.faults._faults import (
     NOBODY,
     assert_engine_progresses,
     assert_sidecar_serves,
-    kill_tree,
     running_engine,
     sidecar_with_token,
 )

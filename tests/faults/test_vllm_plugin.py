@@ -23,7 +23,7 @@ def test_unsafe_shm_dir_turns_the_plugin_off_with_one_warning(monkeypatch, caplo
     shm = tmp_path / "open"
     shm.mkdir()
     shm.chmod(0o777)
-    monkeypatch.setattr(vllm_plugin, "_registered", False)
+    monkeypatch.setattr(vllm_plugin.PLUGIN, "registered", False)
     monkeypatch.setenv("GATHERWISE_ENABLE", "1")
     monkeypatch.setenv("GATHERWISE_ENGINE_SHM_DIR", str(shm))
     monkeypatch.setattr(vllm_patches, "compatibility_problems", lambda: [])

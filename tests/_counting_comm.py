@@ -1,0 +1,23 @@
+"""A Communicator wrapper that counts the collectives the logits path really issues, for the multi-rank token
+tests (a model's own all_reduces bypass it: they go through torch.distributed directly)."""
+
+from __future__ import annotations
+
+from engine_hooks.comm import Communicator
+
+
+class CountingComm:
+    def __init__(self, inner: Communicator) -> None:
+        self.inner, self.rank, self.world_size, self.count = inner, inner.rank, inner.world_size, 0
+
+    def all_gather(self, out, inp) -> None:
+        self.count += 1
+        self.inner.all_gather(out, inp)
+
+    def gather(self, out, inp) -> None:
+        self.count += 1
+        self.inner.gather(out, inp)
+
+    def broadcast(self, tensor) -> None:
+        self.count += 1
+        self.inner.broadcast(tensor)
