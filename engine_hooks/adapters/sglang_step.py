@@ -37,7 +37,6 @@ then): handshake, engine id, ring recorder and control block come from engine_ho
 
 from __future__ import annotations
 
-import atexit
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -47,7 +46,7 @@ from typing import Any
 
 import torch
 
-from engine_hooks.adapters.placeholder_logits import PlaceholderLogits
+from engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 from engine_hooks.adapters.sglang_graphs import DecodeGraphModes, parse_graph_modes
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import Mode
@@ -133,21 +132,16 @@ class _Pending:
     real_rows: int | None = None  # a replayed graph exchanged `rows` (padded) rows for this many real ones
 
 
-class SglangStepHooks:
+class SglangStepHooks(RankHooks):
     def __init__(self, config: GatherwiseConfig) -> None:
-        self.config = config
-        self.installed: Any = None  # engine_hooks.install.InstalledHooks once the first hooked call ran
+        super().__init__(config, log)
         self.resync: Any = None  # engine_hooks.rng_resync.RandomStateResync, with the hooks
-        self.disabled: str | None = None  # why the hooks stay off in this rank
         self.root_samples_alone = False  # rank 0 inside SGLang's sampler in gather mode
         self._in_step = False  # inside TpModelWorker.forward_batch_generation (not a verify pass)
         self._worker: Any = None  # the TpModelWorker of this rank (seen at its first step)
         self._forward_batch: Any = None  # the batch of the LogitsProcessor.forward being hooked
         self._pending: _Pending | None = None
-        self._sharded_tokens: torch.Tensor | None = None  # ids of a sharded call, for its sampler call
-        self._greedy_rows: list = []  # engine_hooks SamplingRows of a greedy batch, reused
         self._missed_warned = False
-        self._placeholder = PlaceholderLogits()
         self.graphs = DecodeGraphModes(parse_graph_modes(config.engine.graph_modes))
         self._replay_mode: Mode | None = None  # this step replays that mode's decode graph (can_replay said so)
         self._graph_reserve = 0  # rows the path reserves before the first graph captures its buffers
@@ -203,13 +197,13 @@ class SglangStepHooks:
         problems = unsupported_features(get_server_args(), get_parallel())
         if getattr(processor, "use_attn_tp_group", False):
             problems.append("the attention-TP LM head")
-        if logits.dim() != 2 or logits.shape[-1] % 4:
-            problems.append(f"unexpected logits shard shape {tuple(logits.shape)}")
+        shape_problem = shard_shape_problem(logits)
+        if shape_problem:
+            problems.append(shape_problem)
         if problems:
             self._disable(", ".join(problems) + " (not supported by gatherwise)", rank)
             return None
         from engine_hooks.adapters.sglang_comm import SglangGroupCommunicator
-        from engine_hooks.install import install_hooks
         from engine_hooks.rng_resync import RandomStateResync
 
         if getattr(getattr(self._worker, "model_runner", None), "decode_cuda_graph_runner", None) is not None and \
@@ -218,18 +212,9 @@ class SglangStepHooks:
                         "per-mode capture here; those steps keep SGLang's captured all_gather and are not recorded "
                         "(eager steps are hooked). Start SGLang with --disable-cuda-graph to hook every step")
         comm = SglangGroupCommunicator(group)
-        self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
-                                       device=logits.device, config=self.config)
+        path = self._install(comm, logits)
         self.resync = RandomStateResync(comm, logits.device)
-        atexit.register(self.close)
-        log.info("gatherwise: hooks installed on TP rank %d/%d, engine %016x, table %s", comm.rank,
-                 comm.world_size, self.installed.engine_id, self.installed.path.table.as_labels())
-        return self.installed.path
-
-    def close(self) -> None:
-        if self.installed is not None:
-            self.installed.close()
-            self.installed = None
+        return path
 
     # -- LogitsProcessor._logits_gatherer ---------------------------------------------------------------------
     def gather(self, processor: Any, original: Callable, logits: torch.Tensor) -> torch.Tensor:
@@ -250,12 +235,12 @@ class SglangStepHooks:
         # returns its mode (exchange() and run() below do not repeat it).
         override = Mode.ALL_GATHER if getattr(info, "sampling_mask_batch_indices", None) is not None else None
         if override is None and path.begin_call(rows) == Mode.SHARDED and sharded_greedy_ok(forward_batch):
-            return self._sharded_greedy(path, buf, processor, rows, logits)
+            self._pending = _Pending(Mode.SHARDED, rows, draws=False)
+            # SGLang pads the LM head; it trims the padding after the gather
+            return self._sharded_argmax(path, buf, int(processor.vocab_size), logits)
         mode, shards = path.exchange(mode=override)  # a sharded bucket's other batches: all_gather
         self._pending = _Pending(mode, rows, draws=not info.is_all_greedy)
-        if mode == Mode.ALL_GATHER or path.rank == 0:
-            return shards.permute(1, 0, 2).reshape(rows, -1)  # [B, P*Vs], the layout SGLang's all_gather gives
-        return self._placeholder.get(rows, path.world_size * path.width, logits.dtype, logits.device)
+        return self._engine_logits(path, mode, shards, logits)
 
     def _gather_captured(self, path: Any, mode: Mode, logits: torch.Tensor) -> torch.Tensor:
         """A decode forward SGLang runs while capturing `mode`'s graphs (its warm-ups, then the capture):
@@ -339,19 +324,6 @@ class SglangStepHooks:
         self._pending = _Pending(mode, rows, draws=not forward_batch.sampling_info.is_all_greedy,
                                  real_rows=int(forward_batch.batch_size))
         return out
-
-    def _sharded_greedy(self, path: Any, buf: torch.Tensor, processor: Any, rows: int,
-                        logits: torch.Tensor) -> torch.Tensor:
-        """A sharded call now: every rank gets the argmax ids; SGLang gets placeholder logits to pass along."""
-        from engine_hooks.sampling_params import SamplingParams, SamplingRow
-
-        real = int(processor.vocab_size)  # SGLang pads the LM head; it trims the padding after the gather
-        buf[:, max(0, min(path.width, real - path.rank * path.width)):] = float("-inf")
-        if len(self._greedy_rows) < rows:
-            self._greedy_rows = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
-        self._sharded_tokens = path.run(self._greedy_rows[:rows])
-        self._pending = _Pending(Mode.SHARDED, rows, draws=False)
-        return self._placeholder.get(rows, path.world_size * path.width, logits.dtype, logits.device)
 
     def _close_unsampled(self, path: Any) -> None:
         """A hooked call that SGLang never sampled from (not expected): finish it the same way on every rank so

@@ -25,7 +25,6 @@ handshake, engine id, ring recorder and control block come from engine_hooks.ins
 
 from __future__ import annotations
 
-import atexit
 import logging
 import multiprocessing.util
 import time
@@ -35,24 +34,19 @@ from typing import Any
 
 import torch
 
-from engine_hooks.adapters.placeholder_logits import PlaceholderLogits
-from engine_hooks.sampling_params import SamplingParams, SamplingRow
+from engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import Mode
 
 log = logging.getLogger("gatherwise.vllm")
+_FINALIZE_PRIORITY = 10  # multiprocessing runs finalizers that have an exit priority when a worker exits, highest first
 
 
-class VllmStepHooks:
+class VllmStepHooks(RankHooks):
     def __init__(self, config: GatherwiseConfig) -> None:
-        self.config = config
-        self.installed: Any = None  # engine_hooks.install.InstalledHooks once the first hooked call ran
-        self.disabled: str | None = None  # why the hooks stay off in this worker
+        super().__init__(config, log)
         self._runner: Any = None  # the model runner inside execute_model, else None
         self._pending: Mode | None = None  # mode of the hooked call whose sampling is still to come
-        self._sharded_tokens: torch.Tensor | None = None  # tokens of a sharded call, for its sampler call
-        self._greedy_rows: list[SamplingRow] = []
-        self._placeholder = PlaceholderLogits()
 
     # -- scope: the step's logits call --------------------------------------------------------------------
     @contextmanager
@@ -81,26 +75,16 @@ class VllmStepHooks:
         if get_pp_group().world_size > 1:
             self._disable("pipeline parallelism is not supported")
             return None
-        if logits.dim() != 2 or logits.shape[-1] % 4:
-            self._disable(f"unexpected logits shard shape {tuple(logits.shape)}")
+        problem = shard_shape_problem(logits)
+        if problem:
+            self._disable(problem)
             return None
         from engine_hooks.adapters.vllm_comm import VllmGroupCommunicator
-        from engine_hooks.install import install_hooks
 
-        comm = VllmGroupCommunicator(get_tp_group())
-        self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
-                                       device=logits.device, config=self.config)
-        atexit.register(self.close)
+        path = self._install(VllmGroupCommunicator(get_tp_group()), logits)
         # a forked vLLM worker ends through multiprocessing, which skips atexit but runs its finalizers
-        multiprocessing.util.Finalize(None, self.close, exitpriority=10)
-        log.info("gatherwise: hooks installed on TP rank %d/%d, engine %016x, table %s", comm.rank,
-                 comm.world_size, self.installed.engine_id, self.installed.path.table.as_labels())
-        return self.installed.path
-
-    def close(self) -> None:
-        if self.installed is not None:
-            self.installed.close()
-            self.installed = None
+        multiprocessing.util.Finalize(None, self.close, exitpriority=_FINALIZE_PRIORITY)
+        return path
 
     # -- LogitsProcessor._gather_logits ---------------------------------------------------------------------
     def gather_logits(self, processor: Any, logits: torch.Tensor, original: Callable) -> torch.Tensor:
@@ -117,25 +101,13 @@ class VllmStepHooks:
         # what is due for this call and returns its mode; exchange()/run() below do not repeat it.
         if all_greedy and path.begin_call(rows) == Mode.SHARDED:
             if sharded_greedy_ok(metadata):
-                return self._sharded_greedy(path, buf, processor, rows, logits)
+                self._pending = Mode.SHARDED
+                # vLLM pads the LM head; its padding is trimmed after the gather
+                return self._sharded_argmax(path, buf, getattr(processor, "org_vocab_size", None), logits)
             all_greedy = False  # the greedy token is not the raw argmax here: all_gather, as vLLM does
         mode, shards = path.exchange(mode=None if all_greedy else Mode.ALL_GATHER)
         self._pending = mode
-        if mode == Mode.ALL_GATHER or path.rank == 0:
-            return shards.permute(1, 0, 2).reshape(rows, -1)  # [B, P*Vs], the layout vLLM's all_gather gives
-        return self._placeholder.get(rows, path.world_size * path.width, logits.dtype, logits.device)
-
-    def _sharded_greedy(self, path: Any, buf: torch.Tensor, processor: Any, rows: int,
-                        logits: torch.Tensor) -> torch.Tensor:
-        """A sharded call now: every rank gets the argmax tokens; vLLM gets placeholder logits to pass along."""
-        real = getattr(processor, "org_vocab_size", None)  # vLLM pads the LM head; its padding is trimmed later
-        if real is not None:
-            buf[:, max(0, min(path.width, real - path.rank * path.width)):] = float("-inf")
-        if len(self._greedy_rows) < rows:
-            self._greedy_rows = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
-        self._sharded_tokens = path.run(self._greedy_rows[:rows])
-        self._pending = Mode.SHARDED
-        return self._placeholder.get(rows, path.world_size * path.width, logits.dtype, logits.device)
+        return self._engine_logits(path, mode, shards, logits)
 
     # -- Sampler.forward ------------------------------------------------------------------------------------
     def sample(self, sampler: Any, original: Callable, logits: torch.Tensor, *args: Any, **kwargs: Any):

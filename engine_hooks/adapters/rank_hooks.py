@@ -1,0 +1,79 @@
+"""What the step hooks of every engine adapter do alike in one TP rank: install the hooks at the first hooked
+logits call, hand the engine's sampler the logits layout its own all_gather gives, and take a sharded greedy
+call's tokens from the shards. Each engine's `*_step.py` subclasses RankHooks with what differs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+from typing import Any
+
+import torch
+
+from engine_hooks.adapters.placeholder_logits import PlaceholderLogits
+from engine_hooks.logits_path import LogitsPath, shard_width
+from engine_hooks.sampling_params import SamplingParams, SamplingRow
+from gatherwise.config import GatherwiseConfig
+from gatherwise.modes import Mode
+
+
+def shard_shape_problem(logits: torch.Tensor) -> str | None:
+    """Why the engine's logits shard cannot go through the path as is, or None: the path needs a [rows, width]
+    shard whose width is already padded the way the path pads it (shard_width), so that P shards are the
+    engine's padded vocab."""
+    if logits.dim() != 2 or logits.shape[-1] != shard_width(logits.shape[-1], 1):
+        return f"unexpected logits shard shape {tuple(logits.shape)}"
+    return None
+
+
+class RankHooks:
+    def __init__(self, config: GatherwiseConfig, log: logging.Logger) -> None:
+        self.config, self.log = config, log
+        self.installed: Any = None  # engine_hooks.install.InstalledHooks once the first hooked call ran
+        self.disabled: str | None = None  # why the hooks stay off in this rank
+        self._sharded_tokens: torch.Tensor | None = None  # tokens of a sharded call, for its sampler call
+        self._greedy_rows: list[SamplingRow] = []  # reused for every sharded greedy call
+        self._placeholder = PlaceholderLogits()
+
+    def _install(self, comm: Any, logits: torch.Tensor) -> LogitsPath:
+        """Handshake, engine id, ring recorder and control block for this rank (every rank calls it at the same
+        hooked call); returns the path."""
+        from engine_hooks.install import install_hooks
+
+        self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
+                                       device=logits.device, config=self.config)
+        atexit.register(self.close)
+        self.log.info("gatherwise: hooks installed on TP rank %d/%d, engine %016x, table %s", comm.rank,
+                      comm.world_size, self.installed.engine_id, self.installed.path.table.as_labels())
+        return self.installed.path
+
+    def close(self) -> None:
+        if self.installed is not None:
+            self.installed.close()
+            self.installed = None
+
+    def _placeholder_logits(self, path: LogitsPath, logits: torch.Tensor) -> torch.Tensor:
+        """Full-vocab logits for a rank that does not sample this call."""
+        return self._placeholder.get(logits.shape[0], path.world_size * path.width, logits.dtype, logits.device)
+
+    def _engine_logits(self, path: LogitsPath, mode: Mode, shards: torch.Tensor,
+                       logits: torch.Tensor) -> torch.Tensor:
+        """What the hooked collective returns to the engine: on a rank that samples, [B, P*Vs] as the engine's
+        own all_gather lays it out; elsewhere placeholder logits."""
+        if mode == Mode.ALL_GATHER or path.rank == 0:
+            return shards.permute(1, 0, 2).reshape(logits.shape[0], -1)
+        return self._placeholder_logits(path, logits)
+
+    def _sharded_argmax(self, path: LogitsPath, buf: torch.Tensor, real_vocab: int | None,
+                        logits: torch.Tensor) -> torch.Tensor:
+        """A sharded greedy call now: every rank gets the argmax tokens (kept for the sampler hook), the engine
+        gets placeholder logits to pass along. Columns past `real_vocab` are the engine's LM-head padding,
+        which it trims after its own gather: they must never win."""
+        if real_vocab is not None:
+            buf[:, max(0, min(path.width, real_vocab - path.rank * path.width)):] = float("-inf")
+        rows = logits.shape[0]
+        if len(self._greedy_rows) < rows:
+            self._greedy_rows = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
+        self._sharded_tokens = path.run(self._greedy_rows[:rows])
+        return self._placeholder_logits(path, logits)
