@@ -31,6 +31,6 @@ fi
 [ "${GATHERWISE_SGLANG_INSTALL_ONLY:-0}" = 1 ] && exit 0
 MODEL_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gatherwise-tiny-llama.XXXXXX")
 trap 'rm -rf "$MODEL_DIR"' EXIT
-"$VENV/bin/python" scripts/build_tiny_llama.py "$MODEL_DIR" >/dev/null
+"$VENV/bin/python" scripts/tiny_checkpoint.py "$MODEL_DIR" --for-engines >/dev/null
 export GATHERWISE_SGLANG_MODEL=$MODEL_DIR
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs tests/sglang "$@"

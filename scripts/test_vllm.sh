@@ -18,6 +18,6 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ engine_hooks/_ring_
 fi
 MODEL_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gatherwise-tiny-llama.XXXXXX")
 trap 'rm -rf "$MODEL_DIR"' EXIT
-"$VENV/bin/python" scripts/build_tiny_llama.py "$MODEL_DIR" >/dev/null
+"$VENV/bin/python" scripts/tiny_checkpoint.py "$MODEL_DIR" --for-engines >/dev/null
 export GATHERWISE_VLLM_MODEL=$MODEL_DIR VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs tests/vllm "$@"

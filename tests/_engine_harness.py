@@ -1,8 +1,11 @@
-"""Engine-neutral helpers of the real-engine tests (tests/vllm, tests/sglang): a real `gatherwise sidecar`
-process, HTTP calls, every rank's ring records, Prometheus samples."""
+"""Engine-neutral helpers of the real-engine tests (tests/vllm, tests/sglang): the tiny checkpoint, one engine run
+in its own process, a real `gatherwise sidecar` process, HTTP calls, every rank's ring records, Prometheus
+samples."""
 
 from __future__ import annotations
 
+import argparse
+import glob
 import json
 import os
 import re
@@ -13,8 +16,82 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKPOINT_TIMEOUT_S = 300
+LOG_TAIL_CHARS = 8000  # of a failed engine run's output, in the assertion message
+
+
+def build_model(out_dir: str) -> str:
+    """The tiny random Llama the engine tests load (scripts/tiny_checkpoint.py --for-engines)."""
+    subprocess.run([sys.executable, str(REPO / "scripts" / "tiny_checkpoint.py"), out_dir, "--for-engines"],
+                   check=True, capture_output=True, timeout=CHECKPOINT_TIMEOUT_S)
+    return out_dir
+
+
+def tiny_model(env_variable: str, tmp_path_factory) -> str:
+    """The checkpoint named by `env_variable` (the make targets build one per run), else one built here."""
+    given = os.environ.get(env_variable)
+    return given if given else build_model(str(tmp_path_factory.mktemp("tiny-llama")))
+
+
+def engine_tests_required(ci_variable: str) -> bool:
+    """In CI with `ci_variable`=1 (what .ci/run sets for the engine's make target) the engine's tests must run."""
+    in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    return in_ci and os.environ.get(ci_variable) == "1"
+
+
+def require_engine(problem: str | None, ci_variable: str) -> None:
+    """Skip the engine's test directory when the engine is not usable here (`problem` says why), except where
+    engine_tests_required(ci_variable): there it is a failure."""
+    if problem is None:
+        return
+    import pytest
+
+    if engine_tests_required(ci_variable):
+        pytest.fail(f"{problem}; with CI=true and {ci_variable}=1 that is a failure", pytrace=False)
+    pytest.skip(problem)
+
+
+def engine_run_arguments() -> argparse.ArgumentParser:
+    """What every `engine_run` module takes: the checkpoint, and optionally the shm_dir and a sidecar to use."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--shm-dir")
+    p.add_argument("--sidecar")
+    p.add_argument("--token")
+    return p
+
+
+def _shm_files(patterns: tuple[str, ...]) -> set[str]:
+    return {path for pattern in patterns for path in glob.glob(f"/dev/shm/{pattern}")}
+
+
+def run_engine_process(module: str, model: str, env: dict[str, str], args: tuple[str, ...], *, timeout_s: float,
+                       shm_leftovers: tuple[str, ...]) -> dict:
+    """`python -m module --model MODEL ARGS` from the repository root; returns the JSON object of its last
+    "RESULT " line, with the process's log under "log". Removes the /dev/shm files matching `shm_leftovers` that
+    the run left (engines kill their own workers at shutdown, before those unlink them)."""
+    before = _shm_files(shm_leftovers)
+    try:
+        proc = subprocess.run([sys.executable, "-m", module, "--model", model, *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
+    finally:
+        for leftover in _shm_files(shm_leftovers) - before:
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stdout + proc.stderr)[-LOG_TAIL_CHARS:]
+        raise AssertionError(f"engine run {args} failed (rc {proc.returncode}):\n{tail}")
+    result = json.loads(lines[-1][len("RESULT "):])
+    result["log"] = proc.stderr
+    return result
 
 
 def http(method: str, url: str, body: dict | None = None, token: str | None = None) -> tuple[int, str]:
@@ -73,6 +150,15 @@ def start_sidecar(shm_dir: str, env: dict[str, str] | None = None) -> Sidecar:
     proc.kill()
     out.seek(0)
     raise AssertionError(f"the sidecar did not start:\n{out.read()[-3000:]}")
+
+
+def run_next_to_sidecar(run_engine: Callable[..., dict], model: str, shm_dir: str, env: dict[str, str]) -> dict:
+    """One engine run in `shm_dir` next to a real sidecar reading it; the run gets the sidecar's URL and token."""
+    sidecar = start_sidecar(shm_dir)
+    try:
+        return run_engine(model, env, "--shm-dir", shm_dir, "--sidecar", sidecar.url, "--token", sidecar.token)
+    finally:
+        sidecar.stop()
 
 
 def read_rings(shm_dir: str, settle_s: float = 20.0) -> dict:

@@ -26,12 +26,11 @@ Then the sidecar's /metrics and /v1/mode, and every rank's ring (call_index -> m
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 
-from tests._engine_harness import http, read_rings
+from tests._engine_harness import engine_run_arguments, http, read_rings
 
 PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23, 29, 31, 37], [2], [900, 901, 902, 903],
            [12345, 54321, 11]]
@@ -128,12 +127,7 @@ def streamed(engine, params: dict, ctl: Controller, phase: str, flips: tuple[str
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
-    p.add_argument("--shm-dir")
-    p.add_argument("--sidecar")
-    p.add_argument("--token")
-    args = p.parse_args()
+    args = engine_run_arguments().parse_args()
 
     import sglang
 

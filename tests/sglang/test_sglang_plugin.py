@@ -18,20 +18,14 @@ import pytest
 
 from engine_hooks.deferred_word import ADOPT_LAG
 from gatherwise.modes import Mode
-from tests._engine_harness import metric_samples, mode_runs, start_sidecar
-from tests.sglang.harness import base_env, build_model, run_engine
+from tests._engine_harness import metric_samples, mode_runs, run_next_to_sidecar
+from tests.sglang.harness import base_env, run_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 TOKEN_PHASES = ("greedy_sharded", "sampled_c", "streamed_sharded", "greedy_a", "greedy_b", "sampled_a", "sampled_b",
                 "greedy_mixed", "streamed_greedy", "streamed_sampled")
 SETTLE = ADOPT_LAG + 1  # a command rides in one call and every rank adopts it ADOPT_LAG calls later
-
-
-@pytest.fixture(scope="session")
-def model(tmp_path_factory) -> str:
-    given = os.environ.get("GATHERWISE_SGLANG_MODEL")
-    return given if given else build_model(str(tmp_path_factory.mktemp("tiny-llama")))
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +37,11 @@ def plain(model) -> dict:
 def hooked(model) -> dict:
     shm = f"/dev/shm/gatherwise-sglang-test-{os.getpid()}-{os.urandom(4).hex()}"
     os.makedirs(shm)
-    sidecar = start_sidecar(shm)
     try:
         # sharded first (engine_run's phases): the table an engine starts with, then switched by the sidecar
         env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, GATHERWISE_ENGINE_INITIAL_MODE="sharded")
-        return run_engine(model, env, "--shm-dir", shm, "--sidecar", sidecar.url, "--token", sidecar.token)
+        return run_next_to_sidecar(run_engine, model, shm, env)
     finally:
-        sidecar.stop()
         shutil.rmtree(shm, ignore_errors=True)
 
 

@@ -6,9 +6,12 @@ GATHERWISE_VLLM_TESTS=1 (what .ci/run sets for `make test-vllm`): then it fails.
 
 from __future__ import annotations
 
-import os
-
 import pytest
+
+from tests._engine_harness import engine_tests_required, require_engine, tiny_model
+
+CI_VARIABLE = "GATHERWISE_VLLM_TESTS"
+REQUIRED = engine_tests_required(CI_VARIABLE)
 
 try:
     import vllm  # noqa: F401
@@ -17,15 +20,14 @@ try:
 except Exception as exc:  # a broken install (e.g. CUDA torchvision) raises more than ImportError
     VLLM_ERROR = exc
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-REQUIRED = IN_CI and os.environ.get("GATHERWISE_VLLM_TESTS") == "1"
-
 
 @pytest.fixture(scope="session", autouse=True)
 def _vllm_importable() -> None:
-    if VLLM_ERROR is None:
-        return
-    message = f"vLLM is not importable here ({VLLM_ERROR!r}); `make test-vllm` builds .venv-vllm and runs these"
-    if REQUIRED:
-        pytest.fail(message + "; with CI=true and GATHERWISE_VLLM_TESTS=1 that is a failure", pytrace=False)
-    pytest.skip(message)
+    require_engine(None if VLLM_ERROR is None else
+                   f"vLLM is not importable here ({VLLM_ERROR!r}); `make test-vllm` builds .venv-vllm and runs these",
+                   CI_VARIABLE)
+
+
+@pytest.fixture(scope="session")
+def model(tmp_path_factory) -> str:
+    return tiny_model("GATHERWISE_VLLM_MODEL", tmp_path_factory)

@@ -18,11 +18,10 @@ buckets occur):
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
-from tests._engine_harness import http, read_rings
+from tests._engine_harness import engine_run_arguments, http, read_rings
 
 PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23, 29, 31, 37], [2], [900, 901, 902, 903],
            [12345, 54321, 11]]
@@ -94,11 +93,7 @@ def run_control_switched(llm, shm_dir: str) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
-    p.add_argument("--shm-dir")
-    p.add_argument("--sidecar")
-    p.add_argument("--token")
+    p = engine_run_arguments()
     p.add_argument("--control-switch", action="store_true")
     args = p.parse_args()
 

@@ -22,8 +22,9 @@ import time
 import httpx
 import pytest
 
+from tests._engine_harness import start_sidecar
 from tests.vllm.conftest import REQUIRED
-from tests.vllm.harness import base_env, build_model, start_sidecar
+from tests.vllm.harness import base_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 try:
@@ -34,12 +35,6 @@ except ImportError:  # scripts/test_vllm.sh installs it into .venv-vllm
     openai = None
 
 PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23, 29, 31, 37]]
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> str:
-    given = os.environ.get("GATHERWISE_VLLM_MODEL")
-    return given if given else build_model(str(tmp_path_factory.mktemp("tiny-llama")))
 
 
 def free_port() -> int:

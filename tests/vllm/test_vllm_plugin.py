@@ -13,15 +13,10 @@ import shutil
 import pytest
 
 from gatherwise.modes import Mode
-from tests.vllm.harness import base_env, build_model, metric_samples, mode_runs, run_engine, start_sidecar
+from tests._engine_harness import metric_samples, mode_runs, run_next_to_sidecar
+from tests.vllm.harness import base_env, run_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
-
-
-@pytest.fixture(scope="session")
-def model(tmp_path_factory) -> str:
-    given = os.environ.get("GATHERWISE_VLLM_MODEL")
-    return given if given else build_model(str(tmp_path_factory.mktemp("tiny-llama")))
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +53,9 @@ def sharded_run(model, shm_root) -> dict:
 def switched_run(model, shm_root) -> dict:
     shm = os.path.join(shm_root, "switched")
     os.makedirs(shm, exist_ok=True)
-    sidecar = start_sidecar(shm)
-    try:
-        # In-process engine core: each LLMEngine.step() is one model step, so the switches land mid-generation.
-        env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-        return run_engine(model, env, "--shm-dir", shm, "--sidecar", sidecar.url, "--token", sidecar.token)
-    finally:
-        sidecar.stop()
+    # In-process engine core: each LLMEngine.step() is one model step, so the switches land mid-generation.
+    env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    return run_next_to_sidecar(run_engine, model, shm, env)
 
 
 def test_plain_vllm_generates(plain):
