@@ -14,6 +14,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 
 import yaml
@@ -99,7 +100,7 @@ def start_prometheus(config: Path, data_dir: Path, port: int, timeout: float = 2
             raise RuntimeError(f"prometheus exited with {process.returncode}; end of {log_path}:\n{tail}")
         try:
             with urllib.request.urlopen(f"{server.url}/-/ready", timeout=1) as response:
-                if response.status == 200:
+                if response.status == HTTPStatus.OK:
                     return server
         except OSError:
             time.sleep(0.1)

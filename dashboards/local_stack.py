@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 
 from dashboards.child_process import start_child
@@ -79,7 +80,7 @@ def wait_ready(url: str, processes: list[subprocess.Popen], timeout: float) -> N
             raise RuntimeError(f"exited before the stack was ready: {dead}")
         try:
             with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
+                if response.status == HTTPStatus.OK:
                     return
         except OSError:
             pass

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from http import HTTPStatus
 from pathlib import Path
 
 import httpx
@@ -38,6 +39,7 @@ STATIC = tuple(m.label for m in IMPLEMENTED)  # every implemented mode is a stat
 SIZES = (1, 2, 4, 8, 16, 32)
 CALLS_PER_SIZE = 8
 VOCAB = 32000
+TP = 2
 TOKEN = "bench-auto-policy"
 # The config defaults except a shorter probe interval and sample age, so a run of minutes learns and re-learns.
 POLICY = {"margin": 0.05, "min_samples": 20, "window": 128, "dwell_seconds": 5.0, "probe_interval_seconds": 3.0,
@@ -82,11 +84,11 @@ class Engine:
 
         self.stop_file = stop_file
         known = {e.engine_id for e in _engines(shm)}
-        self.thread = threading.Thread(target=run_ranks, args=(engine_rank, 2, config_path, stop_file), daemon=True)
+        self.thread = threading.Thread(target=run_ranks, args=(engine_rank, TP, config_path, stop_file), daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 120
         while True:
-            fresh = [e for e in _engines(shm) if e.engine_id not in known and len(e.rings) == 2]
+            fresh = [e for e in _engines(shm) if e.engine_id not in known and len(e.rings) == TP]
             if fresh:
                 break
             if time.monotonic() > deadline:
@@ -118,7 +120,7 @@ class Engine:
         """(call_index, rows, mode, critical-path seconds) of every call both ranks recorded."""
         out = []
         for ci, recs in sorted(self.by_call.items()):
-            if len(recs) == 2:
+            if len(recs) == TP:  # every rank recorded the call
                 r = list(recs.values())
                 out.append((ci, r[0].rows, r[0].mode, (max(x.end_ns for x in r) - max(x.start_ns for x in r)) * 1e-9))
         return out
@@ -136,7 +138,7 @@ def _engines(shm: str):
 def put_mode(url: str, mode: str) -> int:
     r = httpx.put(f"{url}/v1/mode", json={"mode": mode}, params={"wait": 60},
                   headers={"Authorization": f"Bearer {TOKEN}"}, timeout=90)
-    if r.status_code != 200:
+    if r.status_code != HTTPStatus.OK:
         raise RuntimeError(f"PUT /v1/mode {mode}: {r.status_code} {r.text}")
     return int(r.json()["apply_call"])
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 SHAPES = ((1, 32000), (16, 152064))  # (rows, vocab)
 SMALL_SHAPE_ITERS_FACTOR = 8  # B=1 calls cost < 1 ms: give that shape 8x the calls to tame the noise
+SMALL_SHAPE_MAX_ELEMENTS = 32000  # rows x vocab up to this is a small shape
+WARMUP_ROUNDS = 2  # of the recorder variants' interleaved rounds, not timed
 VARIANTS = ("bare", "off", "on")
 
 
@@ -32,9 +34,10 @@ def _rank_bench(rank: int, world: int, shapes, iters: int, warmup: int, shm_dir:
     from engine_hooks.comm import TorchDistCommunicator
 
     comm = TorchDistCommunicator()
-    return {f"{rows}x{vocab}": _measure_shape(comm, rank, world, rows, vocab,
-                                              iters * (SMALL_SHAPE_ITERS_FACTOR if rows * vocab <= 32000 else 1),
-                                              warmup, shm_dir)
+    def calls(rows: int, vocab: int) -> int:
+        return iters * (SMALL_SHAPE_ITERS_FACTOR if rows * vocab <= SMALL_SHAPE_MAX_ELEMENTS else 1)
+
+    return {f"{rows}x{vocab}": _measure_shape(comm, rank, world, rows, vocab, calls(rows, vocab), warmup, shm_dir)
             for rows, vocab in shapes}
 
 
@@ -156,14 +159,14 @@ def single_rank_path_us(rounds: int = 60, block: int = 100) -> dict:
         logits = torch.randn(1, paths["off"].width)
         times: dict[str, list[int]] = {k: [] for k in paths}
         names = list(paths)
-        for r in range(rounds + 2):  # the first two rounds warm up
+        for r in range(rounds + WARMUP_ROUNDS):
             for variant in names[r % len(names):] + names[: r % len(names)]:
                 path, out = paths[variant], times[variant]
                 for _ in range(block):
                     t = time.thread_time_ns()
                     path.logits_buffer(1).copy_(logits)
                     path.run(sampling)
-                    if r >= 2:
+                    if r >= WARMUP_ROUNDS:
                         out.append(time.thread_time_ns() - t)
         rec.close()
         rec_py.close()

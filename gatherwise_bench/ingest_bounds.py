@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from engine_hooks.recorder import RingRecorder
-from gatherwise.shm_format.liveness import LivenessLock
+from gatherwise.shm_format.liveness import LivenessLock, is_engine_dir_name
 from gatherwise.shm_format.ring import engine_dir, ring_path
 
 
@@ -101,7 +101,7 @@ def discovery(root: str, n: int, repeats: int = 40) -> dict:
         for _ in range(repeats):
             ingest.poll_once()
         per = (time.process_time() - c0) / repeats
-        left = len([d for d in os.listdir(shm) if len(d) == 16])
+        left = sum(map(is_engine_dir_name, os.listdir(shm)))
         out[name] = {"first_discovery_cpu_ms": first * 1e3, "discovery_cpu_ms": per * 1e3,
                      "core_share_at_2hz": per / 0.5, "dirs_left": left}
         shutil.rmtree(shm)

@@ -20,6 +20,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
+from http import HTTPStatus
 from pathlib import Path
 
 import httpx
@@ -29,6 +30,8 @@ from gatherwise_bench.sidecar_cpu import start_sidecar
 from gatherwise_bench.synthetic_engine import SyntheticEngine
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+PAUSE_EVERY = 4  # rounds of calls between two pauses of the stand-in engine
+PAUSE_S = 0.05
 MAX_SERIES, MAX_SCRAPE_SECONDS = 5000, 0.050
 
 
@@ -71,7 +74,7 @@ def run(tp: int, calls_per_cell: int, scrapes: int, workdir: str) -> dict:
     engine = SyntheticEngine(shm, tp, capacity=1 << 16)
     try:
         deadline = time.monotonic() + 60
-        while httpx.get(f"{url}/v1/mode", timeout=5).status_code != 200:
+        while httpx.get(f"{url}/v1/mode", timeout=5).status_code != HTTPStatus.OK:
             if time.monotonic() > deadline:
                 raise RuntimeError("sidecar did not attach the stand-in engine")
             engine.call(1)
@@ -81,8 +84,8 @@ def run(tp: int, calls_per_cell: int, scrapes: int, workdir: str) -> dict:
             for b in range(NUM_BUCKETS):
                 for m in modes:
                     engine.call(bucket_upper_bound(b), mode=m)
-            if i % 4 == 3:
-                time.sleep(0.05)  # let the sidecar keep up: the bench measures a scrape, not a flood
+            if i % PAUSE_EVERY == PAUSE_EVERY - 1:
+                time.sleep(PAUSE_S)  # let the sidecar keep up: the bench measures a scrape, not a flood
         want = engine.call_index * tp
         deadline = time.monotonic() + 60
         while True:

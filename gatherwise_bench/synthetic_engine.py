@@ -23,6 +23,8 @@ from gatherwise.shm_format.control import control_path
 from gatherwise.shm_format.ring import engine_dir, ring_path
 
 VOCAB = 32000
+LOGITS_BYTES = 4  # float32
+RESOLVE_SHARE = 0.5  # of sharded calls that have temperature/top-p rows (a second collective)
 # Synthetic critical path per mode: a fixed cost plus a per-row cost (ns). Gather is cheaper at small batches,
 # the third code (sharded) at large ones, so a policy has crossovers to find.
 COST_NS = {0: (300_000, 40_000), 1: (200_000, 60_000), 2: (350_000, 2_000), 3: (400_000, 50_000)}
@@ -58,18 +60,18 @@ class SyntheticEngine:
         fixed, per_row = COST_NS.get(mode, COST_NS[3])
         cost = int((fixed + per_row * rows) * (0.9 + 0.2 * self._rng.random()))
         now = time.perf_counter_ns()
-        nbytes = rows * VOCAB * 4 // self.tp
-        resolve = self._rng.random() < 0.5
+        nbytes = rows * VOCAB * LOGITS_BYTES // self.tp
+        resolve = self._rng.random() < RESOLVE_SHARE
         for rank, ring in enumerate(self.rings):
             t0 = now + 1_000 * rank
             coll_end = t0 + cost // 2
-            samples_here = mode == 0 or rank == 0 or mode == 2
+            samples_here = mode in (Mode.ALL_GATHER, Mode.SHARDED) or rank == 0
             s_end = coll_end + (cost // 4 if samples_here else 0)
-            if mode == 1:  # gather: rank 0 samples, then the token broadcast
+            if mode == Mode.GATHER:  # rank 0 samples, then the token broadcast
                 b0, b1 = s_end, s_end + cost // 8
                 ring.record(ci, mode, rows, self.epoch, nbytes, t0, t0 + 500, coll_end, b0, b1,
                             coll_end, s_end, b1 + 500)
-            elif mode == 2 and resolve:  # sharded with temperature/top-p rows: the second collective
+            elif mode == Mode.SHARDED and resolve:  # sharded with temperature/top-p rows: the second collective
                 r0, r1 = s_end, s_end + cost // 16
                 ring.record(ci, mode, rows, self.epoch, rows * 16, t0, t0 + 500, coll_end, r0, r1, coll_end, s_end,
                             r1 + 500, rows * 8, rows, int(ci % 7 == 1))  # resolve bytes, top-p rows, fallbacks

@@ -14,6 +14,8 @@ import sys
 
 from gatherwise.logits_dtypes import LOGITS_DTYPES
 
+SHOWN_TOKENS = 12  # of each request, in the plain-text output
+
 
 def _mode(text: str) -> str:
     from gatherwise.modes import IMPLEMENTED_LABELS
@@ -185,8 +187,8 @@ def generate_main(argv: list[str] | None = None) -> int:
     print(f"tp={args.tp} mode={args.mode} requests={len(tokens)} logits calls={len(first.modes)} "
           f"batch sizes {min(first.batch_sizes)}..{max(first.batch_sizes)}")
     for i, toks in enumerate(tokens):
-        more = " ..." if len(toks) > 12 else ""
-        print(f"  request {i:3d}: {len(toks):3d} tokens ({reasons[i]})  {' '.join(map(str, toks[:12]))}{more}")
+        shown = " ".join(map(str, toks[:SHOWN_TOKENS])) + (" ..." if len(toks) > SHOWN_TOKENS else "")
+        print(f"  request {i:3d}: {len(toks):3d} tokens ({reasons[i]})  {shown}")
         if texts_out is not None:
             print(f"               {json.dumps(texts_out[i], ensure_ascii=False)}")
     for mode in sorted(set(first.modes)):

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MIXED_MAX_ROWS = 64
+FIXED_MAX_ROWS = 1024  # the largest batch `fixed:ROWS` takes
+MAX_TP = 64  # local ranks `gatherwise engine --tp` spawns at most
 CALLS_PER_CHECK = 8  # logits calls between two stop checks (one tiny broadcast each)
 MIXED_DWELL = 32  # calls at one batch size before the mixed workload moves on
 # Sampling kinds given to the rows of every call, row j taking entry j mod len: "mixed" has one row of each kind
@@ -57,9 +59,10 @@ class RankSummary:
 def parse_workload(text: str) -> str:
     if text == "mixed":
         return text
-    if text.startswith("fixed:") and text[6:].isdigit() and 1 <= int(text[6:]) <= 1024:
+    rows = text.removeprefix("fixed:")
+    if rows != text and rows.isdigit() and 1 <= int(rows) <= FIXED_MAX_ROWS:
         return text
-    raise argparse.ArgumentTypeError(f"invalid workload {text!r}: expected mixed or fixed:ROWS (1..1024)")
+    raise argparse.ArgumentTypeError(f"invalid workload {text!r}: expected mixed or fixed:ROWS (1..{FIXED_MAX_ROWS})")
 
 
 def batch_sizes(workload: str, seed: int) -> Iterator[int]:
@@ -142,8 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
 def engine_main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not 1 <= args.tp <= 64:
-        parser.error(f"--tp must be in 1..64, got {args.tp}")
+    if not 1 <= args.tp <= MAX_TP:
+        parser.error(f"--tp must be in 1..{MAX_TP}, got {args.tp}")
     if args.duration is not None and args.duration <= 0:
         parser.error(f"--duration must be > 0, got {args.duration}")
     import multiprocessing as mp

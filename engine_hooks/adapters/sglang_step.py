@@ -48,10 +48,13 @@ import torch
 
 from engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 from engine_hooks.adapters.sglang_graphs import DecodeGraphModes, parse_graph_modes
+from engine_hooks.adapters.sglang_patches import TP_WORKER_FORWARD
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import Mode
 
 log = logging.getLogger("gatherwise.sglang")
+# Where forward_batch_generation takes is_verify among the positional arguments after self (the checked target).
+_IS_VERIFY_ARG = TP_WORKER_FORWARD.params.index("is_verify") - 1
 
 
 def unsupported_features(server_args: Any, parallel: Any) -> list[str]:
@@ -149,7 +152,7 @@ class SglangStepHooks(RankHooks):
     # -- scopes ---------------------------------------------------------------------------------------------
     @contextmanager
     def step(self, worker: Any, args: tuple, kwargs: dict) -> Iterator[None]:
-        is_verify = kwargs.get("is_verify", args[3] if len(args) > 3 else False)
+        is_verify = kwargs.get("is_verify", args[_IS_VERIFY_ARG] if len(args) > _IS_VERIFY_ARG else False)
         self._worker = worker
         self._in_step = not is_verify and self.disabled is None
         self._replay_mode = None

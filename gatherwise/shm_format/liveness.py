@@ -17,6 +17,7 @@ import shutil
 import time
 
 from gatherwise.shm_format.private_files import create_private_file, open_regular_file, temporary_name
+from gatherwise.shm_format.ring import ENGINE_ID_HEX_DIGITS
 
 ALIVE_PREFIX = "alive-"
 # A directory with no files at all is one an engine is creating right now, or garbage: garbage after this long.
@@ -51,8 +52,8 @@ class LivenessLock:
 
 
 def is_engine_dir_name(name: str) -> bool:
-    """`<shm_dir>/<engine id as 16 lowercase hex digits>`."""
-    return len(name) == 16 and all(c in "0123456789abcdef" for c in name)
+    """`<shm_dir>/<engine id as 16 lowercase hex digits>` (ring.engine_dir_name)."""
+    return len(name) == ENGINE_ID_HEX_DIGITS and all(c in "0123456789abcdef" for c in name)
 
 
 def liveness(directory: str | os.PathLike) -> Liveness:

@@ -24,8 +24,11 @@ RING_PREFIX = "rank-"
 CONTROL_NAME = "control"
 
 
+ENGINE_ID_HEX_DIGITS = 16  # a 64-bit engine id, zero-padded lowercase hex: the directory's name
+
+
 def engine_dir_name(engine_id: int) -> str:
-    return f"{engine_id:016x}"
+    return f"{engine_id:0{ENGINE_ID_HEX_DIGITS}x}"
 
 
 def engine_dir(shm_dir: str | os.PathLike, engine_id: int) -> str:
