@@ -57,7 +57,7 @@ class ControlBlockSource:
             return self._request
         try:
             return self._read_command()
-        except Exception as exc:  # noqa: BLE001 - never raise into the engine
+        except Exception as exc:
             self._disable(f"control block ignored after an unexpected error: {exc!r}")
             return self._request
 
@@ -101,7 +101,7 @@ class ControlBlockSource:
         try:
             fmt.seqlock_write(words, fmt.ST_LOCK, (status.seq, status.apply_call, status.table.encode(),
                                                    status.epoch, flags, time.monotonic_ns()))
-        except Exception as exc:  # noqa: BLE001 - never raise into the engine
+        except Exception as exc:
             self._disable(f"control block status could not be written: {exc}")
 
     # -- lifecycle ----------------------------------------------------------------------------------------

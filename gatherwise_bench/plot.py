@@ -7,10 +7,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402 - after the backend is chosen
-from matplotlib.ticker import NullLocator  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.ticker import NullLocator
 
-from gatherwise_bench.report import CLEAR_WIN_SHARE, SweepResult  # noqa: E402
+from gatherwise_bench.report import CLEAR_WIN_SHARE, SweepResult
 
 
 def plot_crossover(path: Path, result: SweepResult) -> Path:

@@ -11,6 +11,7 @@ Formulas (docs/bench.md):
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -138,7 +139,7 @@ def find_crossovers(shapes: list[ShapeResult]) -> list[Crossover]:
             groups.setdefault((s.vocab, s.dtype, s.sampling), []).append(s)
     for (vocab, dtype, sampling), group in groups.items():
         group.sort(key=lambda s: s.rows)
-        for lo, hi in zip(group, group[1:], strict=False):
+        for lo, hi in itertools.pairwise(group):
             if lo.winner == hi.winner:
                 continue
             a, b = lo.winner, hi.winner  # d = log(t_a / t_b): < 0 at lo, > 0 at hi (or equal)

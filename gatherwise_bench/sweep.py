@@ -86,7 +86,7 @@ def sweep_rank(rank: int, world: int, cfg: SweepConfig) -> dict[ShapeKey, CallTi
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     barrier = (lambda: dist.barrier(device_ids=[rank])) if device.type == "cuda" else dist.barrier
     if world == 1:
-        barrier = lambda: None  # noqa: E731 - nothing to line up
+        barrier = lambda: None
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
     out: dict[ShapeKey, CallTimes] = {}
     t0 = time.perf_counter()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests._hf_checkpoints import TinyCheckpoint, build, write_tokenizer  # noqa: E402
+from tests._hf_checkpoints import TinyCheckpoint, build, write_tokenizer
 
 LAYERS = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 # With a tokenizer: small, and a Llama 3 RoPE, so `gatherwise generate` runs its scaled-RoPE path.
@@ -36,10 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.directory.exists() and any(args.directory.iterdir()):
         parser.error(f"{args.directory} exists and is not empty")
-    if args.for_engines:
-        config = FOR_ENGINES
-    else:
-        config = dict(WITH_TOKENIZER, vocab_size=write_tokenizer(args.directory))
+    config = FOR_ENGINES if args.for_engines else dict(WITH_TOKENIZER, vocab_size=write_tokenizer(args.directory))
     build(TinyCheckpoint("tiny", "llama", config), args.directory)
     print(f"wrote {args.directory}: " + ", ".join(sorted(p.name for p in args.directory.iterdir())))
 

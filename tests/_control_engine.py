@@ -114,7 +114,7 @@ class BackgroundEngine:
     def _run(self, world: int, timeout: float) -> None:
         try:
             self.results = run_ranks(loop_rank, world, self.spec, timeout=timeout)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by stop()
+        except BaseException as exc:
             self.error = exc
 
     def stop(self, timeout: float = 120.0) -> list[RankResult]:

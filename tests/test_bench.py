@@ -178,7 +178,7 @@ def test_bench_table_file_is_the_engines_starting_table(tmp_path):
     from gatherwise_bench.starting_table import best_table
 
     def shape(rows: int, ag: float, g: float, wins: float = 1.0) -> ShapeResult:
-        st = lambda t: ModeStats(t, t, t, 0.0, 0.0, 0.0, 0.0, 0.0)  # noqa: E731
+        st = lambda t: ModeStats(t, t, t, 0.0, 0.0, 0.0, 0.0, 0.0)
         return ShapeResult(32000, "float32", rows, 0, {"all_gather": st(ag), "gather": st(g)},
                            "all_gather" if ag <= g else "gather", 1.0, wins)
 
@@ -200,7 +200,7 @@ def test_crossovers_skip_ties_and_interpolate_log_log():
     from gatherwise_bench.report import ModeStats, ShapeResult, find_crossovers
 
     def shape(rows: int, ag: float, g: float, wins: float) -> ShapeResult:
-        st = lambda t: ModeStats(t, t, t, 0.0, 0.0, 0.0, 0.0, 0.0)  # noqa: E731
+        st = lambda t: ModeStats(t, t, t, 0.0, 0.0, 0.0, 0.0, 0.0)
         winner = "all_gather" if ag <= g else "gather"
         return ShapeResult(1000, "float32", rows, 0, {"all_gather": st(ag), "gather": st(g)}, winner,
                            max(ag, g) / min(ag, g), wins)

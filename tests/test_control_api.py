@@ -102,7 +102,7 @@ def test_bad_input_is_4xx_and_changes_nothing(live):
 
 
 def test_no_token_configured_refuses_mutations_with_a_hint(live, tmp_path):
-    url, config, shm, _ = live
+    _url, config, shm, _ = live
     other, other_url = start_sidecar(shm, config=config, env_extra={"GATHERWISE_API_TOKEN": ""})
     try:
         wait_for(lambda: httpx.get(f"{other_url}/v1/mode").status_code == 200, 60, "second sidecar attach")

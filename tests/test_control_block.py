@@ -61,7 +61,7 @@ def test_command_round_trip_and_status(block):
 
 
 def test_invalid_command_is_ignored_with_one_warning(block, caplog):
-    path, source, client = block
+    _path, source, client = block
     good = client.write_command(GATHER)
     assert source.poll(0).seq == good
     with caplog.at_level(logging.WARNING, "gatherwise.control"):

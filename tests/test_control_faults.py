@@ -33,7 +33,7 @@ def test_sidecar_kill_engine_restart_and_corrupt_block(tmp_path, shm_dir):
     engine = BackgroundEngine(LoopSpec(str(config), str(tmp_path / "stop1"), pace_seconds=0.003))
     second = None
     try:
-        get = lambda path, **kw: httpx.get(f"{url}{path}", timeout=30, **kw)  # noqa: E731
+        get = lambda path, **kw: httpx.get(f"{url}{path}", timeout=30, **kw)
         wait_for(lambda: get("/v1/mode").status_code == 200, 90, "attach")
         r = httpx.put(f"{url}/v1/mode", json={"mode": "gather", "buckets": [1, 2]}, params={"wait": 30},
                       headers=AUTH, timeout=60)

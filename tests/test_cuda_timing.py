@@ -172,7 +172,7 @@ def test_marks_of_a_call_that_never_recorded_are_released():
 
 
 def test_flush_with_wait_is_explicit_and_close_forwards_what_completed():
-    stream, created, clock, resolver, sink = make()
+    _stream, _created, clock, resolver, sink = make()
     run_call(clock, resolver, 0, Mode.ALL_GATHER)
     assert resolver.flush(wait_for=FakeCudaEvent.synchronize) == 1
     run_call(clock, resolver, 1, Mode.ALL_GATHER)

@@ -6,6 +6,7 @@ reference runs in this process, so the file stays within a few minutes on two sh
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -130,7 +131,7 @@ def reference_logits(checkpoint: Path, tokens: list[int]) -> torch.Tensor:
         sd.update({k: v.to(torch.float64) for k, v in load_file(str(f)).items()})
     heads, kv_heads = raw["num_attention_heads"], raw["num_key_value_heads"]
     hd, eps, n = raw["hidden_size"] // heads, raw["rms_norm_eps"], len(tokens)
-    norm = lambda x, w: x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w  # noqa: E731
+    norm = lambda x, w: x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
     inv_freq = raw["rope_theta"] ** (-torch.arange(hd // 2, dtype=torch.float64) * 2 / hd)
     freqs = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq
 
@@ -142,7 +143,7 @@ def reference_logits(checkpoint: Path, tokens: list[int]) -> torch.Tensor:
     x = sd["model.embed_tokens.weight"][tokens]
     for i in range(raw["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        proj = lambda h, name: h @ sd[p + name + ".weight"].T + sd.get(p + name + ".bias", 0.0)  # noqa: E731, B023
+        proj = lambda h, name: h @ sd[p + name + ".weight"].T + sd.get(p + name + ".bias", 0.0)  # noqa: B023
         h = norm(x, sd[p + "input_layernorm.weight"])
         q = rope(proj(h, "self_attn.q_proj").view(n, heads, hd))
         k = rope(proj(h, "self_attn.k_proj").view(n, kv_heads, hd)).repeat_interleave(heads // kv_heads, 1)
@@ -258,7 +259,7 @@ def test_batch_sizes_move_between_1_and_16(suite, runs):
     sizes = runs(1)[0]["cases"][case_index(suite, "1001 batches 1..16")]["batch_sizes"]
     assert min(sizes) == 1 and max(sizes) == 16
     assert len(set(sizes)) >= 10
-    assert sum(a != b for a, b in zip(sizes, sizes[1:], strict=False)) >= len(sizes) // 3
+    assert sum(a != b for a, b in itertools.pairwise(sizes)) >= len(sizes) // 3
 
 
 @pytest.mark.timeout(600)
@@ -280,7 +281,7 @@ def test_logits_match_across_p_and_a_plain_reference(world, suite, runs, checkpo
 
 def test_random_model_matches_the_reference_too(tmp_path):
     spec = ModelSpec(vocab=1001, weights_seed=1)
-    config, source = spec.config_and_source()
+    config, _source = spec.config_and_source()
     raw = dict(model_type="llama", vocab_size=1001, hidden_size=config.hidden_size,
                intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
                num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,

@@ -65,7 +65,7 @@ def _graphed_run(rank, world, exchange_only):
         path.logits_buffer(rows)[:, : part.shape[1]] = part
         if not exchange_only:
             return path.run(rows_of[rows])
-        mode, shards = path.exchange()
+        _mode, shards = path.exchange()
         return shards  # sampled after the replay
 
     backend = StandInGraphBackend()

@@ -19,7 +19,7 @@ from tp_engine.hf_config import eos_token_ids
 from tp_engine.launch import launch
 from tp_engine.runner import GenerateSpec, ModelSpec, generate_rank
 
-MODES = tuple(m.label for m in IMPLEMENTED) + ("schedule:5",)
+MODES = (*(m.label for m in IMPLEMENTED), "schedule:5")
 PROMPTS = ([5, 17, 3, 99, 42, 8, 61, 23, 7], [1], [88, 2, 14], [30, 31, 32, 33, 34, 35])
 MAX_NEW_TOKENS = 8
 

@@ -42,15 +42,16 @@ def test_compiled_and_python_writers_produce_identical_rings(tmp_path, monkeypat
     compiled = _write(str(tmp_path / "c"), False, monkeypatch)
     # the headers differ only in creation times and pid (bytes 48..56 created_ns, 64..68 pid, 72..80 mono)
     mask = [*range(48, 56), *range(64, 68), *range(72, 80)]
-    strip = lambda b: bytes(0 if i in mask else x for i, x in enumerate(b))  # noqa: E731
+    strip = lambda b: bytes(0 if i in mask else x for i, x in enumerate(b))
     assert strip(python) == strip(compiled)
     assert fmt.HEADER_FIXED.unpack_from(compiled, 0)[11] == len(CALLS)
 
 
 def test_layout_constants_match_the_format():
-    assert (native.HEADER_SIZE, native.RECORD_SIZE, native.WRITE_INDEX_OFFSET, native.COUNTERS_OFFSET,
-            native.NUM_OPS, native.NUM_MODE_ROWS) == (fmt.HEADER_SIZE, fmt.RECORD_SIZE, fmt.WRITE_INDEX_OFFSET,
-                                                      fmt.COUNTERS_OFFSET, len(fmt.OPS), fmt.NUM_MODE_ROWS)
+    built_in = (native.HEADER_SIZE, native.RECORD_SIZE, native.WRITE_INDEX_OFFSET, native.COUNTERS_OFFSET,
+                native.NUM_OPS, native.NUM_MODE_ROWS)
+    assert built_in == (fmt.HEADER_SIZE, fmt.RECORD_SIZE, fmt.WRITE_INDEX_OFFSET, fmt.COUNTERS_OFFSET, len(fmt.OPS),
+                        fmt.NUM_MODE_ROWS)
 
 
 def test_closed_ring_refuses_records(tmp_path, monkeypatch):

@@ -123,7 +123,7 @@ def _run_lagging_device(rank, world, shm_dir, engine_ids):
     from engine_hooks.recorder import RingRecorder
     from tests.test_cuda_timing import FakeCudaEvent, FakeGpuStream
 
-    plain_id, lagging_id = engine_ids
+    _plain_id, _lagging_id = engine_ids
     stream = FakeGpuStream()
     clock = EventClock(lambda: FakeCudaEvent(stream))
     recorders = [RingRecorder(fmt.ring_path(shm_dir, e, rank), engine_id=e, rank=rank, tp_size=world, vocab=VOCAB,

@@ -6,6 +6,7 @@ import hashlib
 import multiprocessing as mp
 import os
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -158,7 +159,7 @@ def test_foreign_and_corrupt_files_are_rejected(tmp_path):
         RingReader(tiny)
     rec = make_recorder(tmp_path, capacity=8)
     rec.close()
-    data = bytearray(open(rec.path, "rb").read())
+    data = bytearray(Path(rec.path).read_bytes())
     other_version = tmp_path / "v99"
     other_version.write_bytes(bytes(data[:8]) + struct.pack("<I", 99) + bytes(data[12:]))
     with pytest.raises(RingFormatError, match="version 99"):
@@ -177,13 +178,13 @@ def test_reader_never_modifies_the_file(tmp_path):
     rec = make_recorder(tmp_path, capacity=8)
     for i in range(12):
         write_call(rec, i, Mode.GATHER if i % 2 else Mode.ALL_GATHER)
-    before = hashlib.sha256(open(rec.path, "rb").read()).hexdigest()
+    before = hashlib.sha256(Path(rec.path).read_bytes()).hexdigest()
     stat = os.stat(rec.path)
     with RingReader(rec.path) as reader:
         reader.read_new()
         reader.header()
         reader.read_new(max_records=1)
-    assert hashlib.sha256(open(rec.path, "rb").read()).hexdigest() == before
+    assert hashlib.sha256(Path(rec.path).read_bytes()).hexdigest() == before
     assert os.stat(rec.path).st_mtime_ns == stat.st_mtime_ns
 
 

@@ -179,10 +179,7 @@ def _serve(rank, world, graph_modes, schedule):
 
         def model_step(_worker, *_args, batch=batch, **_kwargs):  # ModelRunner.forward, then the sampler
             replayed = runner.can_run_graph(batch)
-            if replayed:
-                logits = runner.execute(batch)
-            else:
-                logits = runner.forward(batch.logits, batch)
+            logits = runner.execute(batch) if replayed else runner.forward(batch.logits, batch)
             out = SimpleNamespace(next_token_logits=logits)
             ids = wrapped["sample"](_sampler, None, out, batch.sampling_info, False)
             return replayed, ids

@@ -25,8 +25,8 @@ _READ_COMMON = (
     "rope_scaling", "rope_parameters", "max_position_embeddings", "eos_token_id",
 )
 READ_KEYS = {
-    "llama": _READ_COMMON + ("attention_bias", "mlp_bias"),
-    "qwen2": _READ_COMMON + ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"),
+    "llama": (*_READ_COMMON, "attention_bias", "mlp_bias"),
+    "qwen2": (*_READ_COMMON, "use_sliding_window", "sliding_window", "max_window_layers", "layer_types"),
 }
 
 # Known not to change any number the model computes, whatever their value: why, per key.

@@ -47,7 +47,7 @@ def _rank_main(fn: Callable, rank: int, world: int, port: int, backend: str, thr
                                 timeout=datetime.timedelta(seconds=timeout))
         # plain pickle, not the pipe's: torch would pass tensors as shared-memory handles that die with this process
         results.send((rank, "ok", pickle.dumps(fn(rank, world, *args))))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, raised there
+    except BaseException as exc:
         results.send((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
         results.close()

@@ -65,7 +65,7 @@ class RankWeights:
 def shard_weights(source: TensorSource, config: ModelConfig, rank: int, world_size: int,
                   dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> RankWeights:
     """This rank's slices of every tensor, converted to the compute dtype."""
-    conv = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
+    conv = lambda t: t.to(device=device, dtype=dtype).contiguous()
     vocab = vocab_span(config.vocab_size, rank, world_size)
     heads = head_shard(config, rank, world_size)
     hd = config.head_dim
@@ -74,7 +74,7 @@ def shard_weights(source: TensorSource, config: ModelConfig, rank: int, world_si
     mlp = split_evenly(config.intermediate_size, world_size, rank)
     layers = []
     for i in range(config.num_layers):
-        name = lambda s: layer_name(i, s)  # noqa: E731, B023 - used immediately
+        name = lambda s: layer_name(i, s)  # noqa: B023 - used immediately
         def bias(suffix: str, present: bool, rows: Span | None = None) -> torch.Tensor | None:
             return conv(source.read(name(suffix), 0, rows)) if present else None  # noqa: B023
 
@@ -204,7 +204,7 @@ class SafetensorsSource:
         if not files:
             raise FileNotFoundError(f"no *.safetensors files in checkpoint directory {checkpoint_dir}")
         self._handles = [safe_open(str(f), framework="pt") for f in files]
-        self._where = {name: h for h in self._handles for name in h.keys()}
+        self._where = {name: h for h in self._handles for name in h.keys()}  # noqa: SIM118 - a safe_open handle, not a dict
 
     def has(self, name: str) -> bool:
         return name in self._where

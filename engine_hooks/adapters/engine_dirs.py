@@ -45,7 +45,7 @@ def remove_dead_dirs(shm_dir: str) -> None:
 
     try:
         removed = remove_dead_engine_dirs(shm_dir)
-    except Exception as exc:  # noqa: BLE001 - never fail a process's exit over cleanup
+    except Exception as exc:
         log.debug("gatherwise: cleanup of %s failed: %s", shm_dir, exc)
         return
     if removed:

@@ -34,7 +34,7 @@ class Target:
 def version_supported(version: str, supported: Iterable[str]) -> bool:
     """True when `version` (e.g. "0.32.3+cpu") is one of the `supported` releases: "0.32" covers every 0.32.x,
     "0.5.23" covers 0.5.23 and its post releases."""
-    release = version.split("+")[0]
+    release = version.split("+", maxsplit=1)[0]
     return any(release == v or release.startswith(v + ".") for v in supported)
 
 

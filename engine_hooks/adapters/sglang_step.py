@@ -274,7 +274,7 @@ class SglangStepHooks(RankHooks):
         if getattr(model_runner, "is_draft_worker", False):  # speculative decoding: the hooks stay off anyway
             return original(runner, *args, **kwargs)
         capture_bs = list(getattr(runner, "capture_bs", None) or [0])
-        self._graph_reserve = max(max(capture_bs), int(getattr(model_runner, "max_running_requests", 0) or 0))
+        self._graph_reserve = max(*capture_bs, int(getattr(model_runner, "max_running_requests", 0) or 0))
         result = None
         for mode in self.graphs.modes:
             with self.graphs.capture_pass(mode):

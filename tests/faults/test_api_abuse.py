@@ -21,7 +21,7 @@ BIG = 100 * 1024 * 1024
 
 @pytest.fixture
 def idle_sidecar(shm_dir):
-    proc, url, api = sidecar_with_token(shm_dir)
+    proc, _url, api = sidecar_with_token(shm_dir)
     yield proc, api
     assert proc.stop() == 0, "".join(proc.output)
 
@@ -74,8 +74,8 @@ def test_no_engine_one_rule(idle_sidecar):
 
 
 def test_command_to_a_stopped_engine_is_409_and_logs_nothing(shm_dir):
-    engine, engine_id = running_engine(shm_dir, duration=600)
-    proc, url, api = sidecar_with_token(shm_dir)
+    engine, _engine_id = running_engine(shm_dir, duration=600)
+    proc, _url, api = sidecar_with_token(shm_dir)
     try:
         wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the sidecar attached")
         assert api.put("/v1/mode", params={"wait": 60}, json={"mode": "gather"}).status_code == 200

@@ -46,7 +46,7 @@ def test_sidecar_finds_the_live_engine_among_litter_and_removes_dead_dirs(shm_di
         os.mkfifo(os.path.join(fifo_dir, "rank-0"))  # opening it for reading would block forever
         os.mkfifo(os.path.join(engine_dir(shm_dir, engine_id), "rank-7"))  # litter inside the live engine's dir
 
-        sidecar, url, api = sidecar_with_token(shm_dir)
+        sidecar, _url, api = sidecar_with_token(shm_dir)
         wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the sidecar attached to the live engine")
         assert assert_sidecar_serves(sidecar, api)["engine_id"] == live
         wait_for(lambda: not (engine_dirs(shm_dir) & dead), 120, "the dead engines' directories removed")
@@ -62,7 +62,7 @@ def test_sidecar_finds_the_live_engine_among_litter_and_removes_dead_dirs(shm_di
 
 
 def test_engine_killed_with_sigkill_is_cleaned_by_the_sidecar_and_the_next_start(shm_dir):
-    sidecar, url, api = sidecar_with_token(shm_dir)
+    sidecar, _url, api = sidecar_with_token(shm_dir)
     engines = []
     try:
         first, first_id = running_engine(shm_dir)
@@ -104,7 +104,7 @@ def test_full_ring_of_a_large_capacity_is_read_in_bounded_polls(shm_dir):
     try:
         assert writer.stdout.readline().strip() == "READY"
         cap = 4096
-        sidecar, url, api = sidecar_with_token(shm_dir, GATHERWISE_SIDECAR_MAX_RECORDS_PER_POLL=str(cap))
+        sidecar, _url, api = sidecar_with_token(shm_dir, GATHERWISE_SIDECAR_MAX_RECORDS_PER_POLL=str(cap))
         info = wait_for(lambda: (i := api.get("/v1/engine").json())["records_ingested"] and i, 120, "first records")
         assert_sidecar_serves(sidecar, api)
         # a newly attached engine is read from at most `cap` records back; the rest is in the header counters

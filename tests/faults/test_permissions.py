@@ -28,7 +28,7 @@ def test_everything_is_private_at_umask_000(tmp_path):
     old = os.umask(0)
     try:
         engine, engine_id = running_engine(shm)
-        sidecar, url, api = sidecar_with_token(shm)
+        sidecar, _url, api = sidecar_with_token(shm)
     finally:
         os.umask(old)
     try:
@@ -119,7 +119,7 @@ def test_sidecar_ignores_symlinked_engine_dirs_and_state(shm_dir, tmp_path):
         victim = tmp_path / "victim.json"
         victim.write_text("precious")
         (real / SIDECAR_STATE_NAME).symlink_to(victim)
-        sidecar, url, api = sidecar_with_token(shm_dir)
+        sidecar, _url, api = sidecar_with_token(shm_dir)
         wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the sidecar attached")
         info = assert_sidecar_serves(sidecar, api)
         assert info["engine_id"] == f"{engine_id:016x}"

@@ -64,7 +64,7 @@ def test_another_user_can_neither_truncate_nor_open_nor_plant(shm_dir):
 
 def test_truncated_ring_and_block_leave_the_sidecar_serving(shm_dir):
     engine, engine_id = running_engine(shm_dir)
-    sidecar, url, api = sidecar_with_token(shm_dir)
+    sidecar, _url, api = sidecar_with_token(shm_dir)
     try:
         wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the sidecar attached")
         assert api.put("/v1/mode", params={"wait": 0}, json={"mode": "gather"}).status_code in (200, 202)
