@@ -114,12 +114,18 @@ def test_calls_resolve_only_after_their_events_complete_and_in_order():
     assert [c[0] for c in sink.calls] == [0, 1, 2] and resolver.pending == 0
 
 
-def test_marks_become_ns_from_gpu_time_anchored_at_host_start():
+def one_resolved_call(mode: Mode) -> tuple[int, ...]:
+    """What the resolver hands the recorder for one call in `mode` once the fake GPU ran it."""
     stream, _, clock, resolver, sink = make()
-    run_call(clock, resolver, 0, Mode.GATHER)
+    run_call(clock, resolver, 0, mode)
     stream.advance()
     resolver.poll()
     (call,) = sink.calls
+    return call
+
+
+def test_marks_become_ns_from_gpu_time_anchored_at_host_start():
+    call = one_resolved_call(Mode.GATHER)
     call_index, mode, rows, epoch, nbytes, t_start, cs, ce, bs, be, ss, se, t_end = call
     assert (call_index, mode, rows, epoch, nbytes) == (0, Mode.GATHER, 4, 0, 1000)
     assert t_start == 1_000_000  # host time when the first event was enqueued
@@ -128,11 +134,7 @@ def test_marks_become_ns_from_gpu_time_anchored_at_host_start():
 
 
 def test_absent_marks_stay_zero():
-    stream, _, clock, resolver, sink = make()
-    run_call(clock, resolver, 0, Mode.ALL_GATHER)
-    stream.advance()
-    resolver.poll()
-    (call,) = sink.calls
+    call = one_resolved_call(Mode.ALL_GATHER)
     assert call[8:10] == (0, 0)  # no broadcast in all_gather mode
 
 

@@ -18,21 +18,16 @@ def ctx(tmp_path):
     return {"device": "cuda:0", "cpu": False, "tmp": str(tmp_path), "root": ".", "left": lambda: 300.0}
 
 
-def test_the_path_never_synchronizes_in_steady_state_in_any_mode(ctx):
-    result = gpu_check.check_sync_free(ctx)
-    assert result["status"] == "pass", result["failed"]
+# What each check of gatherwise_bench.gpu_check establishes on the device:
+CHECKS = {
+    "the path never synchronizes in steady state, in any mode": gpu_check.check_sync_free,
+    "one captured variant per mode replays the eager tokens and switches": gpu_check.check_graphs,
+    "event timings are device time within the wall clock": gpu_check.check_event_timing,
+    "header counters count every call through the CUDA timing path": gpu_check.check_header_metrics,
+}
 
 
-def test_one_captured_variant_per_mode_replays_the_eager_tokens_and_switches(ctx):
-    result = gpu_check.check_graphs(ctx)
-    assert result["status"] == "pass", result
-
-
-def test_event_timings_are_device_time_within_the_wall_clock(ctx):
-    result = gpu_check.check_event_timing(ctx)
-    assert result["status"] == "pass", result["modes"]
-
-
-def test_header_counters_count_every_call_through_the_cuda_timing_path(ctx):
-    result = gpu_check.check_header_metrics(ctx)
+@pytest.mark.parametrize("check", CHECKS.values(), ids=CHECKS.keys())
+def test_gpu_check_passes(ctx, check):
+    result = check(ctx)
     assert result["status"] == "pass", result
