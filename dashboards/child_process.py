@@ -28,3 +28,14 @@ def die_with_parent() -> None:
 def start_child(args: list[str], **kwargs: Any) -> subprocess.Popen:
     """subprocess.Popen in its own session, with the parent-death signal set."""
     return subprocess.Popen(args, start_new_session=True, preexec_fn=die_with_parent, **kwargs)
+
+
+def stop_child(process: subprocess.Popen, timeout: float) -> int:
+    """SIGTERM, then SIGKILL when it has not exited within `timeout` seconds; returns its exit status."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import yaml
 
-from dashboards.child_process import start_child
+from dashboards.child_process import start_child, stop_child
 
 CONFIG = Path(__file__).parent / "prometheus" / "prometheus.yml"
 SIDECAR_JOB = "gatherwise-sidecar"
+STOP_TIMEOUT_S = 10
 
 
 def write_local_config(out_dir: Path, targets: list[str], scrape_interval: str | None = None) -> Path:
@@ -62,13 +63,7 @@ class LocalPrometheus:
         return self.api("query", query=expr)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_child(self.process, STOP_TIMEOUT_S)
 
 
 def start_prometheus(config: Path, data_dir: Path, port: int, timeout: float = 20.0) -> LocalPrometheus:

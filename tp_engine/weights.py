@@ -62,43 +62,56 @@ class RankWeights:
     lm_head: torch.Tensor  # [shard width, hidden]: zero rows past the vocab
 
 
+# Where each LayerWeights tensor comes from: (name inside the layer, its Megatron split, the config flag that
+# switches it on, or None for always). A split is (dim, part): dim 0 splits output rows (column-parallel), dim 1
+# input columns (row-parallel), over the rank's part of the q heads, kv heads or MLP; None keeps it whole.
+_Split = tuple[int, str] | None
+_LAYER_TENSORS: dict[str, tuple[str, _Split, str | None]] = {
+    "input_norm": ("input_layernorm.weight", None, None),
+    "q": ("self_attn.q_proj.weight", (0, "q"), None),
+    "k": ("self_attn.k_proj.weight", (0, "kv"), None),
+    "v": ("self_attn.v_proj.weight", (0, "kv"), None),
+    "q_bias": ("self_attn.q_proj.bias", (0, "q"), "qkv_bias"),
+    "k_bias": ("self_attn.k_proj.bias", (0, "kv"), "qkv_bias"),
+    "v_bias": ("self_attn.v_proj.bias", (0, "kv"), "qkv_bias"),
+    "o": ("self_attn.o_proj.weight", (1, "q"), None),
+    "o_bias": ("self_attn.o_proj.bias", None, "o_bias"),
+    "post_norm": ("post_attention_layernorm.weight", None, None),
+    "gate": ("mlp.gate_proj.weight", (0, "mlp"), None),
+    "up": ("mlp.up_proj.weight", (0, "mlp"), None),
+    "down": ("mlp.down_proj.weight", (1, "mlp"), None),
+    "gate_bias": ("mlp.gate_proj.bias", (0, "mlp"), "mlp_bias"),
+    "up_bias": ("mlp.up_proj.bias", (0, "mlp"), "mlp_bias"),
+    "down_bias": ("mlp.down_proj.bias", None, "mlp_bias"),
+}
+
+
 def shard_weights(source: TensorSource, config: ModelConfig, rank: int, world_size: int,
                   dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> RankWeights:
     """This rank's slices of every tensor, converted to the compute dtype."""
-    conv = lambda t: t.to(device=device, dtype=dtype).contiguous()
+
+    def read(name: str, dim: int = 0, span: Span | None = None) -> torch.Tensor:
+        return source.read(name, dim, span).to(device=device, dtype=dtype).contiguous()
+
     vocab = vocab_span(config.vocab_size, rank, world_size)
     heads = head_shard(config, rank, world_size)
     hd = config.head_dim
-    q_rows = Span(heads.q.start * hd, heads.q.stop * hd)
-    kv_rows = Span(heads.kv.start * hd, heads.kv.stop * hd)
-    mlp = split_evenly(config.intermediate_size, world_size, rank)
+    parts = {"q": Span(heads.q.start * hd, heads.q.stop * hd), "kv": Span(heads.kv.start * hd, heads.kv.stop * hd),
+             "mlp": split_evenly(config.intermediate_size, world_size, rank)}
     layers = []
     for i in range(config.num_layers):
-        name = lambda s: layer_name(i, s)  # noqa: B023 - used immediately
-        def bias(suffix: str, present: bool, rows: Span | None = None) -> torch.Tensor | None:
-            return conv(source.read(name(suffix), 0, rows)) if present else None  # noqa: B023
-
-        layers.append(LayerWeights(
-            input_norm=conv(source.read(name("input_layernorm.weight"))),
-            q=conv(source.read(name("self_attn.q_proj.weight"), 0, q_rows)),
-            k=conv(source.read(name("self_attn.k_proj.weight"), 0, kv_rows)),
-            v=conv(source.read(name("self_attn.v_proj.weight"), 0, kv_rows)),
-            q_bias=bias("self_attn.q_proj.bias", config.qkv_bias, q_rows),
-            k_bias=bias("self_attn.k_proj.bias", config.qkv_bias, kv_rows),
-            v_bias=bias("self_attn.v_proj.bias", config.qkv_bias, kv_rows),
-            o=conv(source.read(name("self_attn.o_proj.weight"), 1, q_rows)),
-            o_bias=bias("self_attn.o_proj.bias", config.o_bias),
-            post_norm=conv(source.read(name("post_attention_layernorm.weight"))),
-            gate=conv(source.read(name("mlp.gate_proj.weight"), 0, mlp)),
-            up=conv(source.read(name("mlp.up_proj.weight"), 0, mlp)),
-            down=conv(source.read(name("mlp.down_proj.weight"), 1, mlp)),
-            gate_bias=bias("mlp.gate_proj.bias", config.mlp_bias, mlp),
-            up_bias=bias("mlp.up_proj.bias", config.mlp_bias, mlp),
-            down_bias=bias("mlp.down_proj.bias", config.mlp_bias),
-        ))
+        tensors: dict[str, torch.Tensor | None] = {}
+        for field, (suffix, split, flag) in _LAYER_TENSORS.items():
+            if flag is not None and not getattr(config, flag):
+                tensors[field] = None
+            elif split is None:
+                tensors[field] = read(layer_name(i, suffix))
+            else:
+                tensors[field] = read(layer_name(i, suffix), split[0], parts[split[1]])
+        layers.append(LayerWeights(**tensors))
     head_name = LM_HEAD if source.has(LM_HEAD) and not config.tie_word_embeddings else EMBED
-    return RankWeights(embed=conv(source.read(EMBED, 0, vocab)), layers=layers,
-                       final_norm=conv(source.read(FINAL_NORM)), lm_head=conv(source.read(head_name, 0, vocab)))
+    return RankWeights(embed=read(EMBED, 0, vocab), layers=layers, final_norm=read(FINAL_NORM),
+                       lm_head=read(head_name, 0, vocab))
 
 
 def check_tensor_names(names: Iterable[str], config: ModelConfig) -> None:
