@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from gatherwise.config import GatherwiseConfig, config_hash, load_config
 from gatherwise.modes import Mode, ModeTable
 
 log = logging.getLogger("gatherwise.install")
+ENGINE_ID_RANDOM_BITS = 63
 
 
 @dataclass
@@ -61,8 +63,9 @@ def initial_table(config: GatherwiseConfig) -> ModeTable:
 
 
 def share_engine_id(comm: Communicator, device: torch.device | str) -> int:
-    """Rank 0 draws a random 64-bit instance id (new at every start) and every rank receives it."""
-    word = torch.tensor([int.from_bytes(os.urandom(8), "little") >> 1], dtype=torch.int64, device=device)
+    """Rank 0 draws a random instance id (new at every start) and every rank receives it: 63 random bits, so it
+    travels as a non-negative int64."""
+    word = torch.tensor([secrets.randbits(ENGINE_ID_RANDOM_BITS)], dtype=torch.int64, device=device)
     comm.broadcast(word)
     return int(word.item())
 

@@ -45,9 +45,9 @@ PURE_PYTHON_ENV = "GATHERWISE_PURE_PYTHON_RECORDER"  # "1": never use the compil
 
 _GATHER = 1  # Mode.GATHER; modes above it (sharded) have their own pair of ops
 _ROW_WORDS = 1 + 2 * len(fmt.OPS)  # a counter row: calls, then (ns, bytes) per op
-_ROW0 = fmt.COUNTERS_OFFSET // 8  # header word index of the first counter row
-_WRITE_INDEX_WORD = fmt.WRITE_INDEX_OFFSET // 8
-_DROP0 = fmt.DROPS_OFFSET // 8
+_ROW0 = fmt.COUNTERS_OFFSET // fmt.WORD_BYTES  # header word index of the first counter row
+_WRITE_INDEX_WORD = fmt.WRITE_INDEX_OFFSET // fmt.WORD_BYTES
+_DROP0 = fmt.DROPS_OFFSET // fmt.WORD_BYTES
 _RECORD_SIZE = fmt.RECORD_SIZE
 _BCAST_BYTES_PER_ROW = fmt.BROADCAST_BYTES_PER_ROW
 # word offsets inside a row: ns of an op at 1 + 2 * op, its bytes right after
@@ -55,8 +55,8 @@ _AG, _GA, _BC, _SA, _PA, _SX, _SR = (1 + 2 * op for op in (fmt.OP_ALL_GATHER, fm
                                                            fmt.OP_SAMPLE, fmt.OP_PATH, fmt.OP_SHARD_EXCHANGE,
                                                            fmt.OP_SHARD_RESOLVE))
 _FIRST_OP = (_AG, _GA, _SX)  # by mode code
-_TOPP_ROWS_WORD = fmt.TOPP_ROWS_OFFSET // 8
-_TOPP_FALLBACK_WORD = fmt.TOPP_FALLBACK_ROWS_OFFSET // 8
+_TOPP_ROWS_WORD = fmt.TOPP_ROWS_OFFSET // fmt.WORD_BYTES
+_TOPP_FALLBACK_WORD = fmt.TOPP_FALLBACK_ROWS_OFFSET // fmt.WORD_BYTES
 
 
 def _flags(mode: int, second_op: int, fallback_rows: int) -> int:

@@ -81,6 +81,10 @@ class ScheduleTableSource:
         pass
 
 
+# Salts the seed for the starting table, so it is not the first table the schedule itself draws.
+_INITIAL_TABLE_SALT = 0x5EED
+
+
 def initial_schedule_table(seed: int) -> ModeTable:
     """The table every rank starts a `schedule:SEED` run with (derived from the seed alone)."""
-    return random_table(random.Random(seed ^ 0x5EED))
+    return random_table(random.Random(seed ^ _INITIAL_TABLE_SALT))

@@ -15,6 +15,12 @@ import sys
 from gatherwise.logits_dtypes import LOGITS_DTYPES
 
 SHOWN_TOKENS = 12  # of each request, in the plain-text output
+# Upper bounds of the arguments: beyond them a run is a mistake on a CPU (or a local node), not a workload.
+MAX_LOCAL_RANKS = 64
+MAX_REQUESTS = 4096
+MAX_NEW_TOKENS = 4096
+MAX_BATCH = 1024
+MAX_THREADS = 256
 
 
 def _mode(text: str) -> str:
@@ -60,10 +66,10 @@ def _ids_prompt(text: str) -> tuple[str, tuple[int, ...]]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gatherwise generate",
                                 description="Run the tensor-parallel engine on P local ranks and print its tokens.")
-    p.add_argument("--tp", type=_ranged(int, 1, 64), default=1, help="tensor-parallel size P (local ranks)")
+    p.add_argument("--tp", type=_ranged(int, 1, MAX_LOCAL_RANKS), default=1, help="tensor-parallel size P (ranks)")
     p.add_argument("--mode", type=_mode, default="all_gather",
                    help="all_gather | gather | schedule:SEED (random table switches drawn from SEED)")
-    p.add_argument("--prompts", type=_ranged(int, 1, 4096), default=None,
+    p.add_argument("--prompts", type=_ranged(int, 1, MAX_REQUESTS), default=None,
                    help="number of random-prompt requests (default 8; not with --prompt/--prompt-ids)")
     p.add_argument("--prompt", dest="prompt_items", action="append", type=_text_prompt, default=[], metavar="TEXT",
                    help="a text prompt, encoded with the checkpoint's tokenizer.json (repeatable)")
@@ -73,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wrap each --prompt as one user message in the checkpoint's chat template")
     p.add_argument("--ignore-eos", action="store_true",
                    help="generate the full token budget even past the checkpoint's end-of-sequence ids")
-    p.add_argument("--max-new-tokens", type=_ranged(int, 1, 4096), default=16,
+    p.add_argument("--max-new-tokens", type=_ranged(int, 1, MAX_NEW_TOKENS), default=16,
                    help="token budget T; given prompts get T each, random ones draw their own in [ceil(T/2), T] so "
                         "requests leave at different steps")
     p.add_argument("--temperature", type=_ranged(float, 0.0), default=0.0, help="0 = greedy")
@@ -86,9 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model compute dtype (float64 keeps tokens identical across P; float32 is faster)")
     p.add_argument("--checkpoint", default=None, help="HF Llama/Qwen2 directory (config.json + *.safetensors)")
     p.add_argument("--weights-seed", type=int, default=0, help="seed of the random model's weights")
-    p.add_argument("--max-batch", type=_ranged(int, 1, 1024), default=16, help="most requests running at once")
+    p.add_argument("--max-batch", type=_ranged(int, 1, MAX_BATCH), default=16, help="most requests running at once")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL)")
-    p.add_argument("--threads", type=_ranged(int, 1, 256), default=1,
+    p.add_argument("--threads", type=_ranged(int, 1, MAX_THREADS), default=1,
                    help="torch CPU threads per rank (1 keeps P ranks from oversubscribing the cores)")
     p.add_argument("--timeout", type=_ranged(float, 1.0), default=600.0, help="seconds before the run is abandoned")
     p.add_argument("--json", action="store_true",
@@ -149,7 +155,7 @@ def generate_main(argv: list[str] | None = None) -> int:
     if texts and tokenizer is None:
         parser.error(f"--prompt needs a tokenizer.json in the checkpoint directory {args.checkpoint}")
     prompts = _encode_prompts(parser, args.prompt_items, tokenizer, args.chat, config.vocab_size)
-    spec = GenerateSpec(model=model, mode=args.mode, num_prompts=args.prompts or 8,
+    spec = GenerateSpec(model=model, mode=args.mode, num_prompts=args.prompts or GenerateSpec.num_prompts,
                         max_new_tokens=args.max_new_tokens, seed=args.seed,
                         params=SamplingParams(args.temperature, args.top_k, args.top_p, args.seed),
                         logits_dtype=args.dtype, max_batch=args.max_batch, prompts=tuple(prompts),

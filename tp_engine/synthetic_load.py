@@ -23,9 +23,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from tp_engine.cli import MAX_LOCAL_RANKS
+
 MIXED_MAX_ROWS = 64
 FIXED_MAX_ROWS = 1024  # the largest batch `fixed:ROWS` takes
-MAX_TP = 64  # local ranks `gatherwise engine --tp` spawns at most
 CALLS_PER_CHECK = 8  # logits calls between two stop checks (one tiny broadcast each)
 MIXED_DWELL = 32  # calls at one batch size before the mixed workload moves on
 # Sampling kinds given to the rows of every call, row j taking entry j mod len: "mixed" has one row of each kind
@@ -145,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
 def engine_main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not 1 <= args.tp <= MAX_TP:
-        parser.error(f"--tp must be in 1..{MAX_TP}, got {args.tp}")
+    if not 1 <= args.tp <= MAX_LOCAL_RANKS:
+        parser.error(f"--tp must be in 1..{MAX_LOCAL_RANKS}, got {args.tp}")
     if args.duration is not None and args.duration <= 0:
         parser.error(f"--duration must be > 0, got {args.duration}")
     import multiprocessing as mp

@@ -26,7 +26,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from gatherwise.shm_format.ring import CONTROL_NAME, engine_dir
+from gatherwise.shm_format.ring import CONTROL_NAME, WORD_BYTES, engine_dir
 
 MAGIC = b"GWCTRL\x00\x00"
 FORMAT_VERSION = 1
@@ -43,6 +43,8 @@ CMD_LOCK, CMD_SEQ, CMD_TABLE, CMD_FLAGS, CMD_NS = 16, 17, 18, 19, 20
 ST_LOCK, ST_SEQ, ST_CALL, ST_TABLE, ST_EPOCH, ST_FLAGS, ST_NS = 24, 25, 26, 27, 28, 29, 30
 HEARTBEAT_FIELDS, COMMAND_FIELDS, STATUS_FIELDS = 2, 4, 6
 U64_MASK = (1 << 64) - 1
+U32_MASK = (1 << 32) - 1
+SEQLOCK_TRIES = 64  # copies a reader attempts before it reports the area as inconsistent
 
 
 class ControlFormatError(ValueError):
@@ -94,7 +96,7 @@ class Status:
 def new_block(engine_id: int, tp_size: int, table_word: int, created_ns: int, pid: int) -> bytearray:
     """The bytes of a fresh block: header, zero heartbeat and command, status = the initial table."""
     block = bytearray(BLOCK_SIZE)
-    HEADER.pack_into(block, 0, MAGIC, FORMAT_VERSION, BLOCK_SIZE, engine_id & U64_MASK, tp_size, pid & 0xFFFFFFFF,
+    HEADER.pack_into(block, 0, MAGIC, FORMAT_VERSION, BLOCK_SIZE, engine_id & U64_MASK, tp_size, pid & U32_MASK,
                      created_ns)
     words = memoryview(block).cast("Q")
     words[ST_TABLE] = table_word
@@ -130,7 +132,7 @@ def seqlock_write(words: memoryview, lock_index: int, values: tuple[int, ...]) -
     words[lock_index] = (lock + 1) & U64_MASK  # even: consistent
 
 
-def seqlock_read(words: memoryview, lock_index: int, count: int, tries: int = 64) -> tuple[int, ...] | None:
+def seqlock_read(words: memoryview, lock_index: int, count: int, tries: int = SEQLOCK_TRIES) -> tuple[int, ...] | None:
     """A consistent copy of the `count` fields after `lock_index`, or None if every try overlapped a write."""
     for _ in range(tries):
         before = words[lock_index]
@@ -163,14 +165,14 @@ def read_block(fd: int) -> bytes:
     return _pread(fd, BLOCK_SIZE, 0)
 
 
-def fd_seqlock_read(fd: int, lock_index: int, count: int, tries: int = 64) -> tuple[int, ...] | None:
+def fd_seqlock_read(fd: int, lock_index: int, count: int, tries: int = SEQLOCK_TRIES) -> tuple[int, ...] | None:
     """seqlock_read through `fd`: lock and fields in one pread (copied in address order), then the lock again."""
-    offset = 8 * lock_index
+    offset = WORD_BYTES * lock_index
     for _ in range(tries):
-        words = struct.unpack(f"<{count + 1}Q", _pread(fd, 8 * (count + 1), offset))
+        words = struct.unpack(f"<{count + 1}Q", _pread(fd, WORD_BYTES * (count + 1), offset))
         if words[0] & 1:
             continue
-        if _U64.unpack(_pread(fd, 8, offset))[0] == words[0]:
+        if _U64.unpack(_pread(fd, WORD_BYTES, offset))[0] == words[0]:
             return words[1:]
     return None
 
@@ -180,8 +182,8 @@ def fd_seqlock_write(fd: int, lock_index: int, values: tuple[int, ...]) -> None:
     Refuses to write into a file that shrank (a pwrite there would grow it again)."""
     if os.fstat(fd).st_size < BLOCK_SIZE:
         raise ControlTruncatedError(f"control block is {os.fstat(fd).st_size} bytes, expected {BLOCK_SIZE}")
-    offset = 8 * lock_index
-    lock = _U64.unpack(_pread(fd, 8, offset))[0] | 1
+    offset = WORD_BYTES * lock_index
+    lock = _U64.unpack(_pread(fd, WORD_BYTES, offset))[0] | 1
     os.pwrite(fd, _U64.pack(lock), offset)
-    os.pwrite(fd, struct.pack(f"<{len(values)}Q", *(v & U64_MASK for v in values)), offset + 8)
+    os.pwrite(fd, struct.pack(f"<{len(values)}Q", *(v & U64_MASK for v in values)), offset + WORD_BYTES)
     os.pwrite(fd, _U64.pack((lock + 1) & U64_MASK), offset)

@@ -24,6 +24,8 @@ PRIVATE_FILE_MODE = 0o600
 _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
+_READ_CHUNK = 1 << 16  # bytes per read() of a small file
+
 
 class UnsafePathError(PermissionError):
     """A directory or file gatherwise would use is not private to this user (or not what it should be)."""
@@ -121,7 +123,7 @@ def read_small_file(path: str | os.PathLike, limit: int) -> bytes:
     try:
         chunks, total = [], 0
         while True:
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(fd, _READ_CHUNK)
             if not chunk:
                 return b"".join(chunks)
             total += len(chunk)

@@ -18,6 +18,7 @@ from gatherwise.logits_dtypes import dtype_name as dtype_name
 MAGIC = b"GWRING\x00\x00"
 FORMAT_VERSION = 2
 HEADER_SIZE = 512  # records start here
+WORD_BYTES = 8  # counters, indices and control fields are little-endian u64 words
 
 # -- directory layout: <shm_dir>/<engine_id as 16 hex digits>/rank-<r> and .../control -------------------
 RING_PREFIX = "rank-"
