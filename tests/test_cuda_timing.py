@@ -7,46 +7,7 @@ import pytest
 from engine_hooks.cuda_timing import EventClock, EventResolver
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
-
-
-class FakeGpuStream:
-    """A stream whose work completes only when the test says so: events complete in the order recorded."""
-
-    def __init__(self) -> None:
-        self.recorded = 0  # events enqueued so far
-        self.completed = 0  # events the fake GPU has reached
-        self.gpu_ms: dict[int, float] = {}  # position -> GPU timestamp (ms) assigned when recorded
-
-    def advance(self, n: int | None = None) -> None:
-        self.completed = self.recorded if n is None else min(self.recorded, self.completed + n)
-
-
-class FakeCudaEvent:
-    """Stands in for torch.cuda.Event(enable_timing=True): record(), query(), elapsed_time() in ms."""
-
-    def __init__(self, stream: FakeGpuStream) -> None:
-        self.stream = stream
-        self.position = None
-        self.queries = 0
-        self.synchronize_calls = 0
-
-    def record(self) -> None:
-        self.stream.recorded += 1
-        self.position = self.stream.recorded
-        self.stream.gpu_ms[self.position] = 0.25 * self.position  # 250 µs of GPU time between events
-
-    def query(self) -> bool:
-        self.queries += 1
-        return self.stream.completed >= self.position
-
-    def elapsed_time(self, end: FakeCudaEvent) -> float:
-        if not (self.query() and end.query()):
-            raise RuntimeError("elapsed_time on an event that has not completed")
-        return self.stream.gpu_ms[end.position] - self.stream.gpu_ms[self.position]
-
-    def synchronize(self) -> None:
-        self.synchronize_calls += 1
-        self.stream.completed = max(self.stream.completed, self.position)
+from tests._fake_cuda import FakeCudaEvent, FakeGpuStream
 
 
 class ListRecorder:

@@ -165,23 +165,14 @@ def test_capture_asks_for_the_mode_it_captures():
 
 
 def test_replayed_calls_are_timed_around_the_replay_and_nothing_is_timed_inside_the_graph(tmp_path):
-    from engine_hooks.comm import SingleRankCommunicator
-    from engine_hooks.cuda_timing import EventClock, EventResolver
     from engine_hooks.graphs import CAPTURABLE, ModeGraphs
-    from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.recorder import RingRecorder
     from engine_hooks.sampling import SamplingParams, SamplingRow
     from gatherwise.modes import Mode, ModeTable
     from sidecar.ring_reader import RingReader
-    from tests.test_cuda_timing import FakeCudaEvent, FakeGpuStream
+    from tests._fake_cuda import event_clock_path
 
-    stream = FakeGpuStream()
-    clock = EventClock(lambda: FakeCudaEvent(stream))
-    ring = RingRecorder(tmp_path / "rank-0", engine_id=1, rank=0, tp_size=1, vocab=VOCAB, dtype="float32",
-                        capacity=16)
-    resolver = EventResolver(clock, ring)
-    path = LogitsPath(SingleRankCommunicator(), VOCAB, initial_table=ModeTable.uniform(Mode.GATHER),
-                      recorder=resolver, clock=clock)
+    timed = event_clock_path(tmp_path / "rank-0", VOCAB, ModeTable.uniform(Mode.GATHER))
+    stream, ring, resolver, path = timed.stream, timed.ring, timed.resolver, timed.path
     path.reserve(2)
     graphs = ModeGraphs(path, StandInGraphBackend())
     rows = [SamplingRow(SamplingParams(), request_id=0, position=0)]

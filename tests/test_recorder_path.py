@@ -86,18 +86,10 @@ def test_every_rank_records_every_call_with_exact_counters(tmp_path):
 
 def test_event_clock_through_the_real_path_into_a_ring(tmp_path):
     """LogitsPath with the CUDA clock design (fake events on CPU): tokens flow through, records land in the ring."""
-    from engine_hooks.comm import SingleRankCommunicator
-    from engine_hooks.cuda_timing import EventClock, EventResolver
-    from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.recorder import RingRecorder
-    from tests.test_cuda_timing import FakeCudaEvent, FakeGpuStream
+    from tests._fake_cuda import event_clock_path
 
-    stream = FakeGpuStream()
-    clock = EventClock(lambda: FakeCudaEvent(stream))
-    recorder = RingRecorder(tmp_path / "rank-0", engine_id=1, rank=0, tp_size=1, vocab=VOCAB, dtype="float32",
-                            capacity=16)
-    resolver = EventResolver(clock, recorder)
-    path = LogitsPath(SingleRankCommunicator(), VOCAB, initial_table=_table(), recorder=resolver, clock=clock)
+    timed = event_clock_path(tmp_path / "rank-0", VOCAB, _table())
+    stream, recorder, resolver, path = timed.stream, timed.ring, timed.resolver, timed.path
     for step, batch in enumerate(BATCHES):
         path.logits_buffer(batch).normal_()
         path.run(_rows(step, batch))
@@ -117,21 +109,12 @@ def test_event_clock_through_the_real_path_into_a_ring(tmp_path):
 def test_event_clock_marks_of_a_sharded_call_are_its_own_events(tmp_path):
     """Sharded calls through the event clock (fake events on CPU): every mark of a record is an event of that
     call, in order — never a token computed from other tokens — greedy (one collective) and temperature (two)."""
-    from engine_hooks.comm import SingleRankCommunicator
-    from engine_hooks.cuda_timing import EventClock, EventResolver
-    from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.recorder import RingRecorder
     from engine_hooks.sampling import SamplingParams, SamplingRow
     from gatherwise.modes import ModeTable
-    from tests.test_cuda_timing import FakeCudaEvent, FakeGpuStream
+    from tests._fake_cuda import event_clock_path
 
-    stream = FakeGpuStream()
-    clock = EventClock(lambda: FakeCudaEvent(stream))
-    recorder = RingRecorder(tmp_path / "rank-0", engine_id=1, rank=0, tp_size=1, vocab=VOCAB, dtype="float32",
-                            capacity=16)
-    resolver = EventResolver(clock, recorder)
-    path = LogitsPath(SingleRankCommunicator(), VOCAB, initial_table=ModeTable.uniform(Mode.SHARDED),
-                      recorder=resolver, clock=clock)
+    timed = event_clock_path(tmp_path / "rank-0", VOCAB, ModeTable.uniform(Mode.SHARDED))
+    stream, recorder, resolver, path = timed.stream, timed.ring, timed.resolver, timed.path
     kinds = [SamplingParams(), SamplingParams(temperature=0.7, seed=5)]
     for step in range(4):
         path.logits_buffer(3).normal_()
@@ -151,12 +134,12 @@ def test_event_clock_marks_of_a_sharded_call_are_its_own_events(tmp_path):
 
 def _run_lagging_device(rank, world, shm_dir, engine_ids):
     """The same calls twice on real gloo ranks: once timed on the CPU clock, once through the CUDA timing design
-    with a stand-in device that falls far behind (tests.test_cuda_timing's fake events)."""
+    with a stand-in device that falls far behind (tests._fake_cuda's fake events)."""
     from engine_hooks.comm import default_communicator
     from engine_hooks.cuda_timing import EventClock, EventResolver
     from engine_hooks.logits_path import LogitsPath
     from engine_hooks.recorder import RingRecorder
-    from tests.test_cuda_timing import FakeCudaEvent, FakeGpuStream
+    from tests._fake_cuda import FakeCudaEvent, FakeGpuStream
 
     _plain_id, _lagging_id = engine_ids
     stream = FakeGpuStream()
