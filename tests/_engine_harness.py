@@ -20,8 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dashboards.child_process import stop_child
+
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT_TIMEOUT_S = 300
+SIDECAR_STOP_TIMEOUT_S = 20
 LOG_TAIL_CHARS = 8000  # of a failed engine run's output, in the assertion message
 
 
@@ -122,12 +125,7 @@ class Sidecar:
     proc: subprocess.Popen
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_child(self.proc, SIDECAR_STOP_TIMEOUT_S)
 
 
 def start_sidecar(shm_dir: str, env: dict[str, str] | None = None) -> Sidecar:

@@ -209,31 +209,33 @@ def case_index(suite, name: str) -> int:
     return next(i for i, c in enumerate(suite[1]) if c.name == name)
 
 
+def each_rank_case(suite, runs, world: int):
+    """(case, its P=1 result, rank, that rank's result) for every case and every rank of the P=world run."""
+    reference, ranks = runs(1)[0], runs(world)
+    for i, case in enumerate(suite[1]):
+        for rank, result in enumerate(ranks):
+            yield case, reference["cases"][i], rank, result["cases"][i]
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("world", [2, 3])
 def test_tokens_match_tp1_in_every_mode_and_schedule(world, suite, runs):
-    reference, ranks = runs(1)[0], runs(world)
-    for i, case in enumerate(suite[1]):
-        want = reference["cases"][i]["tokens"]
-        vocab = VOCABS[case.model]
-        assert all(0 <= t < vocab for toks in want.values() for t in toks), case.name
-        for rank, result in enumerate(ranks):
-            assert result["cases"][i]["tokens"] == want, f"{case.name}: P={world} rank {rank} differs from P=1"
+    for case, reference, rank, got in each_rank_case(suite, runs, world):
+        want = reference["tokens"]
+        assert all(0 <= t < VOCABS[case.model] for toks in want.values() for t in toks), case.name
+        assert got["tokens"] == want, f"{case.name}: P={world} rank {rank} differs from P=1"
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("world", [2, 3])
 def test_modes_agree_and_collectives_are_fixed_by_mode_and_kinds(world, suite, runs):
-    reference, ranks = runs(1)[0], runs(world)
-    for i, case in enumerate(suite[1]):
-        modes = reference["cases"][i]["modes"]
-        for rank, result in enumerate(ranks):
-            got = result["cases"][i]
-            assert got["modes"] == modes, f"{case.name}: rank {rank} modes differ"
-            # all_gather: 1; gather: gather + broadcast; sharded: 1, or 2 when temperature/top-p rows need it
-            want = [1 if m == "all_gather" else 2 if m == "gather" else s
-                    for m, s in zip(modes, got["sharded_calls"], strict=True)]
-            assert got["collectives"] == want and got["counted"] == want, f"{case.name}: rank {rank}"
+    for case, reference, rank, got in each_rank_case(suite, runs, world):
+        modes = reference["modes"]
+        assert got["modes"] == modes, f"{case.name}: rank {rank} modes differ"
+        # all_gather: 1; gather: gather + broadcast; sharded: 1, or 2 when temperature/top-p rows need it
+        want = [1 if m == "all_gather" else 2 if m == "gather" else s
+                for m, s in zip(modes, got["sharded_calls"], strict=True)]
+        assert got["collectives"] == want and got["counted"] == want, f"{case.name}: rank {rank}"
         if case.mode in ("all_gather", "gather", "sharded"):
             assert set(modes) == {case.mode}
 

@@ -15,7 +15,7 @@ from types import ModuleType
 import pytest
 
 from engine_hooks.adapters import sglang_patches, sglang_plugin, vllm_patches, vllm_plugin
-from engine_hooks.adapters.patch_targets import Target, target_problems
+from engine_hooks.adapters.patch_targets import Target, target_problems, version_supported
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def test_shape_problem_also_refuses(engine, enabled, monkeypatch, caplog):
                                             ("0.6.0", False), ("unknown", False))),
 ])
 def test_version_supported(patches, version, ok):
-    assert patches.version_supported(version) is ok
+    assert version_supported(version, patches.SUPPORTED_VERSIONS) is ok
 
 
 # -- the shape check: classes shaped like the engine's, then one renamed parameter, then one missing method ----

@@ -72,10 +72,6 @@ def installed_version() -> str:
     return version("sglang")  # sglang's own __version__ import pulls in most of the package
 
 
-def version_supported(version: str) -> bool:
-    return patch_targets.version_supported(version, SUPPORTED_VERSIONS)
-
-
 def compatibility_problems() -> list[str]:
     """Empty when the adapter may patch this SGLang; else the reasons it must not."""
     return patch_targets.compatibility_problems("SGLang", installed_version, SUPPORTED_VERSIONS, TARGETS, USED_NAMES)

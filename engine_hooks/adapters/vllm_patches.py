@@ -41,10 +41,6 @@ def installed_version() -> str:
     return str(getattr(vllm, "__version__", "unknown"))
 
 
-def version_supported(version: str) -> bool:
-    return patch_targets.version_supported(version, SUPPORTED_VERSIONS)
-
-
 def compatibility_problems() -> list[str]:
     """Empty when the adapter may patch this vLLM; else the reasons it must not."""
     return patch_targets.compatibility_problems("vLLM", installed_version, SUPPORTED_VERSIONS, TARGETS, USED_NAMES)
