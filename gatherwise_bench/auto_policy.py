@@ -32,6 +32,7 @@ import httpx
 import yaml
 
 from gatherwise.modes import IMPLEMENTED, Mode
+from gatherwise_bench.figures import pyplot, save
 from gatherwise_bench.sidecar_cpu import cpu_seconds
 
 STATIC = tuple(m.label for m in IMPLEMENTED)  # every implemented mode is a static variant
@@ -207,11 +208,7 @@ def summarize(costs: dict[str, dict[int, list[float]]]) -> dict:
 
 
 def plot(path: Path, result: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     ratios = result["ratio_to_oracle"]
     names = list(ratios)
@@ -229,8 +226,7 @@ def plot(path: Path, result: dict) -> None:
     right.set_xlabel("batch size (rows)")
     right.set_ylabel("mean critical path (ms)")
     right.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, gather_delay: float = 0.0) -> dict:

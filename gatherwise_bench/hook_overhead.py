@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gatherwise_bench.figures import pyplot, save
+
 SHAPES = ((1, 32000), (16, 152064))  # (rows, vocab)
 SMALL_SHAPE_ITERS_FACTOR = 8  # B=1 calls cost < 1 ms: give that shape 8x the calls to tame the noise
 SMALL_SHAPE_MAX_ELEMENTS = 32000  # rows x vocab up to this is a small shape
@@ -196,11 +198,7 @@ def summarize(per_rank: list[dict], shape: str) -> dict:
 
 
 def plot(path: Path, result: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     shapes = list(result["shapes"])
     fig, axes = plt.subplots(1, len(shapes) + 2, figsize=(4.6 * (len(shapes) + 2), 3.8))
     for ax, shape in zip(axes[:-2], shapes, strict=True):
@@ -225,9 +223,7 @@ def plot(path: Path, result: dict) -> None:
     ax.set_ylabel("µs per record()")
     ax.set_title(f"record() in isolation (compiled): median {result['record_us_median']:.2f} µs", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ from pathlib import Path
 from engine_hooks.recorder import RingRecorder
 from gatherwise.shm_format.liveness import LivenessLock, is_engine_dir_name
 from gatherwise.shm_format.ring import engine_dir, ring_path
+from gatherwise_bench.figures import pyplot, save
 
 
 def _peak_rss_kib() -> int:
@@ -109,11 +110,7 @@ def discovery(root: str, n: int, repeats: int = 40) -> dict:
 
 
 def plot(path: Path, result: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     names = list(result["attach"])
     axes[0].bar(names, [result["attach"][n]["wall_s"] for n in names], color=["tab:green", "tab:red"])
@@ -126,9 +123,7 @@ def plot(path: Path, result: dict) -> None:
     axes[2].bar(kinds, [result["discovery"][k]["discovery_cpu_ms"] for k in kinds], color="tab:blue")
     axes[2].set_ylabel("CPU ms per discovery (every 0.5 s)")
     axes[2].set_title(f"{result['dirs']} leftover engine directories")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from engine_hooks.recorder import RingRecorder
+from gatherwise_bench.figures import pyplot, save
 from sidecar.ring_reader import RingReader
 
 BATCHES = (64, 512, 4096, 0)  # 0: everything available in one read_new()
@@ -112,11 +113,7 @@ def live(shm: str, seconds: float) -> dict:
 
 
 def plot(path: Path, result: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     labels = list(result["drain"])
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     xs = range(len(labels))
@@ -131,9 +128,7 @@ def plot(path: Path, result: dict) -> None:
     ax.set_title(f"RingReader.read_new() ingest rate; live writer: {live_rate:.0f}k/s ingested, "
                  f"{result['live']['missed']} missed", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,18 +20,19 @@ import statistics
 import tempfile
 import time
 from collections import Counter
-from http import HTTPStatus
 from pathlib import Path
 
 import httpx
 
 from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, bucket_upper_bound
+from gatherwise_bench.figures import pyplot, save
 from gatherwise_bench.sidecar_cpu import start_sidecar
 from gatherwise_bench.synthetic_engine import SyntheticEngine
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 PAUSE_EVERY = 4  # rounds of calls between two pauses of the stand-in engine
 PAUSE_S = 0.05
+ATTACH_TIMEOUT_S = 60
 MAX_SERIES, MAX_SCRAPE_SECONDS = 5000, 0.050
 
 
@@ -73,12 +74,7 @@ def run(tp: int, calls_per_cell: int, scrapes: int, workdir: str) -> dict:
     sidecar, url = start_sidecar(config)
     engine = SyntheticEngine(shm, tp, capacity=1 << 16)
     try:
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{url}/v1/mode", timeout=5).status_code != HTTPStatus.OK:
-            if time.monotonic() > deadline:
-                raise RuntimeError("sidecar did not attach the stand-in engine")
-            engine.call(1)
-            time.sleep(0.1)
+        engine.wait_attached(url, ATTACH_TIMEOUT_S)
         modes = [0, 1, 2]  # every mode code the ring format has, implemented in this checkout or not
         for i in range(calls_per_cell):
             for b in range(NUM_BUCKETS):
@@ -110,11 +106,7 @@ def run(tp: int, calls_per_cell: int, scrapes: int, workdir: str) -> dict:
 
 
 def plot(path: Path, result: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     families = result["text"]["per_family"]
     left.barh(list(families)[::-1], list(families.values())[::-1])
@@ -131,8 +123,7 @@ def plot(path: Path, result: dict) -> None:
     right.legend()
     fig.suptitle(f"/metrics at TP={result['config']['tp']}, mode codes {result['config']['mode_codes']}, "
                  "every bucket")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt
 from matplotlib.ticker import NullLocator
 
+from gatherwise_bench.figures import pyplot, save
 from gatherwise_bench.report import CLEAR_WIN_SHARE, SweepResult
 
 
@@ -17,6 +14,7 @@ def plot_crossover(path: Path, result: SweepResult) -> Path:
     cfg = result.config
     panels = [(v, s) for v in cfg.vocabs for s in cfg.samplings]
     nrows, ncols = len(panels), len(cfg.dtypes)
+    plt = pyplot()
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
     for i, (vocab, sampling) in enumerate(panels):
         for j, dtype in enumerate(cfg.dtypes):
@@ -53,7 +51,4 @@ def plot_crossover(path: Path, result: SweepResult) -> Path:
             ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(f"gatherwise bench: logits path, TP={cfg.tp}, {cfg.backend} on {cfg.device} "
                  f"(band: p10–p90, {cfg.iters} iters)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)

@@ -82,12 +82,7 @@ def run(tp: int, rates: list[float], seconds: float, workdir: str, poll: float) 
         time.sleep(2.0)
         rows.append({"phase": "no engine", **measure(sidecar.pid, None, 0, seconds)})
         engine = SyntheticEngine(shm, tp, capacity=1 << 17)
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{url}/v1/mode", timeout=5).status_code != 200:  # rings ingested, control attached
-            if time.monotonic() > deadline:
-                raise RuntimeError("sidecar did not attach the stand-in engine")
-            engine.call(1)
-            time.sleep(0.1)
+        engine.wait_attached(url, timeout_s=30)
         for policy in ("manual", "auto"):
             mode = "all_gather" if policy == "manual" else "auto"
             r = httpx.put(f"{url}/v1/mode", json={"mode": mode}, headers={"Authorization": f"Bearer {TOKEN}"},

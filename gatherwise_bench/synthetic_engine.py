@@ -13,7 +13,10 @@ import os
 import random
 import time
 from collections.abc import Sequence
+from http import HTTPStatus
 from pathlib import Path
+
+import httpx
 
 from engine_hooks.control_block import ControlBlockSource
 from engine_hooks.recorder import RingRecorder
@@ -23,6 +26,7 @@ from gatherwise.shm_format.control import control_path
 from gatherwise.shm_format.ring import engine_dir, ring_path
 
 VOCAB = 32000
+ATTACH_POLL_S = 0.1
 LOGITS_BYTES = 4  # float32
 RESOLVE_SHARE = 0.5  # of sharded calls that have temperature/top-p rows (a second collective)
 # Synthetic critical path per mode: a fixed cost plus a per-row cost (ns). Gather is cheaper at small batches,
@@ -105,3 +109,13 @@ class SyntheticEngine:
             ring.close(unlink=unlink)
         if self.control is not None:
             self.control.close()
+
+    def wait_attached(self, sidecar_url: str, timeout_s: float) -> None:
+        """Make calls until the sidecar at `sidecar_url` has attached this engine (rings ingested, control block
+        found: GET /v1/mode answers 200)."""
+        deadline = time.monotonic() + timeout_s
+        while httpx.get(f"{sidecar_url}/v1/mode", timeout=5).status_code != HTTPStatus.OK:
+            if time.monotonic() > deadline:
+                raise RuntimeError("sidecar did not attach the stand-in engine")
+            self.call(1)
+            time.sleep(ATTACH_POLL_S)
