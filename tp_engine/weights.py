@@ -62,28 +62,20 @@ class RankWeights:
     lm_head: torch.Tensor  # [shard width, hidden]: zero rows past the vocab
 
 
-# Where each LayerWeights tensor comes from: (name inside the layer, its Megatron split, the config flag that
-# switches it on, or None for always). A split is (dim, part): dim 0 splits output rows (column-parallel), dim 1
-# input columns (row-parallel), over the rank's part of the q heads, kv heads or MLP; None keeps it whole.
-_Split = tuple[int, str] | None
-_LAYER_TENSORS: dict[str, tuple[str, _Split, str | None]] = {
-    "input_norm": ("input_layernorm.weight", None, None),
-    "q": ("self_attn.q_proj.weight", (0, "q"), None),
-    "k": ("self_attn.k_proj.weight", (0, "kv"), None),
-    "v": ("self_attn.v_proj.weight", (0, "kv"), None),
-    "q_bias": ("self_attn.q_proj.bias", (0, "q"), "qkv_bias"),
-    "k_bias": ("self_attn.k_proj.bias", (0, "kv"), "qkv_bias"),
-    "v_bias": ("self_attn.v_proj.bias", (0, "kv"), "qkv_bias"),
-    "o": ("self_attn.o_proj.weight", (1, "q"), None),
-    "o_bias": ("self_attn.o_proj.bias", None, "o_bias"),
-    "post_norm": ("post_attention_layernorm.weight", None, None),
-    "gate": ("mlp.gate_proj.weight", (0, "mlp"), None),
-    "up": ("mlp.up_proj.weight", (0, "mlp"), None),
-    "down": ("mlp.down_proj.weight", (1, "mlp"), None),
-    "gate_bias": ("mlp.gate_proj.bias", (0, "mlp"), "mlp_bias"),
-    "up_bias": ("mlp.up_proj.bias", (0, "mlp"), "mlp_bias"),
-    "down_bias": ("mlp.down_proj.bias", None, "mlp_bias"),
+# Each projection of a layer: LayerWeights field -> (its name inside the layer, its Megatron split, the config flag
+# that gives it a bias). A split is (dim, part): dim 0 splits the output rows (column-parallel), dim 1 the input
+# columns (row-parallel), over this rank's part of the q heads, the kv heads or the MLP. A column-parallel bias is
+# split like the rows; a row-parallel one is whole on every rank (added once, after the all_reduce).
+_PROJECTIONS: dict[str, tuple[str, tuple[int, str], str]] = {
+    "q": ("self_attn.q_proj", (0, "q"), "qkv_bias"),
+    "k": ("self_attn.k_proj", (0, "kv"), "qkv_bias"),
+    "v": ("self_attn.v_proj", (0, "kv"), "qkv_bias"),
+    "o": ("self_attn.o_proj", (1, "q"), "o_bias"),
+    "gate": ("mlp.gate_proj", (0, "mlp"), "mlp_bias"),
+    "up": ("mlp.up_proj", (0, "mlp"), "mlp_bias"),
+    "down": ("mlp.down_proj", (1, "mlp"), "mlp_bias"),
 }
+_NORMS = {"input_norm": "input_layernorm.weight", "post_norm": "post_attention_layernorm.weight"}  # whole
 
 
 def shard_weights(source: TensorSource, config: ModelConfig, rank: int, world_size: int,
@@ -100,14 +92,12 @@ def shard_weights(source: TensorSource, config: ModelConfig, rank: int, world_si
              "mlp": split_evenly(config.intermediate_size, world_size, rank)}
     layers = []
     for i in range(config.num_layers):
-        tensors: dict[str, torch.Tensor | None] = {}
-        for field, (suffix, split, flag) in _LAYER_TENSORS.items():
-            if flag is not None and not getattr(config, flag):
-                tensors[field] = None
-            elif split is None:
-                tensors[field] = read(layer_name(i, suffix))
-            else:
-                tensors[field] = read(layer_name(i, suffix), split[0], parts[split[1]])
+        tensors: dict[str, torch.Tensor | None] = {f: read(layer_name(i, n)) for f, n in _NORMS.items()}
+        for field, (prefix, (dim, part), bias_flag) in _PROJECTIONS.items():
+            tensors[field] = read(layer_name(i, f"{prefix}.weight"), dim, parts[part])
+            bias_rows = parts[part] if dim == 0 else None
+            tensors[f"{field}_bias"] = (read(layer_name(i, f"{prefix}.bias"), 0, bias_rows)
+                                        if getattr(config, bias_flag) else None)
         layers.append(LayerWeights(**tensors))
     head_name = LM_HEAD if source.has(LM_HEAD) and not config.tie_word_embeddings else EMBED
     return RankWeights(embed=read(EMBED, 0, vocab), layers=layers, final_norm=read(FINAL_NORM),
