@@ -32,6 +32,7 @@ import httpx
 import yaml
 
 from gatherwise.modes import IMPLEMENTED, Mode
+from gatherwise.shm_format.ring import engine_dir_name
 from gatherwise_bench.figures import pyplot, save
 from gatherwise_bench.sidecar_cpu import cpu_seconds
 
@@ -159,7 +160,7 @@ def wait_attached(url: str, engine_id: int) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         r = httpx.get(f"{url}/v1/mode", timeout=10)
-        if r.status_code == 200 and r.json()["engine"] == f"{engine_id:016x}":
+        if r.status_code == HTTPStatus.OK and r.json()["engine"] == engine_dir_name(engine_id):
             return
         time.sleep(0.2)
     raise RuntimeError("sidecar did not attach the engine")

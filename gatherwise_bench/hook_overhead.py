@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gatherwise.shm_format.ring import engine_dir_name
 from gatherwise_bench.figures import pyplot, save
 
 SHAPES = ((1, 32000), (16, 152064))  # (rows, vocab)
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as shm_dir:
         for rows, _ in SHAPES:
-            os.makedirs(os.path.join(shm_dir, f"{rows:016x}"))
+            os.makedirs(os.path.join(shm_dir, engine_dir_name(rows)))
         per_rank = run_ranks(_rank_bench, args.tp, SHAPES, args.iters, args.warmup, shm_dir)
     record_us = record_cost_us()
     record_us_python = record_cost_us(pure_python=True)

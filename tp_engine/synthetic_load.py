@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gatherwise.shm_format.ring import engine_dir_name
 from tp_engine.cli import MAX_LOCAL_RANKS
 
 MIXED_MAX_ROWS = 64
@@ -102,7 +103,7 @@ def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: in
     comm = default_communicator()
     hooks = install_hooks(comm, vocab=spec.vocab, dtype=logits_dtype(spec.config), device=model.device,
                           config=spec.config)
-    engine_id = f"{hooks.engine_id:016x}"
+    engine_id = engine_dir_name(hooks.engine_id)
     if rank == 0:
         print(f"gatherwise engine {engine_id}: tp={world} workload={spec.workload} "
               f"shm={spec.config.engine.shm_dir}", flush=True)

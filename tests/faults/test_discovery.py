@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gatherwise.shm_format.ring import engine_dir
+from gatherwise.shm_format.ring import engine_dir, engine_dir_name
 from tests._processes import descendants, kill_tree, vm_kib
 from tests._sidecar import ROOT, wait_for
 from tests.faults._faults import (
@@ -36,7 +36,7 @@ def test_sidecar_finds_the_live_engine_among_litter_and_removes_dead_dirs(shm_di
     engine, engine_id = running_engine(shm_dir)
     sidecar = None
     try:
-        live = f"{engine_id:016x}"
+        live = engine_dir_name(engine_id)
         assert writers("dead", shm_dir, "1000").wait(300) == 0
         dead = engine_dirs(shm_dir) - {live}
         assert len(dead) == 1000
@@ -74,7 +74,7 @@ def test_engine_killed_with_sigkill_is_cleaned_by_the_sidecar_and_the_next_start
         kill_tree(first.popen)  # engine and ranks at once: nobody runs any cleanup
         wait_for(lambda: not os.path.exists(engine_dir(shm_dir, first_id)), 60, "the sidecar removed the dead dir")
         info = assert_sidecar_serves(sidecar, api)
-        assert info["engine_id"] == f"{first_id:016x}" and info["up"] is False  # its last numbers, marked down
+        assert info["engine_id"] == engine_dir_name(first_id) and info["up"] is False  # its last numbers, marked down
         refused = api.put("/v1/mode", params={"wait": 0}, json={"mode": "gather"})
         assert refused.status_code == 409 and "not running" in refused.json()["detail"], refused.text
         assert sidecar.stop() == 0
@@ -86,7 +86,7 @@ def test_engine_killed_with_sigkill_is_cleaned_by_the_sidecar_and_the_next_start
         assert os.path.isdir(engine_dir(shm_dir, second_id))
         third, third_id = running_engine(shm_dir)
         engines.append(third)
-        assert engine_dirs(shm_dir) == {f"{third_id:016x}"}
+        assert engine_dirs(shm_dir) == {engine_dir_name(third_id)}
         assert third.stop() == 0, "".join(third.output)
         assert engine_dirs(shm_dir) == set()
     finally:

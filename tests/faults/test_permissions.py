@@ -12,7 +12,7 @@ import pytest
 
 from gatherwise.shm_format.control import SIDECAR_STATE_NAME
 from gatherwise.shm_format.private_files import UnsafePathError, ensure_private_dir, write_private_file
-from gatherwise.shm_format.ring import engine_dir
+from gatherwise.shm_format.ring import engine_dir, engine_dir_name
 from tests._sidecar import spawn, wait_for
 from tests.faults._faults import NOBODY, assert_sidecar_serves, running_engine, sidecar_with_token
 
@@ -122,7 +122,7 @@ def test_sidecar_ignores_symlinked_engine_dirs_and_state(shm_dir, tmp_path):
         sidecar, _url, api = sidecar_with_token(shm_dir)
         wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the sidecar attached")
         info = assert_sidecar_serves(sidecar, api)
-        assert info["engine_id"] == f"{engine_id:016x}"
+        assert info["engine_id"] == engine_dir_name(engine_id)
         assert api.put("/v1/mode", params={"wait": 60}, json={"mode": "gather"}).status_code == 200
         wait_for(lambda: not (real / SIDECAR_STATE_NAME).is_symlink(), 30, "the state saved over the link")
         assert victim.read_text() == "precious"

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from gatherwise.shm_format.control import control_path
-from gatherwise.shm_format.ring import engine_dir, ring_path
+from gatherwise.shm_format.ring import engine_dir, engine_dir_name, ring_path
 from tests._processes import kill_tree
 from tests._sidecar import wait_for
 from tests.faults._faults import (
@@ -75,7 +75,7 @@ def test_truncated_ring_and_block_leave_the_sidecar_serving(shm_dir):
         kill_tree(engine.popen)
         wait_for(lambda: "no longer readable" in "".join(sidecar.output) or None, 30, "the sidecar's warning")
         info = assert_sidecar_serves(sidecar, api)
-        assert info["engine_id"] == f"{engine_id:016x}"
+        assert info["engine_id"] == engine_dir_name(engine_id)
         refused = api.put("/v1/mode", params={"wait": 0}, json={"mode": "all_gather"})
         assert refused.status_code == 409, refused.text
         assert "control block" in refused.json()["detail"] or "not running" in refused.json()["detail"]
