@@ -18,6 +18,7 @@ from gatherwise.modes import FLAG_MASK, ModeTable
 from gatherwise.shm_format import control as fmt
 from gatherwise.shm_format.control import CMD_SEQ, HB_CALL, HB_LOCK, HB_NS
 from gatherwise.shm_format.private_files import open_regular_file, write_private_file
+from gatherwise.shm_format.ring import engine_dir_name
 
 log = logging.getLogger("gatherwise.control")
 _monotonic_ns = time.monotonic_ns
@@ -68,8 +69,9 @@ class ControlBlockSource:
             fmt.parse_header(self._mm, self.path)
             header = fmt.HEADER.unpack_from(self._mm, 0)
             if header[3] != self.engine_id:
-                raise fmt.ControlFormatError(f"{self.path}: engine id {header[3]:016x} in the block, this engine "
-                                             f"is {self.engine_id:016x}: the block was overwritten")
+                raise fmt.ControlFormatError(f"{self.path}: engine id {engine_dir_name(header[3])} in the block, "
+                                             f"this engine is {engine_dir_name(self.engine_id)}: the block was "
+                                             "overwritten")
         except fmt.ControlFormatError as exc:
             self._disable(f"control block ignored, keeping the last good table {self._table_text()}: {exc}")
             return self._request

@@ -16,6 +16,7 @@ from engine_hooks.logits_path import LogitsPath, shard_width
 from engine_hooks.sampling_params import SamplingParams, SamplingRow
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import Mode
+from gatherwise.shm_format.ring import engine_dir_name
 
 
 def shard_shape_problem(logits: torch.Tensor) -> str | None:
@@ -44,8 +45,8 @@ class RankHooks:
         self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
                                        device=logits.device, config=self.config)
         atexit.register(self.close)
-        self.log.info("gatherwise: hooks installed on TP rank %d/%d, engine %016x, table %s", comm.rank,
-                      comm.world_size, self.installed.engine_id, self.installed.path.table.as_labels())
+        self.log.info("gatherwise: hooks installed on TP rank %d/%d, engine %s, table %s", comm.rank,
+                      comm.world_size, engine_dir_name(self.installed.engine_id), self.installed.path.table.as_labels())
         return self.installed.path
 
     def close(self) -> None:
