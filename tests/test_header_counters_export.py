@@ -19,7 +19,7 @@ from tests._sidecar import scrape, start_sidecar, total, wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 ENGINE_ID = 0x5EC0
-LABEL = f"{ENGINE_ID:016x}"
+LABEL = fmt.engine_dir_name(ENGINE_ID)
 
 
 def _write_calls(recorders: list[RingRecorder], first: int, n: int) -> None:

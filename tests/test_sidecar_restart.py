@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gatherwise.shm_format.ring import engine_dir, ring_path
+from gatherwise.shm_format.ring import engine_dir, engine_dir_name, ring_path
 from sidecar.header_counters import total_calls
 from sidecar.ring_reader import RingReader
 from tests._sidecar import samples, scrape, start_engine, start_sidecar, total, wait_for
@@ -37,7 +37,7 @@ def test_sidecar_killed_and_restarted_while_the_engine_runs(tmp_path: Path) -> N
     sidecars = []
     try:
         engine_id = int(engine.wait_line(r"gatherwise engine ([0-9a-f]{16}): tp=2", 120).group(1), 16)
-        label = f"{engine_id:016x}"
+        label = engine_dir_name(engine_id)
         first, url = start_sidecar(str(shm))
         sidecars.append(first)
         wait_for(lambda: ready(url), 60, "first sidecar ready")
