@@ -21,6 +21,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+POLL_S = 0.2  # how often the launcher looks at the ranks' pipes and the deadline
+EXIT_GRACE_S = 2.0  # a rank's time to exit after it reported or closed its pipe, before it is killed
+AFTER_FAILURE_S = 10.0  # how long the other ranks may still report once one has failed
+
 
 class LaunchError(RuntimeError):
     pass
@@ -80,12 +84,12 @@ def launch(fn: Callable, world: int, *args: Any, device: str = "cpu", timeout: f
     deadline = time.monotonic() + timeout
     try:
         while len(done) + len(errors) < world:
-            for reader in mp_connection.wait(list(readers), timeout=0.2):
+            for reader in mp_connection.wait(list(readers), timeout=POLL_S):
                 r = readers.pop(reader)
                 try:
                     rank, status, value = reader.recv()
                 except (EOFError, OSError):
-                    procs[r].join(timeout=2)
+                    procs[r].join(timeout=EXIT_GRACE_S)
                     errors[r] = f"died without reporting (exit code {procs[r].exitcode})"
                     continue
                 finally:
@@ -95,19 +99,19 @@ def launch(fn: Callable, world: int, *args: Any, device: str = "cpu", timeout: f
                 else:
                     errors[rank] = value
             if errors:  # the others usually fail alike within moments; don't wait out the full timeout
-                deadline = min(deadline, time.monotonic() + 10.0)
+                deadline = min(deadline, time.monotonic() + AFTER_FAILURE_S)
             if time.monotonic() > deadline:
                 pending = [r for r in range(world) if r not in done and r not in errors]
-                errors.update({r: f"no result within {timeout:g}s (or 10s after another rank failed)"
+                errors.update({r: f"no result within {timeout:g}s (or {AFTER_FAILURE_S:g}s after another rank failed)"
                                for r in pending})
     finally:
         for reader in readers:
             reader.close()
         for p in procs:
-            p.join(timeout=2)
+            p.join(timeout=EXIT_GRACE_S)
             if p.is_alive():
                 p.kill()
-                p.join(timeout=2)
+                p.join(timeout=EXIT_GRACE_S)
     if errors:
         raise LaunchError(f"{len(errors)} of {world} ranks failed:\n" +
                           "\n".join(f"rank {r}: {e}" for r, e in sorted(errors.items())))
