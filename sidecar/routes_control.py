@@ -21,11 +21,9 @@ from gatherwise.shm_format.control import ControlFormatError
 from sidecar.control_client import ControlSnapshot
 from sidecar.control_models import (
     BucketModeStats,
-    DecisionModel,
     DecisionsResponse,
     ErrorResponse,
     ModeState,
-    PolicyParamsModel,
     PolicyResponse,
     PolicyUpdate,
     SetModeRequest,
@@ -136,13 +134,13 @@ def get_decisions(ctl: ControllerDep,
         if att is None:
             return DecisionsResponse(engine=None, decisions=[])
         recent = list(att.policy.decisions)[-limit:]
-        return DecisionsResponse(engine=att.label, decisions=[DecisionModel(**d.__dict__) for d in recent])
+        return DecisionsResponse(engine=att.label, decisions=recent)
 
 
 def policy_response(ctl: Controller) -> PolicyResponse:
     with ctl.lock:
         att = ctl.attached
-        params = PolicyParamsModel(**ctl.current_params().__dict__)
+        params = ctl.current_params()
         if att is None:
             return PolicyResponse(policy=None, pinned={}, params=params)
         table = att.policy.learned_table().as_labels()
