@@ -50,9 +50,7 @@ def sample(shards: torch.Tensor, vocab: int, rows: list[SamplingRow]) -> torch.T
         if g.kind == Kind.FULL:
             found = torch.empty_like(draw.shard)
             for r, (_, cum) in enumerate(parts):  # each shard's owner search, as that rank would run it
-                here = draw.shard == r
-                if bool(here.any()):
-                    found[here] = find_in_shard(cum[here], draw.target[here]) + r * width
+                found = torch.where(draw.shard == r, find_in_shard(cum, draw.target) + r * width, found)
             tokens[index] = found
             continue
         vals, ids, covered = top_p_covered(g, summaries, draw, width)
