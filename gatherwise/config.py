@@ -54,7 +54,8 @@ class Schema(BaseModel):
             return type(self).model_validate({**dict(self), **changes})
         except ValidationError as exc:
             raise ConfigError("; ".join(f"{type(self).__name__}.{'.'.join(map(str, e['loc']))}: "
-                                        f"{_problem(e, None, None)}" for e in exc.errors())) from None
+                                        f"{_problem(e, *_schema_at(e['loc'], type(self)))}"
+                                        for e in exc.errors())) from None
 
 
 def _mode_labels(value: str) -> str:
@@ -234,10 +235,10 @@ def _explain(error: Any, source: str, origins: Mapping[tuple[str, str], str]) ->
     return f"{where}: {_problem(error, *_schema_at(loc))}"
 
 
-def _schema_at(loc: tuple[Any, ...]) -> tuple[Any, FieldInfo | None]:
+def _schema_at(loc: tuple[Any, ...], root: Any = None) -> tuple[Any, FieldInfo | None]:
     """(model, field) an error location points at: the field of its last key (None for an unknown key) and the
     model that holds, or should hold, that key."""
-    holder: Any = GatherwiseConfig
+    holder: Any = root or GatherwiseConfig
     field: FieldInfo | None = None
     for part in loc:
         if field is not None:  # step into the field's model (or, for a tuple of models, the item's model)

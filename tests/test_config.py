@@ -29,6 +29,15 @@ def test_every_shipped_config_loads(example):
     ("control:\n  inject_delay: [{after_seconds: 0, mode: fast, seconds: 1}]\n", "control.inject_delay[0]"),
     ("- a\n- b\n", "top level must be a mapping"),
     ("engine: [1\n", "cannot read config"),
+    ("control:\n  inject_delay: [{after_seconds: 0, mode: gather}]\n", "control.inject_delay[0].seconds: missing"),
+    ("control:\n  inject_delay: [{after_seconds: 0, mode: gather, seconds: 1, x: 1}]\n",
+     "control.inject_delay[0].x: unknown key (known: after_seconds, mode, seconds)"),
+    ("control:\n  inject_delay: [{after_seconds: -1, mode: gather, seconds: 1}]\n",
+     "control.inject_delay[0].after_seconds: must be >= 0"),
+    ("policy:\n  margin: .nan\n", "policy.margin: must be a finite number"),
+    ("policy:\n  window:\n", "policy.window: must not be empty"),
+    ("engine:\n  graph_modes: gather,scatter\n", "engine.graph_modes: must be comma-separated labels"),
+    ("sidecar: 5\n", "sidecar: must be a mapping, got int"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
@@ -75,25 +84,6 @@ def test_non_utf8_config_file_names_the_file(tmp_path):
         load_config(path, env={})
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("control:\n  inject_delay: [{after_seconds: 0, mode: gather}]\n", "control.inject_delay[0].seconds: missing"),
-    ("control:\n  inject_delay: [{after_seconds: 0, mode: gather, seconds: 1, x: 1}]\n",
-     "control.inject_delay[0].x: unknown key (known: after_seconds, mode, seconds)"),
-    ("control:\n  inject_delay: [{after_seconds: -1, mode: gather, seconds: 1}]\n",
-     "control.inject_delay[0].after_seconds: must be >= 0"),
-    ("policy:\n  margin: .nan\n", "policy.margin: must be a finite number"),
-    ("policy:\n  window:\n", "policy.window: must not be empty"),
-    ("engine:\n  graph_modes: gather,scatter\n", "engine.graph_modes: must be comma-separated labels"),
-    ("sidecar: 5\n", "sidecar: must be a mapping, got int"),
-])
-def test_nested_and_special_values_name_file_and_key(tmp_path, text, message):
-    path = tmp_path / "bad.yaml"
-    path.write_text(text)
-    with pytest.raises(ConfigError, match=f"^{path}: ") as err:
-        load_config(path, env={})
-    assert message in str(err.value)
-
-
 def test_every_error_of_a_file_is_reported_each_with_its_origin(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("policy:\n  window: 2\n  probe_calls: 1.5\n")
@@ -114,7 +104,7 @@ def test_an_empty_section_keeps_its_defaults_and_takes_environment_overrides(tmp
 def test_replace_validates_like_loading():
     cfg = GatherwiseConfig()
     assert cfg.replace(sidecar=cfg.sidecar.replace(port=1)).sidecar.port == 1
-    with pytest.raises(ConfigError, match="SidecarSection.port"):
+    with pytest.raises(ConfigError, match=r"SidecarSection.port: must be in \[0, 65535\], got 70000"):
         cfg.sidecar.replace(port=70000)
 
 
