@@ -15,12 +15,13 @@ from gatherwise.modes import NUM_BUCKETS, bucket_from_upper_bound
 from sidecar.policy import Decision
 
 BucketTable = dict[str, ModeLabel]  # bucket upper bound ("1", "2", "4", ... "32768") -> mode
+PolicyLabel = Literal["manual", "auto", "mixed"]  # sidecar.policy.AutoPolicy.policy_label
 MAX_BUCKET = 1 << (NUM_BUCKETS - 1)
 
 
 class ModeState(BaseModel):
     engine: str = Field(description="engine instance id, 16 hex digits")
-    policy: Literal["manual", "auto", "mixed"] = Field(
+    policy: PolicyLabel = Field(
         description="manual: every bucket pinned by hand; auto: every bucket chosen by the policy; mixed: some")
     active: BucketTable = Field(description="the table every rank runs now (control block status area)")
     requested: BucketTable = Field(description="the table last asked for (control block command area)")
@@ -101,7 +102,7 @@ PolicyUpdate = all_optional(PolicyParams, "PolicyUpdate", "Any subset of the par
 
 
 class PolicyResponse(BaseModel):
-    policy: Literal["manual", "auto", "mixed"] | None = Field(description="null when no engine is attached")
+    policy: PolicyLabel | None = Field(description="null when no engine is attached")
     pinned: BucketTable
     params: PolicyParams
 
@@ -113,7 +114,7 @@ class TableFileModel(BaseModel):
     vocab: int | None = None
     dtype: str | None = None
     source: str
-    policy: Literal["manual", "auto", "mixed"]
+    policy: PolicyLabel
     table: BucketTable
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gatherwise.config import ModeLabel, PolicyParams
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
@@ -62,6 +62,18 @@ class PolicyState(BaseModel):
     estimates: dict[BucketMode, list[tuple[float, float]]]  # (time, seconds) samples per (bucket, mode)
     extra: dict[str, Any] = Field(default_factory=dict)  # what the controller saves with the state
 
+    @model_validator(mode="before")
+    @classmethod
+    def _version_first(cls, doc: Any) -> Any:
+        """Another version is refused as such, not with the field errors that follow from it."""
+        if not isinstance(doc, dict):
+            raise ValueError(f"a JSON object expected, got {type(doc).__name__}")
+        version = doc.get("version")
+        if version != STATE_VERSION:
+            raise ValueError(f"state version {version!r}, expected {STATE_VERSION} (written by another gatherwise "
+                             "version)")
+        return doc
+
 
 def _key(bucket: int, mode: Mode) -> str:
     return f"{bucket}:{mode.label}"
@@ -98,11 +110,8 @@ def policy_from_json(text: str) -> AutoPolicy:
     try:
         state = PolicyState.model_validate_json(text)
     except ValidationError as exc:
-        version = _version(text)
-        if version != STATE_VERSION:  # say that first: the other errors all follow from it
-            raise ValueError(f"unreadable sidecar state: state version {version!r}, expected {STATE_VERSION} "
-                             "(written by another gatherwise version)") from None
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'document'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'document'}: {e['msg'].removeprefix('Value error, ')}"
+                             for e in exc.errors())
         raise ValueError(f"unreadable sidecar state: {problems}") from None
     try:
         policy = AutoPolicy(state.params, ModeTable(tuple(Mode.parse(m) for m in state.choice)), auto=True)
@@ -124,18 +133,6 @@ def policy_from_json(text: str) -> AutoPolicy:
         raise ValueError(f"unreadable sidecar state: {exc}") from None
     policy.restored_extra = state.extra
     return policy
-
-
-class _Versioned(BaseModel):
-    version: Any = None
-
-
-def _version(text: str) -> Any:
-    """The document's version field, whatever else is wrong with it (None when there is none)."""
-    try:
-        return _Versioned.model_validate_json(text).version
-    except ValidationError:
-        return None
 
 
 def save_state(path: str, text: str) -> None:

@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from gatherwise.modes import parse_buckets
+from gatherwise.modes import bucket_label, parse_buckets
 from gatherwise.shm_format.control import ControlFormatError
 from sidecar.control_client import ControlSnapshot
 from sidecar.control_models import (
@@ -35,6 +35,7 @@ from sidecar.control_models import (
     TableFileModel,
 )
 from sidecar.controller import Attached, Controller, NotAttached
+from sidecar.policy import AutoPolicy
 from sidecar.state import StateDep
 
 router = APIRouter(tags=["control"])
@@ -72,14 +73,17 @@ def conflict(exc: Exception) -> HTTPException:
     return HTTPException(409, str(exc))
 
 
+def pinned(policy: AutoPolicy) -> dict[str, str]:
+    return {bucket_label(b): m.label for b, m in sorted(policy.pins.items())}
+
+
 def mode_state(att: Attached, snap: ControlSnapshot, now_ns: int | None = None) -> ModeState:
     hb = snap.heartbeat
     age = None if hb.monotonic_ns == 0 else max(0.0, ((now_ns or time.monotonic_ns()) - hb.monotonic_ns) * 1e-9)
     return ModeState(
         engine=att.label, policy=att.policy.policy_label, active=snap.active_table.as_labels(),
         requested=snap.requested_table.as_labels(),
-        pinned={k: v for k, v in att.policy.learned_table().as_labels().items()
-                if int(k).bit_length() - 1 in att.policy.pins},
+        pinned=pinned(att.policy),
         epoch=snap.status.epoch, call_index=hb.call_index, heartbeat_age_seconds=age,
         requested_seq=snap.command.seq, applied_seq=snap.status.applied_seq, apply_call=snap.status.apply_call,
         pending=snap.command.seq > snap.status.applied_seq)
@@ -146,9 +150,7 @@ def policy_response(ctl: Controller) -> PolicyResponse:
         params = ctl.current_params()
         if att is None:
             return PolicyResponse(policy=None, pinned={}, params=params)
-        table = att.policy.learned_table().as_labels()
-        pinned = {k: v for k, v in table.items() if int(k).bit_length() - 1 in att.policy.pins}
-        return PolicyResponse(policy=att.policy.policy_label, pinned=pinned, params=params)
+        return PolicyResponse(policy=att.policy.policy_label, pinned=pinned(att.policy), params=params)
 
 
 @router.get("/policy", response_model=PolicyResponse, summary="Auto policy parameters")
