@@ -23,6 +23,7 @@ import yaml
 from annotated_types import Ge, Le
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
+from typing_extensions import Self
 
 from gatherwise.modes import IMPLEMENTED_LABELS
 
@@ -48,7 +49,7 @@ class Schema(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False,
                               json_schema_serialization_defaults_required=True)
 
-    def replace(self, **changes: Any) -> Any:
+    def replace(self, **changes: Any) -> Self:
         """A copy with `changes`, validated like a loaded file (what dataclasses.replace was for dataclasses)."""
         try:
             return type(self).model_validate({**dict(self), **changes})

@@ -35,7 +35,7 @@ import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, NamedTuple, get_args
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as validated_dataclass
@@ -47,7 +47,6 @@ from sidecar.estimates import Estimate, WindowEstimates
 DECISION_LOG = 256
 PAIRS_KEPT = 64  # paired ratios kept per bucket
 Reason = Literal["manual", "auto", "probe", "table_file"]
-REASONS: tuple[str, ...] = get_args(Reason)
 
 
 # Also the item of GET /v1/decisions; a pydantic dataclass, so a decision is validated when made.
