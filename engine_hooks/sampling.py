@@ -22,7 +22,7 @@ from engine_hooks.shard_sampling import (
     sample_top_p_rows,
     select_rows,
     summarize,
-    to_device,
+    token_slots,
     top_p_covered,
 )
 
@@ -36,7 +36,7 @@ def sample(shards: torch.Tensor, vocab: int, rows: list[SamplingRow]) -> torch.T
         raise ValueError(f"{batch} logit rows but {len(rows)} sampling rows")
     tokens = torch.empty(batch, dtype=torch.int64, device=shards.device)
     for g in plan(rows, width):
-        index = to_device(list(g.rows), torch.int64, shards.device)
+        index = token_slots(g, batch, shards.device)
         parts = [summarize(g, select_rows(shards[r], g.rows), r, width) for r in range(num_shards)]
         summaries = torch.stack([summary for summary, _ in parts])
         if g.kind == Kind.GREEDY:

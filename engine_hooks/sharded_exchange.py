@@ -42,7 +42,7 @@ from engine_hooks.shard_sampling import (
     sample_top_p_rows,
     select_rows,
     summarize,
-    to_device,
+    token_slots,
     top_p_covered,
 )
 
@@ -119,7 +119,7 @@ class ShardedSampler:
         for g, size, u, cum in zip(groups, sizes, uniforms, cums, strict=True):
             summaries = recv[:, offset:offset + size].view(num_shards, len(g.rows), g.per_row)
             offset += size
-            index = to_device(list(g.rows), torch.int64, device)
+            index = token_slots(g, len(rows), device) if g.kind != Kind.FULL else None  # FULL: after resolve
             if g.kind == Kind.GREEDY:
                 tokens[index] = combine_greedy(summaries)
             elif g.kind == Kind.TOP_K:
@@ -157,8 +157,7 @@ class ShardedSampler:
             at = 0
             for g, shard in owned:
                 n = len(g.rows)
-                index = to_device(list(g.rows), torch.int64, device)
-                tokens[index] = got[:, at:at + n].gather(0, shard[None, :]).squeeze(0)
+                tokens[token_slots(g, len(rows), device)] = got[:, at:at + n].gather(0, shard[None, :]).squeeze(0)
                 at += n
             full = resolve[:, _WORD_BYTES + 8 * n_owned:].view(self.dtype)  # [P, fallback rows * width]
             at = 0
