@@ -7,7 +7,6 @@ uvicorn handles SIGINT/SIGTERM: it stops serving, then the app's lifespan stops 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import signal
 import socket
@@ -31,10 +30,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def apply_overrides(cfg: GatherwiseConfig, args: argparse.Namespace) -> GatherwiseConfig:
-    sidecar = dataclasses.replace(cfg.sidecar, **{k: v for k, v in (("host", args.host), ("port", args.port))
-                                                  if v is not None})
-    engine = dataclasses.replace(cfg.engine, shm_dir=args.shm_dir) if args.shm_dir else cfg.engine
-    return dataclasses.replace(cfg, sidecar=sidecar, engine=engine)
+    sidecar = cfg.sidecar.replace(**{k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None})
+    engine = cfg.engine.replace(shm_dir=args.shm_dir) if args.shm_dir else cfg.engine
+    return cfg.replace(sidecar=sidecar, engine=engine)
 
 
 def bind(host: str, port: int) -> socket.socket:

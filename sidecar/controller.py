@@ -62,7 +62,7 @@ class Controller:
                  env: Mapping[str, str] | None = None) -> None:
         env = os.environ if env is None else env
         self.config, self.ingest, self.events = config, ingest, events
-        self.params = PolicyParams.from_config(config.policy)
+        self.params = config.policy.params
         self.api_token: str | None = config.sidecar.api_token or env.get("GATHERWISE_API_TOKEN") or None
         # Decisions need no faster loop than this (dwell is seconds; a probe ends from _on_call), and every tick
         # costs CPU the engine's ranks may need on a small host.
@@ -281,9 +281,10 @@ class Controller:
             return int(decision.command_seq), decision
 
     def set_params(self, changes: dict[str, Any]) -> PolicyParams:
+        """Apply a validated PolicyUpdate's changes; raises ValidationError (changing nothing) for bad ones."""
         with self.lock:
             base = self.attached.policy.params if self.attached else self.params
-            params = PolicyParams(**{**base.__dict__, **changes})
+            params = PolicyParams.model_validate({**base.model_dump(), **changes})
             self.params = params
             if self.attached is not None:
                 self.attached.policy.set_params(params)

@@ -30,55 +30,39 @@ Every decision is returned with its evidence, and kept in a bounded log.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass as validated_dataclass
+
+from gatherwise.config import ModeOrAuto, PolicyParams
 from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable, bucket_label, bucket_of
 from sidecar.estimates import Estimate, WindowEstimates
 
 DECISION_LOG = 256
 PAIRS_KEPT = 64  # paired ratios kept per bucket
-REASONS = ("manual", "auto", "probe", "table_file")
+Reason = Literal["manual", "auto", "probe", "table_file"]
 
 
-@dataclass(frozen=True)
-class PolicyParams:
-    margin: float = 0.05
-    min_samples: int = 30
-    window: int = 256
-    dwell_seconds: float = 5.0
-    probe_interval_seconds: float = 10.0
-    probe_calls: int = 8
-    probe_budget: float = 0.02
-    max_sample_age_seconds: float = 120.0
-    probe_backoff_max: float = 16.0
-    probe_backoff_margin: float = 0.25
-
-    @classmethod
-    def from_config(cls, section: Any) -> PolicyParams:
-        return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls)})
-
-    @property
-    def probe_timeout_seconds(self) -> float:
-        """A probe of a bucket whose traffic stopped ends after this long anyway."""
-        return max(2.0, 2.0 * self.probe_interval_seconds)
-
-
-@dataclass
+# Also the item of GET /v1/decisions; a pydantic dataclass, so a decision is validated when made.
+@validated_dataclass(config=ConfigDict(json_schema_serialization_defaults_required=True))
 class Decision:
+    """One decision of the policy's log, with its evidence."""
+
     id: int
-    time: float  # the controller's wall clock (unix seconds)
-    reason: str  # one of REASONS
-    mode: str  # the mode the buckets go to
-    buckets: list[str]  # bucket labels ("1", "2", "4", ...)
-    previous: dict[str, str]  # bucket label -> mode before
-    evidence: dict[str, Any] = field(default_factory=dict)
-    command_seq: int | None = None  # set by the controller once written to the control block
+    time: Annotated[float, Field(description="unix seconds (the controller's wall clock)")]
+    reason: Reason
+    mode: Annotated[ModeOrAuto, Field(description="the mode the buckets go to")]
+    buckets: Annotated[list[str], Field(description='bucket labels ("1", "2", "4", ...)')]
+    previous: Annotated[dict[str, str], Field(description="bucket -> mode before the decision (changed buckets)")]
+    evidence: Annotated[dict[str, Any], Field(description="estimates, samples, margin (auto, probe); pins (manual)")
+                        ] = field(default_factory=dict)
+    command_seq: Annotated[int | None, Field(description="set once written to the control block")] = None
 
 
 class Pair(NamedTuple):

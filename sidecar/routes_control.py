@@ -2,7 +2,9 @@
 
 Mutations need `Authorization: Bearer <token>` (sidecar.api_token or env GATHERWISE_API_TOKEN). Secure by
 default: with no token configured, every mutation answers 403 saying how to set one. Invalid input is a 4xx
-and changes nothing: bodies are validated completely before any state is touched.
+and changes nothing: bodies are validated completely before any state is touched. Its 422 responses can always
+be serialized (install_validation_errors): FastAPI's default echoes the offending input back, and an input like
+NaN (which Python's json accepts in a request body) then fails to encode and turns a 422 into a 500.
 """
 
 from __future__ import annotations
@@ -12,20 +14,19 @@ import hmac
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from gatherwise.modes import parse_buckets
+from gatherwise.modes import bucket_label, parse_buckets
 from gatherwise.shm_format.control import ControlFormatError
 from sidecar.control_client import ControlSnapshot
 from sidecar.control_models import (
     BucketModeStats,
-    DecisionModel,
     DecisionsResponse,
     ErrorResponse,
     ModeState,
-    PolicyParamsModel,
     PolicyResponse,
     PolicyUpdate,
     SetModeRequest,
@@ -34,6 +35,7 @@ from sidecar.control_models import (
     TableFileModel,
 )
 from sidecar.controller import Attached, Controller, NotAttached
+from sidecar.policy import AutoPolicy
 from sidecar.state import StateDep
 
 router = APIRouter(tags=["control"])
@@ -71,14 +73,17 @@ def conflict(exc: Exception) -> HTTPException:
     return HTTPException(409, str(exc))
 
 
+def pinned(policy: AutoPolicy) -> dict[str, str]:
+    return {bucket_label(b): m.label for b, m in sorted(policy.pins.items())}
+
+
 def mode_state(att: Attached, snap: ControlSnapshot, now_ns: int | None = None) -> ModeState:
     hb = snap.heartbeat
     age = None if hb.monotonic_ns == 0 else max(0.0, ((now_ns or time.monotonic_ns()) - hb.monotonic_ns) * 1e-9)
     return ModeState(
         engine=att.label, policy=att.policy.policy_label, active=snap.active_table.as_labels(),
         requested=snap.requested_table.as_labels(),
-        pinned={k: v for k, v in att.policy.learned_table().as_labels().items()
-                if int(k).bit_length() - 1 in att.policy.pins},
+        pinned=pinned(att.policy),
         epoch=snap.status.epoch, call_index=hb.call_index, heartbeat_age_seconds=age,
         requested_seq=snap.command.seq, applied_seq=snap.status.applied_seq, apply_call=snap.status.apply_call,
         pending=snap.command.seq > snap.status.applied_seq)
@@ -136,18 +141,16 @@ def get_decisions(ctl: ControllerDep,
         if att is None:
             return DecisionsResponse(engine=None, decisions=[])
         recent = list(att.policy.decisions)[-limit:]
-        return DecisionsResponse(engine=att.label, decisions=[DecisionModel(**d.__dict__) for d in recent])
+        return DecisionsResponse(engine=att.label, decisions=recent)
 
 
 def policy_response(ctl: Controller) -> PolicyResponse:
     with ctl.lock:
         att = ctl.attached
-        params = PolicyParamsModel(**ctl.current_params().__dict__)
+        params = ctl.current_params()
         if att is None:
             return PolicyResponse(policy=None, pinned={}, params=params)
-        table = att.policy.learned_table().as_labels()
-        pinned = {k: v for k, v in table.items() if int(k).bit_length() - 1 in att.policy.pins}
-        return PolicyResponse(policy=att.policy.policy_label, pinned=pinned, params=params)
+        return PolicyResponse(policy=att.policy.policy_label, pinned=pinned(att.policy), params=params)
 
 
 @router.get("/policy", response_model=PolicyResponse, summary="Auto policy parameters")
@@ -170,3 +173,13 @@ def get_policy_table(ctl: ControllerDep) -> TableFileModel:
     except NotAttached as exc:
         raise conflict(exc) from None
     return TableFileModel(table=table.as_labels(), **meta)
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+              for e in exc.errors()]
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+def install_validation_errors(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, validation_error)
