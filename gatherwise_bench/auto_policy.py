@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,6 +31,7 @@ import yaml
 
 from gatherwise.modes import IMPLEMENTED, Mode
 from gatherwise.shm_format.ring import engine_dir_name
+from gatherwise_bench.bench_sidecar import auth_header, start_sidecar
 from gatherwise_bench.figures import pyplot, save
 from gatherwise_bench.sidecar_cpu import cpu_seconds
 
@@ -42,7 +41,6 @@ SIZES = (1, 2, 4, 8, 16, 32)
 CALLS_PER_SIZE = 8
 VOCAB = 32000
 TP = 2
-TOKEN = "bench-auto-policy"
 # The config defaults except a shorter probe interval and sample age, so a run of minutes learns and re-learns.
 POLICY = {"margin": 0.05, "min_samples": 20, "window": 128, "dwell_seconds": 5.0, "probe_interval_seconds": 3.0,
           "probe_calls": 8, "probe_budget": 0.02, "max_sample_age_seconds": 60.0}
@@ -139,7 +137,7 @@ def _engines(shm: str):
 
 def put_mode(url: str, mode: str) -> int:
     r = httpx.put(f"{url}/v1/mode", json={"mode": mode}, params={"wait": 60},
-                  headers={"Authorization": f"Bearer {TOKEN}"}, timeout=90)
+                  headers=auth_header(), timeout=90)
     if r.status_code != HTTPStatus.OK:
         raise RuntimeError(f"PUT /v1/mode {mode}: {r.status_code} {r.text}")
     return int(r.json()["apply_call"])
@@ -241,11 +239,8 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
                     if gather_delay else []},
         "sidecar": {"poll_interval_seconds": 0.01}, "traces": {"enabled": False},
         "policy": {"mode": "manual", **POLICY}}))
-    env = {**os.environ, "GATHERWISE_API_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
-    sidecar = subprocess.Popen([sys.executable, "-m", "gatherwise.cli", "sidecar", "--port", "0", "--config", config],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    sidecar, url = start_sidecar(config)
     try:
-        url = re.search(r"(http://127\.0\.0\.1:\d+)", sidecar.stdout.readline()).group(1)
         variants = [*STATIC, "auto"]
         engine = Engine(config, shm, os.path.join(workdir, "stop1"))
         wait_attached(url, engine.engine_id)

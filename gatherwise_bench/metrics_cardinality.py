@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 
 from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, bucket_upper_bound
+from gatherwise_bench.bench_sidecar import start_sidecar
 from gatherwise_bench.figures import pyplot, save
-from gatherwise_bench.sidecar_cpu import start_sidecar
 from gatherwise_bench.synthetic_engine import SyntheticEngine
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"

@@ -14,9 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -25,10 +22,10 @@ from pathlib import Path
 import httpx
 import yaml
 
+from gatherwise_bench.bench_sidecar import auth_header, start_sidecar
 from gatherwise_bench.synthetic_engine import SyntheticEngine
 
 SIZES = (1, 2, 4, 8, 16, 32)
-TOKEN = "bench-sidecar-cpu"
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -36,14 +33,6 @@ def cpu_seconds(pid: int) -> float:
     """utime + stime of a process (every thread), from /proc/<pid>/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def start_sidecar(config: str) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "GATHERWISE_API_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "gatherwise.cli", "sidecar", "--port", "0", "--config", config],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    url = re.search(r"(http://127\.0\.0\.1:\d+)", proc.stdout.readline()).group(1)
-    return proc, url
 
 
 def scrape_every(url: str, period: float, stop: threading.Event) -> None:
@@ -85,7 +74,7 @@ def run(tp: int, rates: list[float], seconds: float, workdir: str, poll: float) 
         engine.wait_attached(url, timeout_s=30)
         for policy in ("manual", "auto"):
             mode = "all_gather" if policy == "manual" else "auto"
-            r = httpx.put(f"{url}/v1/mode", json={"mode": mode}, headers={"Authorization": f"Bearer {TOKEN}"},
+            r = httpx.put(f"{url}/v1/mode", json={"mode": mode}, headers=auth_header(),
                           timeout=30)
             r.raise_for_status()
             engine.run(2.0, 200, SIZES)  # the command applies, the policy gets its first samples
