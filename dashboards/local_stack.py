@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,12 +19,7 @@ from pathlib import Path
 
 from dashboards.child_process import start_child
 from dashboards.local_prometheus import LocalPrometheus, start_prometheus, write_local_config
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tp_engine.launch import free_port
 
 
 def private_shm_dir() -> Path:

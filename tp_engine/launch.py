@@ -31,6 +31,7 @@ class LaunchError(RuntimeError):
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (the engine's rendezvous, the local stack's servers)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -13,7 +13,6 @@ import glob
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import pytest
 from tests._engine_harness import start_sidecar
 from tests.vllm.conftest import REQUIRED
 from tests.vllm.harness import base_env
+from tp_engine.launch import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 try:
@@ -35,12 +35,6 @@ except ImportError:  # scripts/test_vllm.sh installs it into .venv-vllm
     openai = None
 
 PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23, 29, 31, 37]]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def complete(client, model: str) -> list[list[int]]:
