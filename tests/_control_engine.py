@@ -59,6 +59,7 @@ def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
     from engine_hooks.install import install_hooks
     from engine_hooks.sampling import SamplingParams, SamplingRow
     from gatherwise.config import load_config
+    from tp_engine.synthetic_load import stop_on_every_rank
 
     cfg = load_config(spec.config_path)
     if not spec.control:
@@ -72,6 +73,10 @@ def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
     flag = torch.zeros(1, dtype=torch.int64)
     tokens: list[list[int]] = []
     call = 0
+
+    def finished() -> bool:  # rank 0's view: the test asked to stop, or the planned calls ran
+        return os.path.exists(spec.stop_file) if spec.max_calls is None else call >= spec.max_calls
+
     try:
         while True:
             rows = rows_for(spec, call)
@@ -83,13 +88,8 @@ def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
             call += 1
             if spec.pace_seconds:
                 time.sleep(spec.pace_seconds)
-            if call % CHECK_EVERY == 0:
-                if rank == 0:
-                    done = os.path.exists(spec.stop_file) if spec.max_calls is None else call >= spec.max_calls
-                    flag.fill_(int(done))
-                comm.broadcast(flag)
-                if int(flag.item()):
-                    break
+            if call % CHECK_EVERY == 0 and stop_on_every_rank(comm, flag, finished):
+                break
         source = next((c for c in hooks._closables if hasattr(c, "ignored_commands")), None)
         return RankResult(rank, hooks.engine_id, [int(m) for m in path.mode_log], tokens,
                           None if source is None else source.disabled,

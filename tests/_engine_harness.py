@@ -69,25 +69,31 @@ def engine_run_arguments() -> argparse.ArgumentParser:
     return p
 
 
-def _shm_files(patterns: tuple[str, ...]) -> set[str]:
+def shm_files(patterns: tuple[str, ...]) -> set[str]:
     return {path for pattern in patterns for path in glob.glob(f"/dev/shm/{pattern}")}
+
+
+def remove_new_shm_files(patterns: tuple[str, ...], before: set[str]) -> None:
+    """Remove the /dev/shm files matching `patterns` that were not there `before` (engines kill their own workers
+    at shutdown, before those unlink what they created)."""
+    for leftover in shm_files(patterns) - before:
+        try:
+            os.unlink(leftover)
+        except OSError:
+            pass
 
 
 def run_engine_process(module: str, model: str, env: dict[str, str], args: tuple[str, ...], *, timeout_s: float,
                        shm_leftovers: tuple[str, ...]) -> dict:
     """`python -m module --model MODEL ARGS` from the repository root; returns the JSON object of its last
     "RESULT " line, with the process's log under "log". Removes the /dev/shm files matching `shm_leftovers` that
-    the run left (engines kill their own workers at shutdown, before those unlink them)."""
-    before = _shm_files(shm_leftovers)
+    the run left."""
+    before = shm_files(shm_leftovers)
     try:
         proc = subprocess.run([sys.executable, "-m", module, "--model", model, *args], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=timeout_s)
     finally:
-        for leftover in _shm_files(shm_leftovers) - before:
-            try:
-                os.unlink(leftover)
-            except OSError:
-                pass
+        remove_new_shm_files(shm_leftovers, before)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stdout + proc.stderr)[-LOG_TAIL_CHARS:]

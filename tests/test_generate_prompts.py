@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._generate_cli import generate_json
+from tests._generate_cli import assert_refused, generate_json
 from tests._hf_checkpoints import TinyCheckpoint, build, load_reference, reference_greedy, write_tokenizer
 from tp_engine.cli import generate_main
 
@@ -95,10 +95,7 @@ def test_random_prompts_stay_the_default_without_a_checkpoint(capsys):
     (["--vocab", "97", "--prompt-ids", "3,97"], "token id 97 outside the vocabulary 0..96"),
 ])
 def test_bad_prompt_arguments_are_refused(argv, message, capsys):
-    with pytest.raises(SystemExit) as info:
-        generate_main(argv)
-    assert info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_refused(argv, message, capsys)
 
 
 def test_checkpoint_problems_are_refused_before_any_rank_starts(checkpoint, tmp_path, capsys):

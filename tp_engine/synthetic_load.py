@@ -18,7 +18,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,15 @@ class RankSummary:
     calls: int
     seconds: float
 
+
+
+def stop_on_every_rank(comm: Any, flag: Any, rank0_says_stop: Callable[[], bool]) -> bool:
+    """Rank 0 decides whether to stop; one tiny broadcast of `flag` (a one-element int64 tensor) tells every rank,
+    so all ranks leave at the same call and none waits alone in a later collective."""
+    if comm.rank == 0:
+        flag.fill_(int(rank0_says_stop()))
+    comm.broadcast(flag)
+    return bool(flag.item())
 
 def parse_workload(text: str) -> str:
     if text == "mixed":
@@ -112,14 +121,14 @@ def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: in
     params = tuple(SamplingParams(**kind) for kind in SAMPLING_MIXES[spec.sampling])
     t0 = time.monotonic()
     deadline = t0 + spec.duration if spec.duration is not None else float("inf")
+
+    def finished() -> bool:  # rank 0's view: the parent asked to stop or is gone, or the duration ran out
+        return stop.poll() or time.monotonic() >= deadline or os.getppid() != parent_pid
+
     try:
         while True:
             engine.synthetic([next(sizes) for _ in range(CALLS_PER_CHECK)], params, path=hooks.path)
-            if rank == 0:
-                done = stop.poll() or time.monotonic() >= deadline or os.getppid() != parent_pid
-                flag.fill_(int(done))
-            comm.broadcast(flag)
-            if int(flag.item()):
+            if stop_on_every_rank(comm, flag, finished):
                 break
     finally:
         hooks.close()

@@ -9,7 +9,6 @@ engine's shared-memory directory — although vLLM's forked workers exit without
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import signal
@@ -21,9 +20,10 @@ import time
 import httpx
 import pytest
 
-from tests._engine_harness import start_sidecar
+from gatherwise.shm_format.liveness import is_engine_dir_name
+from tests._engine_harness import remove_new_shm_files, shm_files, start_sidecar
 from tests.vllm.conftest import REQUIRED
-from tests.vllm.harness import base_env
+from tests.vllm.harness import VLLM_SHM_LEFTOVERS, base_env
 from tp_engine.launch import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -47,13 +47,13 @@ def complete(client, model: str) -> list[list[int]]:
 
 
 def engine_dirs(shm: str) -> list[str]:
-    return [name for name in os.listdir(shm) if len(name) == 16] if os.path.isdir(shm) else []
+    return [name for name in os.listdir(shm) if is_engine_dir_name(name)] if os.path.isdir(shm) else []
 
 
 @pytest.mark.skipif(openai is None, reason="the openai client is not installed (scripts/test_vllm.sh installs it)")
 def test_openai_server_with_plugin_and_sidecar_stops_clean(model):
     shm = tempfile.mkdtemp(prefix="gatherwise-vllm-serve-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    vllm_shm_before = set(glob.glob("/dev/shm/vllm_dist_*"))
+    vllm_shm_before = shm_files(VLLM_SHM_LEFTOVERS)
     sidecar = start_sidecar(shm)
     port = free_port()
     log = tempfile.TemporaryFile(mode="w+")
@@ -115,9 +115,5 @@ def test_openai_server_with_plugin_and_sidecar_stops_clean(model):
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(30)
         sidecar.stop()
-        for leftover in set(glob.glob("/dev/shm/vllm_dist_*")) - vllm_shm_before:
-            try:
-                os.unlink(leftover)
-            except OSError:
-                pass
+        remove_new_shm_files(VLLM_SHM_LEFTOVERS, vllm_shm_before)
         shutil.rmtree(shm, ignore_errors=True)
