@@ -18,7 +18,7 @@ import pytest
 
 from engine_hooks.deferred_word import ADOPT_LAG
 from gatherwise.modes import Mode
-from tests._engine_harness import metric_samples, mode_runs, run_next_to_sidecar
+from tests._engine_harness import assert_ranks_ran_the_same_calls, metric_samples, mode_runs, run_next_to_sidecar
 from tests.sglang.harness import base_env, run_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -99,12 +99,7 @@ def test_sampled_ranks_adopted_rank0_generator_state(hooked):
 
 
 def test_every_rank_runs_the_same_mode_per_call(hooked):
-    rings = hooked["rings"]
-    assert sorted(rings) == ["0", "1"]
-    assert all(r["missed"] == 0 for r in rings.values())
-    per_rank = {rank: {c[0]: (c[1], c[2]) for c in r["calls"]} for rank, r in rings.items()}
-    assert per_rank["0"] and per_rank["0"] == per_rank["1"]  # same call indices, same (mode, rows)
-    assert sorted(per_rank["0"]) == list(range(len(per_rank["0"])))
+    assert_ranks_ran_the_same_calls(hooked["rings"])
 
 
 def test_sidecar_metrics_show_per_rank_and_per_op_timings(hooked):

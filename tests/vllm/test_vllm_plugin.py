@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from gatherwise.modes import Mode
-from tests._engine_harness import metric_samples, mode_runs, run_next_to_sidecar
+from tests._engine_harness import assert_ranks_ran_the_same_calls, metric_samples, mode_runs, run_next_to_sidecar
 from tests.vllm.harness import base_env, run_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -109,11 +109,7 @@ def test_switch_through_sidecar_api_mid_generation(plain, switched_run):
 
 @pytest.mark.parametrize("run", ["gather_run", "switched_run", "sharded_run"])
 def test_every_rank_runs_the_same_mode_per_call(run, request):
-    rings = request.getfixturevalue(run)["rings"]
-    assert all(r["missed"] == 0 for r in rings.values())
-    per_rank = {rank: {c[0]: (c[1], c[2]) for c in r["calls"]} for rank, r in rings.items()}
-    assert per_rank["0"] and per_rank["0"] == per_rank["1"]  # same call indices, same (mode, rows)
-    assert sorted(per_rank["0"]) == list(range(len(per_rank["0"])))
+    assert_ranks_ran_the_same_calls(request.getfixturevalue(run)["rings"])
 
 
 def test_sidecar_metrics_show_per_rank_and_per_op_timings(switched_run):
