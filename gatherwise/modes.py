@@ -131,25 +131,22 @@ _LETTER = {Mode.ALL_GATHER: "A", Mode.GATHER: "G", Mode.SHARDED: "S"}
 # Control word layout, least significant bit first:
 #   bits  0..31  table   (2 bits per bucket)
 #   bits 32..55  epoch   (24 bits, wraps; +1 each time rank 0 adopts a new table)
-#   bits 56..59  flags   (bit 0: table came from the auto policy)
+#   bits 56..59  reserved: written 0, ignored on read (earlier releases set bit 0 when the sidecar's policy was
+#                auto; nothing ever read it, so it carries no meaning in either direction)
 #   bits 60..63  version (CONTROL_WORD_VERSION)
 EPOCH_BITS = 24
-FLAG_BITS = 4
-FLAG_AUTO = 1
 
 
 @dataclass(frozen=True)
 class ControlWord:
     table: ModeTable
     epoch: int = 0
-    flags: int = 0
 
     def pack(self) -> int:
         """The word as an unsigned 64-bit int."""
         return (
             self.table.encode()
             | (self.epoch % (1 << EPOCH_BITS)) << 32
-            | (self.flags & ((1 << FLAG_BITS) - 1)) << 56
             | CONTROL_WORD_VERSION << 60
         )
 
@@ -167,7 +164,6 @@ class ControlWord:
         return cls(
             table=ModeTable.decode(word & 0xFFFF_FFFF),
             epoch=(word >> 32) & ((1 << EPOCH_BITS) - 1),
-            flags=(word >> 56) & ((1 << FLAG_BITS) - 1),
         )
 
 

@@ -101,13 +101,11 @@ class ControlClient:
         """The seq the next command gets: above both the last command and the last applied one."""
         return max(self.command().seq, self.status().applied_seq) + 1
 
-    def write_command(self, table: ModeTable, flags: int = 0) -> int:
-        """Ask rank 0 for `table`; returns the command's seq (rank 0 applies it at its next call)."""
-        if not 0 <= flags < 16:
-            raise ValueError(f"command flags must fit in 4 bits, got {flags}")
+    def write_command(self, table: ModeTable) -> int:
+        """Ask rank 0 for `table`; returns the command's seq (rank 0 puts it on the wire at its next call)."""
         self.check_header()
         seq = self.next_seq()
-        fmt.fd_seqlock_write(self._descriptor(), fmt.CMD_LOCK, (seq, table.encode(), flags, time.monotonic_ns()))
+        fmt.fd_seqlock_write(self._descriptor(), fmt.CMD_LOCK, (seq, table.encode(), 0, time.monotonic_ns()))
         return seq
 
     def close(self) -> None:

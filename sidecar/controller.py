@@ -19,7 +19,7 @@ from typing import Any
 
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
-from gatherwise.shm_format.control import CONTROL_NAME, FLAG_AUTO, ControlFormatError, sidecar_state_path
+from gatherwise.shm_format.control import CONTROL_NAME, ControlFormatError, sidecar_state_path
 from sidecar.control_client import ControlClient, ControlSnapshot
 from sidecar.control_gauges import ControlView
 from sidecar.decision_events import DecisionEvents
@@ -48,7 +48,7 @@ class Attached:
     client: ControlClient
     policy: AutoPolicy
     state_path: str
-    requested: tuple[ModeTable, int]  # (table, flags) last written (or found) in the command area
+    requested: ModeTable | None  # table last written (or found) in the command area
     last_call_index: int = -1  # newest call fed to the policy (ring records re-read after a restart are skipped)
     switch_counts: dict[str, int] = field(default_factory=dict)  # "from|to|reason" -> n, survives restarts
     dirty: bool = False  # new samples since the last save
@@ -146,7 +146,7 @@ class Controller:
         label = f"{engine_id:016x}"
         state_path = sidecar_state_path(path)
         policy, extra = self._recover(state_path, snap)
-        requested = (snap.requested_table, snap.command.flags if snap.command.seq else -1)
+        requested = snap.requested_table if snap.command.seq else None
         att = Attached(engine_id, label, client, policy, state_path, requested,
                        int(extra.get("last_call_index", -1)), dict(extra.get("switch_counts", {})))
         self.attached = att
@@ -170,10 +170,9 @@ class Controller:
                 return policy, policy.restored_extra or {"recovered": True}
             except ValueError as exc:
                 log.warning("%s: %s; starting from the control block alone", state_path, exc)
-        if snap.command.seq:  # a sidecar ran before us without saving state: trust the block
-            auto = bool(snap.command.flags & FLAG_AUTO)
-            return AutoPolicy(self.params, snap.requested_table, auto=auto), {}
-        return AutoPolicy(self.params, snap.active_table, auto=self.config.policy.mode == "auto"), {}
+        # No saved state (a sidecar before us could not write it): start from what the engine was last asked to run
+        auto = self.config.policy.mode == "auto"
+        return AutoPolicy(self.params, snap.requested_table, auto=auto), {}
 
     def _adopt_table_file(self, att: Attached) -> None:
         from gatherwise.table_file import load_table_file
@@ -188,15 +187,12 @@ class Controller:
         self._publish(att, [decision] if decision else [])
 
     # -- commands -------------------------------------------------------------------------------------------
-    def _flags(self, policy: AutoPolicy) -> int:
-        return FLAG_AUTO if policy.policy_label != "manual" else 0
-
     def _sync(self, att: Attached, force: bool = False) -> int | None:
         """Write the policy's desired table if it differs from the last command (or when forced)."""
-        wanted = (att.policy.desired_table(), self._flags(att.policy))
+        wanted = att.policy.desired_table()
         if not force and wanted == att.requested:
             return None
-        seq = att.client.write_command(*wanted)
+        seq = att.client.write_command(wanted)
         att.requested = wanted
         att.dirty = True
         return seq
