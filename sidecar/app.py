@@ -1,7 +1,7 @@
-"""The sidecar's FastAPI app: metrics, health, engine info (and, with the control issue, /v1 control routes).
+"""The sidecar's FastAPI app: metrics, health, engine info and the /v1 control routes.
 
-create_app() starts the ingest loop (and any extra services in state.services) with the app's lifespan and
-stops them on shutdown. OpenAPI at /docs.
+create_app() starts the services in state.services (the sidecar's loop: sidecar.controller) with the app's
+lifespan and stops them on shutdown. OpenAPI at /docs.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sidecar import routes_control, routes_engine, routes_health, routes_metrics
 from sidecar.body_limit import BodySizeLimit
 from sidecar.state import SidecarState
 
-# Routers and their prefixes; the control issue appends (routes_control.router, "/v1").
+# Routers and their prefixes.
 ROUTERS = [
     (routes_health.router, ""),
     (routes_metrics.router, ""),
@@ -28,7 +28,6 @@ ROUTERS = [
 def create_app(state: SidecarState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state.ingest.start()
         for service in state.services:
             service.start()
         try:
@@ -36,7 +35,6 @@ def create_app(state: SidecarState) -> FastAPI:
         finally:
             for service in reversed(state.services):
                 service.stop()
-            state.ingest.stop()
             if state.tracer is not None:
                 state.tracer.shutdown()
 

@@ -33,7 +33,7 @@ from sidecar.control_models import (
     StatsResponse,
     TableFileModel,
 )
-from sidecar.controller import Attached, Controller, NotAttached
+from sidecar.controller import Controller, NotAttached, PolicyView
 from sidecar.state import StateDep
 
 router = APIRouter(tags=["control"])
@@ -71,14 +71,12 @@ def conflict(exc: Exception) -> HTTPException:
     return HTTPException(409, str(exc))
 
 
-def mode_state(att: Attached, snap: ControlSnapshot, now_ns: int | None = None) -> ModeState:
+def mode_state(view: PolicyView, snap: ControlSnapshot, now_ns: int | None = None) -> ModeState:
     hb = snap.heartbeat
     age = None if hb.monotonic_ns == 0 else max(0.0, ((now_ns or time.monotonic_ns()) - hb.monotonic_ns) * 1e-9)
     return ModeState(
-        engine=att.label, policy=att.policy.policy_label, active=snap.active_table.as_labels(),
-        requested=snap.requested_table.as_labels(),
-        pinned={k: v for k, v in att.policy.learned_table().as_labels().items()
-                if int(k).bit_length() - 1 in att.policy.pins},
+        engine=view.engine, policy=view.policy, active=snap.active_table.as_labels(),
+        requested=snap.requested_table.as_labels(), pinned=view.pinned,
         epoch=snap.status.epoch, call_index=hb.call_index, heartbeat_age_seconds=age,
         requested_seq=snap.command.seq, applied_seq=snap.status.applied_seq, apply_call=snap.status.apply_call,
         pending=snap.command.seq > snap.status.applied_seq)
@@ -103,7 +101,7 @@ async def put_mode(body: SetModeRequest, ctl: ControllerDep,
         seq, decision = ctl.set_mode(body.mode, buckets)
         deadline = time.monotonic() + wait
         while True:
-            att, snap = ctl.snapshot()
+            view, snap = ctl.snapshot()
             if snap.status.applied_seq >= seq or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(WAIT_STEP_S)
@@ -111,43 +109,32 @@ async def put_mode(body: SetModeRequest, ctl: ControllerDep,
         raise conflict(exc) from None
     applied = snap.status.applied_seq >= seq
     result = SetModeResult(applied=applied, seq=seq, apply_call=snap.status.apply_call if applied else None,
-                           decision=decision.id, state=mode_state(att, snap))
+                           decision=decision.id, state=mode_state(view, snap))
     return result if applied else JSONResponse(result.model_dump(), status_code=202)
 
 
 @router.get("/stats", response_model=StatsResponse, summary="Per bucket x mode critical-path estimates")
 def get_stats(ctl: ControllerDep) -> StatsResponse:
-    att, rows = ctl.stats()
-    stats = [BucketModeStats(bucket=str(1 << b), mode=m.label, samples=e.samples, mean_seconds=e.mean,
-                             p50_seconds=e.p50, p90_seconds=e.p90, age_seconds=e.age_seconds) for b, m, e in rows]
-    if att is None:
+    found = ctl.stats()
+    if found is None:
         return StatsResponse(engine=None, stats=[], calls_observed=0, probe_calls=0, probe_share=0.0)
-    p = att.policy
-    return StatsResponse(engine=att.label, stats=stats, calls_observed=p.calls_total, probe_calls=p.probe_calls_used,
-                         probe_share=p.probe_share)
+    stats = [BucketModeStats(bucket=str(1 << b), mode=m.label, samples=e.samples, mean_seconds=e.mean,
+                             p50_seconds=e.p50, p90_seconds=e.p90, age_seconds=e.age_seconds) for b, m, e in found.rows]
+    return StatsResponse(engine=found.engine, stats=stats, calls_observed=found.calls_observed,
+                         probe_calls=found.probe_calls, probe_share=found.probe_share)
 
 
 @router.get("/decisions", response_model=DecisionsResponse, summary="Recent decisions with their evidence")
 def get_decisions(ctl: ControllerDep,
                   limit: Annotated[int, Query(ge=1, le=256, description="newest N decisions")] = 50
                   ) -> DecisionsResponse:
-    with ctl.lock:
-        att = ctl.attached
-        if att is None:
-            return DecisionsResponse(engine=None, decisions=[])
-        recent = list(att.policy.decisions)[-limit:]
-        return DecisionsResponse(engine=att.label, decisions=[DecisionModel(**d.__dict__) for d in recent])
+    engine, recent = ctl.decisions(limit)
+    return DecisionsResponse(engine=engine, decisions=[DecisionModel(**d.__dict__) for d in recent])
 
 
 def policy_response(ctl: Controller) -> PolicyResponse:
-    with ctl.lock:
-        att = ctl.attached
-        params = PolicyParamsModel(**ctl.current_params().__dict__)
-        if att is None:
-            return PolicyResponse(policy=None, pinned={}, params=params)
-        table = att.policy.learned_table().as_labels()
-        pinned = {k: v for k, v in table.items() if int(k).bit_length() - 1 in att.policy.pins}
-        return PolicyResponse(policy=att.policy.policy_label, pinned=pinned, params=params)
+    view = ctl.policy_view()
+    return PolicyResponse(policy=view.policy, pinned=view.pinned, params=PolicyParamsModel(**view.params.__dict__))
 
 
 @router.get("/policy", response_model=PolicyResponse, summary="Auto policy parameters")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
+from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_of
 from sidecar.estimates import Estimate, WindowEstimates, summarize
 from sidecar.policy import AutoPolicy, PolicyParams, should_switch
 from sidecar.policy_state import policy_from_json, policy_to_json
@@ -50,7 +50,7 @@ def simulate(policy: AutoPolicy, cost, seconds: float, now: float, rows=(1,), ca
     for i in range(int(seconds * calls_per_second)):
         r = rows[i % len(rows)]
         mode = policy.desired_table().mode_for_rows(r)
-        policy.observe(mode, r, cost(r, mode, now), now)
+        policy.observe(mode, bucket_of(r), cost(r, mode, now), now)
         if i % step_every == 0:
             decisions += policy.step(now)
         now += dt
@@ -102,13 +102,15 @@ def test_dwell_blocks_a_second_switch():
 
 
 def test_pins_override_auto_and_release_resumes():
-    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO)
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO, wall_clock=lambda: 1234.5)
     d = policy.pin(G, [0], now=0.0)
     assert (d.reason, d.mode, d.buckets, d.previous) == ("manual", "gather", ["1"], {"1": "all_gather"})
+    assert d.time == 1234.5  # decisions are stamped by the policy's own wall clock
     assert policy.policy_label == "mixed" and policy.desired_table().modes[0] == G
     now, decisions = simulate(policy, delay_on(G), 3.0, 0.0)
     assert policy.desired_table().modes[0] == G and not [x for x in decisions if "1" in x.buckets]
-    policy.release([0], now)
+    d = policy.release([0], now)
+    assert (d.reason, d.mode, d.buckets, d.previous) == ("manual", "auto", ["1"], {"1": "gather"})
     assert policy.policy_label == "auto"
     simulate(policy, delay_on(G), 3.0, now)
     assert policy.desired_table().modes[0] == A
