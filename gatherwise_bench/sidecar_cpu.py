@@ -54,6 +54,24 @@ def schedstat_seconds(pid: int) -> float:
     return total * 1e-9
 
 
+def thread_activity(pid: int) -> dict[str, tuple[int, float]]:
+    """Per thread: (context switches, on-CPU seconds) so far — who wakes, how often, at what cost. Python does not
+    name its native threads, so they are told apart by id: "main" (asyncio: uvicorn) and "tid N"."""
+    out: dict[str, tuple[int, float]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = "main" if task.name == str(pid) else f"tid {task.name}"
+            status = (task / "status").read_text()
+            ran = int((task / "schedstat").read_text().split()[0]) * 1e-9
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            continue
+        switches = sum(int(line.split()[1]) for line in status.splitlines() if line.endswith("ctxt_switches")
+                       or "ctxt_switches:" in line)
+        n, t = out.get(name, (0, 0.0))
+        out[name] = (n + switches, t + ran)
+    return out
+
+
 def start_sidecar(config: str, source: str | None = None) -> tuple[subprocess.Popen, str]:
     """`gatherwise sidecar` of this checkout, or of the source tree at `source` (a baseline build)."""
     env = {**os.environ, "GATHERWISE_API_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
@@ -74,13 +92,15 @@ def scrape_every(url: str, period: float, stop: threading.Event) -> None:
 
 
 def measure(pid: int, engine: SyntheticEngine | None, rate: float, seconds: float) -> dict:
-    c0, r0, t0 = cpu_seconds(pid), schedstat_seconds(pid), time.monotonic()
+    a0, c0, r0, t0 = thread_activity(pid), cpu_seconds(pid), schedstat_seconds(pid), time.monotonic()
     calls = engine.run(seconds, rate, SIZES) if engine is not None and rate > 0 else time.sleep(seconds) or 0
-    c1, r1, t1 = cpu_seconds(pid), schedstat_seconds(pid), time.monotonic()
+    a1, c1, r1, t1 = thread_activity(pid), cpu_seconds(pid), schedstat_seconds(pid), time.monotonic()
     cpu, ran, wall = c1 - c0, r1 - r0, t1 - t0
+    threads = {name: {"wakeups_per_second": (n - a0.get(name, (0, 0.0))[0]) / wall,
+                      "core_percent": 100.0 * (t - a0.get(name, (0, 0.0))[1]) / wall} for name, (n, t) in a1.items()}
     return {"rate": rate, "calls": calls, "wall_seconds": wall, "cpu_seconds": cpu, "run_seconds": ran,
             "core_percent": 100.0 * cpu / wall, "run_core_percent": 100.0 * ran / wall,
-            "cpu_us_per_call": 1e6 * ran / calls if calls else None}
+            "cpu_us_per_call": 1e6 * ran / calls if calls else None, "threads": threads}
 
 
 def extract(rev: str, into: str) -> str:
@@ -107,6 +127,7 @@ def run(tp: int, rates: list[float], seconds: float, workdir: str, poll: float, 
     rows = []
     engine = None
     try:
+        httpx.get(f"{url}/metrics", timeout=30)  # the first scrape builds what later ones reuse: not idle cost
         time.sleep(2.0)
         rows.append({"phase": "no engine", **measure(sidecar.pid, None, 0, seconds)})
         engine = SyntheticEngine(shm, tp, capacity=1 << 17)
@@ -187,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             per = f"{row['cpu_us_per_call']:.0f}" if row["cpu_us_per_call"] else "-"
             print(f"{name:<12} {row['phase']:<10} {row['rate']:>7.0f} {row['calls']:>7} "
                   f"{row['run_core_percent']:>7.3f} {row['core_percent']:>8.2f} {per:>8}")
+            busy = sorted(row["threads"].items(), key=lambda kv: -kv[1]["core_percent"])[:4]
+            print(" " * 20 + "  ".join(f"{n}: {v['wakeups_per_second']:.0f}/s {v['core_percent']:.3f}%"
+                                      for n, v in busy))
     print(f"load average {os.getloadavg()} on {os.cpu_count()} cpus; wrote {out / 'sidecar_cpu.json'}")
     return 0
 

@@ -1,12 +1,12 @@
 """The sidecar's loop: ingest the rings, feed the policy, write commands to the control block, keep its state.
 
-One thread (sidecar.loop) does it all, in this order, at the deadlines it computes: poll the rings (every poll
-interval while an engine is attached, at each discovery deadline while none is; `Ingest.poll_once` hands every
+One thread (sidecar.loop) does it all, in this order, at the deadlines it computes: poll the rings (batching
+calls: see BATCH_RECORDS; at each discovery deadline while no engine is attached; `Ingest.poll_once` hands every
 joined call to `_on_call`, which feeds the policy and ends a probe the moment its last call arrives), follow
-the attached engine, and step the policy (after calls arrived, at most every CONTROL_INTERVAL_MIN_S apart; while
-no calls arrive, every IDLE_TICK_S for probe timeouts and saves). API handlers and the metrics scrape reach the
-policy through `Loop.call`: they hand the loop a function and get immutable values back (PolicyView,
-PolicyStats, decisions), so the policy has one thread and no lock.
+the attached engine, and step the policy (every STEP_INTERVAL_S while calls arrive; while none do, every
+IDLE_TICK_S for probe timeouts and saves). API handlers and the metrics scrape reach the policy through
+`Loop.call`: they hand the loop a function and get immutable values back (PolicyView, PolicyStats, decisions),
+so the policy has one thread and no lock.
 What the engine runs is read from the control block (status area), never assumed. The decision state is saved
 next to the block (sidecar.policy_state), so a restarted sidecar continues where the killed one stopped.
 """
@@ -25,11 +25,10 @@ from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
 from gatherwise.shm_format.control import CONTROL_NAME, ControlFormatError, sidecar_state_path
 from sidecar.control_client import ControlClient, ControlSnapshot
-from sidecar.control_gauges import ControlView
-from sidecar.decision_events import DecisionEvents
+from sidecar.decision_events import ControlView, DecisionEvents
 from sidecar.estimates import Estimate
 from sidecar.ingest import AttachedEngine, Ingest
-from sidecar.loop import Loop
+from sidecar.loop import Loop, on_loop
 from sidecar.policy import AutoPolicy, Decision, PolicyParams
 from sidecar.policy_state import load_state, policy_from_json, policy_to_json, save_state
 
@@ -40,12 +39,22 @@ log = logging.getLogger("gatherwise.sidecar.control")
 # still has the rest of each window).
 SAVE_INTERVAL_S = 1.0
 SAMPLES_SAVE_INTERVAL_S = 10.0
-# Decisions need no faster loop than this (dwell is seconds; a probe ends from _on_call), and every step costs CPU
-# the engine's ranks may need on a small host.
-CONTROL_INTERVAL_MIN_S = 0.05
+# While calls flow the policy steps this often: its decisions are paced in seconds (dwell, probe intervals) and a
+# probe ends from _on_call, not from a step; each step looks at every bucket x mode (tens of µs, more with cold
+# caches), so stepping 20 times a second cost most of an auto sidecar's CPU next to a busy engine.
+STEP_INTERVAL_S = 0.2
 # Without new calls the policy only has timeouts to notice (a probe whose bucket went quiet ends after >= 2 s)
 # and state to save (>= 1 s): once a second is enough.
 IDLE_TICK_S = 1.0
+# Polls batch calls: the next poll comes when about BATCH_RECORDS new records per rank (at most a quarter of the
+# ring) are expected at the rate the last poll saw, but never later than MAX_POLL_WAIT_S (what metrics and traces
+# may lag; a call whose ranks straddle two polls is still joined: records join from when they are read) and never
+# sooner than sidecar.poll_interval_seconds. While a probe runs and calls flow, the policy waits on them: poll at
+# that pace.
+# Each wakeup of a Python thread costs tens to hundreds of µs on a loaded host: at 100 calls/s, 50 polls a second
+# were most of the sidecar's CPU; batched, it is a handful.
+BATCH_RECORDS = 32
+MAX_POLL_WAIT_S = 0.25
 # An engine whose control block is not there (control disabled, or rank 0 still starting) is looked at again
 # this often, like discovery, not at every poll.
 ATTACH_RETRY_S = 0.5
@@ -101,14 +110,15 @@ class Controller:
         self.config, self.ingest, self.events = config, ingest, events
         self.params = PolicyParams.from_config(config.policy)
         self.api_token: str | None = config.sidecar.api_token or env.get("GATHERWISE_API_TOKEN") or None
-        self.interval = max(config.sidecar.poll_interval_seconds, CONTROL_INTERVAL_MIN_S)
+        self.interval = max(config.sidecar.poll_interval_seconds, STEP_INTERVAL_S)
         self.attached: EngineControl | None = None
         self._warned: set[int] = set()
         self._next_poll = self._next_attach = self._last_tick = 0.0
+        self._polled_at = 0.0
         self._called = False  # calls fed to the policy since its last step
         self.loop = Loop("gatherwise-sidecar", self._step, log)
         ingest.on_call = self._on_call
-        events.metrics.control_gauges.view = lambda: self.loop.call(self._control_view)
+        events.metrics.control_gauges.view = self.control_view
 
     # -- service --------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -125,9 +135,9 @@ class Controller:
         now = time.monotonic()
         ingest = self.ingest
         if now >= self._next_poll:
-            ingest.poll_once()
+            read = ingest.poll_once()
             if ingest.engine is not None:
-                self._next_poll = now + ingest.poll_interval
+                self._next_poll = now + self._poll_wait(ingest.engine, read, now)
             else:  # nothing to read until discovery finds an engine
                 self._next_poll = now + max(0.0, (ingest.next_discovery_ns - ingest.clock()) * 1e-9)
             if ingest.engine is not (self.attached and self.attached.engine) and now >= self._next_attach:
@@ -140,7 +150,22 @@ class Controller:
         if now >= tick_at:
             self._tick(att, now)
             self._last_tick, tick_at = now, now + IDLE_TICK_S
+            if self.attached is not None and self.attached.policy.probe is not None:  # it waits on its calls
+                self._next_poll = min(self._next_poll, now + ingest.poll_interval)
         return min(self._next_poll, tick_at) - time.monotonic()
+
+    def _poll_wait(self, eng: AttachedEngine, read: int, now: float) -> float:
+        """Seconds until the next poll of the attached engine, after one that read `read` records."""
+        elapsed, self._polled_at = now - self._polled_at, now
+        base = self.ingest.poll_interval
+        per_rank = read / eng.tp_size
+        if per_rank <= 0:  # quiet rings
+            return max(base, MAX_POLL_WAIT_S)
+        att = self.attached
+        if att is not None and att.policy.probe is not None:
+            return base
+        batch = min(BATCH_RECORDS, max(1, eng.readers[0].capacity // 4))
+        return min(max(elapsed * batch / per_rank, base), max(base, MAX_POLL_WAIT_S))
 
     def _tick(self, att: EngineControl, now: float) -> None:
         self._called = False
@@ -179,9 +204,7 @@ class Controller:
             log.info("engine %s %s: control state of the old instance dropped", att.label,
                      f"replaced by {eng.label}" if eng else "no longer attached")
             self._save(att)
-            att.client.close()
-            self.attached = None
-            self.events.forget()
+            self._detach(att)
         if eng is not None:
             self._attach(eng)
 
@@ -189,6 +212,9 @@ class Controller:
         """The block was overwritten under us: stop controlling this engine (it keeps its last good table)."""
         log.warning("engine %s: control block became unusable, control API disabled for it: %s", att.label, exc)
         self._warned.add(att.engine.engine_id)
+        self._detach(att)
+
+    def _detach(self, att: EngineControl) -> None:
         att.client.close()
         self.attached = None
         self.events.forget()
@@ -286,7 +312,7 @@ class Controller:
         except OSError as exc:  # the engine directory vanished (engine exited): nothing to keep
             log.debug("sidecar state not saved: %s", exc)
 
-    # -- API: each public method runs its body on the loop thread ----------------------------------------
+    # -- API: each public method runs on the loop thread (on_loop) ------------------------------------------
     def _require(self) -> EngineControl:
         att = self.attached
         if att is None:
@@ -303,71 +329,63 @@ class Controller:
             raise NotAttached(f"engine {att.label} is not running ({reason}): a command would never be applied")
         return att
 
-    def _view(self, att: EngineControl | None) -> PolicyView:
+    @on_loop
+    def policy_view(self) -> PolicyView:
+        att = self.attached
         if att is None:
             return PolicyView(None, None, {}, self.params)
         policy = att.policy
         pinned = {bucket_label(b): m.label for b, m in sorted(policy.pins.items())}
         return PolicyView(att.label, policy.policy_label, pinned, policy.params)
 
+    @on_loop
     def snapshot(self) -> tuple[PolicyView, ControlSnapshot]:
         """The policy and what the control block says now; NotAttached or ControlFormatError (then control of
         that engine ends: its block was overwritten or truncated)."""
-        def run() -> tuple[PolicyView, ControlSnapshot]:
-            att = self._require()
-            try:
-                snap = att.client.snapshot()
-            except ControlFormatError as exc:
-                self._give_up(att, exc)
-                raise
-            return self._view(att), snap
-        return self.loop.call(run)
+        att = self._require()
+        try:
+            snap = att.client.snapshot()
+        except ControlFormatError as exc:
+            self._give_up(att, exc)
+            raise
+        return self.policy_view(), snap
 
+    @on_loop
     def set_mode(self, mode: str, buckets: list[int] | None) -> tuple[int, Decision]:
         """Pin buckets to a mode, or release them to the auto policy; returns (command seq, decision)."""
-        def run() -> tuple[int, Decision]:
-            att = self._require_running()
-            now = time.monotonic()
-            if mode == "auto":
-                decision = att.policy.release(buckets, now)
-            else:
-                decision = att.policy.pin(Mode.parse(mode), buckets, now)
-            self._publish(att, [decision])
-            return int(decision.command_seq), decision
-        return self.loop.call(run)
+        att = self._require_running()
+        now = time.monotonic()
+        decision = (att.policy.release(buckets, now) if mode == "auto"
+                    else att.policy.pin(Mode.parse(mode), buckets, now))
+        self._publish(att, [decision])
+        return int(decision.command_seq), decision
 
+    @on_loop
     def set_params(self, changes: dict[str, Any]) -> PolicyParams:
-        def run() -> PolicyParams:
-            att = self.attached
-            base = att.policy.params if att else self.params
-            self.params = params = PolicyParams(**{**base.__dict__, **changes})
-            if att is not None:
-                att.policy.set_params(params)
-                self._save(att)
-            return params
-        return self.loop.call(run)
+        att = self.attached
+        base = att.policy.params if att else self.params
+        self.params = params = PolicyParams(**{**base.__dict__, **changes})
+        if att is not None:
+            att.policy.set_params(params)
+            self._save(att)
+        return params
 
-    def policy_view(self) -> PolicyView:
-        return self.loop.call(lambda: self._view(self.attached))
-
+    @on_loop
     def decisions(self, limit: int) -> tuple[str | None, list[Decision]]:
         """(engine label, its newest `limit` decisions); decisions are not changed once published."""
-        def run() -> tuple[str | None, list[Decision]]:
-            att = self.attached
-            return (None, []) if att is None else (att.label, list(att.policy.decisions)[-limit:])
-        return self.loop.call(run)
+        att = self.attached
+        return (None, []) if att is None else (att.label, list(att.policy.decisions)[-limit:])
 
-    def _estimates(self, policy: AutoPolicy) -> list[tuple[int, Mode, Estimate]]:
-        now = time.monotonic()
-        rows = []
-        for b in range(NUM_BUCKETS):
-            for m in policy.modes:
-                est = policy.estimates.get(b, m, now)
-                if est is not None:
-                    rows.append((b, m, est))
-        return rows
+    @on_loop
+    def stats(self) -> PolicyStats | None:
+        att = self.attached
+        if att is None:
+            return None
+        p = att.policy
+        return PolicyStats(att.label, _estimates(p), p.calls_total, p.probe_calls_used, p.probe_share)
 
-    def _control_view(self) -> ControlView | None:
+    @on_loop
+    def control_view(self) -> ControlView | None:
         """What the control gauges show at a scrape: the active table (read now) and the policy's estimates."""
         att = self.attached
         if att is None:
@@ -377,23 +395,20 @@ class Controller:
         except ControlFormatError as exc:
             self._give_up(att, exc)
             return None
-        estimates = {(bucket_label(b), m.label): est.p50 for b, m, est in self._estimates(att.policy)}
+        estimates = {(bucket_label(b), m.label): est.p50 for b, m, est in _estimates(att.policy)}
         return ControlView(att.label, active.as_labels(), tuple(m.label for m in att.policy.modes), estimates)
 
-    def stats(self) -> PolicyStats | None:
-        def run() -> PolicyStats | None:
-            att = self.attached
-            if att is None:
-                return None
-            p = att.policy
-            return PolicyStats(att.label, self._estimates(p), p.calls_total, p.probe_calls_used, p.probe_share)
-        return self.loop.call(run)
-
+    @on_loop
     def learned_table(self) -> tuple[ModeTable, dict[str, Any]]:
-        def run() -> tuple[ModeTable, dict[str, Any]]:
-            att = self._require()
-            eng = att.engine
-            meta = {"tp": att.client.tp_size, "source": f"gatherwise sidecar auto policy, engine {att.label}",
-                    "policy": att.policy.policy_label, "vocab": eng.vocab, "dtype": eng.dtype}
-            return att.policy.learned_table(), meta
-        return self.loop.call(run)
+        att = self._require()
+        eng = att.engine
+        meta = {"tp": att.client.tp_size, "source": f"gatherwise sidecar auto policy, engine {att.label}",
+                "policy": att.policy.policy_label, "vocab": eng.vocab, "dtype": eng.dtype}
+        return att.policy.learned_table(), meta
+
+
+def _estimates(policy: AutoPolicy) -> list[tuple[int, Mode, Estimate]]:
+    """(bucket, mode, estimate) of every window of the policy that has samples."""
+    now = time.monotonic()
+    return [(b, m, est) for b in range(NUM_BUCKETS) for m in policy.modes
+            if (est := policy.estimates.get(b, m, now)) is not None]

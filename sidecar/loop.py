@@ -9,12 +9,13 @@ deadline or until work arrives, never on a fixed tick, so an idle sidecar wakes 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 CALL_TIMEOUT_S = 30.0  # a request waits at most this long for the loop (a poll reads a bounded batch: ms)
@@ -30,7 +31,6 @@ class Loop:
         self._stop = threading.Event()
         self._handoff = threading.Lock()  # orders `call` against stop(): work is never left behind unrun
         self._thread: threading.Thread | None = None
-        self.wakeups = 0  # loop iterations since start (the sidecar CPU benchmark reports them)
 
     def start(self) -> None:
         if self._thread is None:
@@ -74,10 +74,17 @@ class Loop:
         while not self._stop.is_set():
             self._wake.wait(delay)
             self._wake.clear()  # before serving: work handed over from now on wakes the next wait
-            self.wakeups += 1
             self._serve()
             try:
                 delay = max(0.0, self.step())
             except Exception:  # one bad step (a ring or block vanishing mid-read) must not end the loop
                 self.log.exception("%s step failed", self.name)
                 delay = STEP_FAILED_RETRY_S
+
+
+def on_loop(method: Callable[..., T]) -> Callable[..., T]:
+    """A method of an object with a `loop` (Loop) that always runs on that loop's thread."""
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> T:
+        return self.loop.call(lambda: method(self, *args, **kwargs))
+    return run

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import MODE_OPS
-from sidecar.control_gauges import ControlGaugesCollector
+from sidecar.decision_events import ControlGaugesCollector
 from sidecar.histograms import HistogramFamily, Series
 
 # -- family names (the dashboards, alerts and checks use exactly these) ------------------------------------
@@ -38,7 +38,7 @@ ENGINE_UP = "gatherwise_engine_up"
 ENGINE_HEARTBEAT_AGE_SECONDS = "gatherwise_engine_heartbeat_age_seconds"
 # Control families, fed by sidecar.controller:
 MODE_SWITCHES = "gatherwise_mode_switches"  # exposed as ..._total
-# gatherwise_active_mode and gatherwise_policy_estimate_seconds: sidecar.control_gauges (computed at scrape time)
+# gatherwise_active_mode and gatherwise_policy_estimate_seconds: sidecar.decision_events (computed at scrape time)
 
 OPS = tuple(op for pair in MODE_OPS.values() for op in pair if op)  # every collective op label, by mode
 # 10 µs .. 1.3 s: collectives on one host are tens of µs (GPU) to tens of ms (gloo, big vocab).

@@ -101,12 +101,6 @@ class Probe:
     calls: int = 0
 
 
-def estimate_json(est: Estimate | None) -> dict[str, Any] | None:
-    if est is None:
-        return None
-    return {"samples": est.samples, "p50": est.p50, "mean": est.mean, "p90": est.p90, "age_seconds": est.age_seconds}
-
-
 def should_switch(active: Estimate | None, challenger: Estimate | None, params: PolicyParams) -> bool:
     """True when the challenger is faster by the margin, with enough samples on both sides."""
     if active is None or challenger is None:
@@ -223,7 +217,8 @@ class AutoPolicy:
                 paired[m.label] = {"probes": found[0], "ratio": found[1]}
         return {"bucket": bucket_label(bucket), "margin": self.params.margin,
                 "min_samples": self.params.min_samples, "probes_needed": self.pairs_needed,
-                "estimates": {m.label: estimate_json(self.estimates.get(bucket, m, now)) for m in self.modes},
+                "estimates": {m.label: dataclasses.asdict(e) if (e := self.estimates.get(bucket, m, now)) else None
+                              for m in self.modes},
                 "paired": paired}
 
     def pin(self, mode: Mode, buckets: list[int] | None, now: float) -> Decision:

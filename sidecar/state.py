@@ -6,7 +6,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Protocol
+from typing import Annotated
 
 from fastapi import Depends, Request
 
@@ -18,22 +18,13 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.traces import CallTracer, build_tracer
 
 
-class Service(Protocol):
-    """A background part started and stopped with the app (the sidecar's loop)."""
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-
 @dataclass
 class SidecarState:
     config: GatherwiseConfig
     metrics: SidecarMetrics
     ingest: Ingest
-    control: Controller
+    control: Controller  # the sidecar's loop and the control API; started and stopped with the app
     tracer: CallTracer | None = None
-    services: list[Service] = field(default_factory=list)  # started in order, stopped in reverse
     started_at: float = field(default_factory=time.time)
 
 
@@ -48,7 +39,7 @@ def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = Non
                     heartbeat_stale=config.sidecar.heartbeat_stale_seconds,
                     max_records_per_poll=config.sidecar.max_records_per_poll)
     control = Controller(config, ingest, DecisionEvents(metrics, tracer), env=env)
-    return SidecarState(config, metrics, ingest, control, tracer, services=[control])
+    return SidecarState(config, metrics, ingest, control, tracer)
 
 
 def get_state(request: Request) -> SidecarState:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_of
-from sidecar.estimates import Estimate, WindowEstimates, summarize
+from sidecar.estimates import Estimate, WindowEstimates
 from sidecar.policy import AutoPolicy, PolicyParams, should_switch
 from sidecar.policy_state import policy_from_json, policy_to_json
 
@@ -31,7 +31,10 @@ def test_should_switch_needs_margin_and_samples_on_both_sides():
 
 
 def test_summarize_and_window_age_out():
-    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0], 0.5)
+    five = WindowEstimates(window=8, max_age_seconds=10.0)
+    for v in (5.0, 1.0, 3.0, 2.0, 4.0):
+        five.add(0, A, v, now=0.0)
+    s = five.get(0, A, now=0.5)
     assert (s.samples, s.p50, s.mean, s.age_seconds) == (5, 3.0, 3.0, 0.5)
     assert math.isclose(s.p90, 4.6)
     w = WindowEstimates(window=4, max_age_seconds=10.0)
