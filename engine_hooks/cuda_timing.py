@@ -32,7 +32,7 @@ from gatherwise.shm_format.ring import DROP_TIMING_AT_CLOSE, DROP_TIMING_BACKLOG
 class Event(Protocol):
     """The part of torch.cuda.Event this module uses."""
 
-    def record(self) -> None: ...
+    def record(self, stream: Any = None) -> None: ...
 
     def query(self) -> bool: ...
 
@@ -58,19 +58,47 @@ def _timing_event() -> Event:
     return torch.cuda.Event(enable_timing=True)
 
 
+class CurrentStream:
+    """torch.cuda.current_stream(), for a clock that asks several times per call. It builds a new Python Stream
+    object every time (microseconds); the raw handle of the current stream is one C call, so the object is
+    built once per (device, stream) and reused while that stream stays current."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._current = torch.cuda.current_stream
+        self._device = torch.cuda.current_device
+        self._raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent: no caching
+        self._streams: dict[tuple[int, int], Any] = {}
+
+    def __call__(self) -> Any:
+        if self._raw is None:
+            return self._current()
+        device = self._device()
+        key = (device, self._raw(device))
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = self._current(device)
+        return stream
+
+
 class EventClock:
     """A LogitsPath clock: records an event on the current stream, returns its token. Events are reused."""
 
+    marks_are_tokens = True  # its values are tokens resolved later: callers must not do arithmetic on them
+
     def __init__(self, event_factory: Callable[[], Event] = _timing_event,
-                 host_clock: Callable[[], int] = time.perf_counter_ns) -> None:
+                 host_clock: Callable[[], int] = time.perf_counter_ns,
+                 current_stream: Callable[[], Any] | None = None) -> None:
         self._factory, self._host_clock = event_factory, host_clock
+        self._stream = current_stream  # None: the event records on the stream it finds current itself
         self._free: list[Event] = []
         self._live: dict[int, tuple[Event, int]] = {}  # token -> (event, host ns at record), in token order
         self._next = 1
 
     def __call__(self) -> int:
         event = self._free.pop() if self._free else self._factory()
-        event.record()
+        event.record() if self._stream is None else event.record(self._stream())
         token = self._next
         self._next = token + 1
         self._live[token] = (event, self._host_clock())
@@ -167,5 +195,5 @@ class EventResolver:
 
 def cuda_recording(recorder: SplitRecorder, *, max_pending: int = 64) -> tuple[EventClock, EventResolver]:
     """The (clock, recorder) pair to pass to LogitsPath on a CUDA device: LogitsPath(clock=c, recorder=r)."""
-    clock = EventClock()
+    clock = EventClock(current_stream=CurrentStream())
     return clock, EventResolver(clock, recorder, max_pending=max_pending)

@@ -22,7 +22,7 @@ from engine_hooks.shard_sampling import (
     sample_top_p_rows,
     select_rows,
     summarize,
-    to_device,
+    token_slots,
     top_p_covered,
 )
 
@@ -36,7 +36,7 @@ def sample(shards: torch.Tensor, vocab: int, rows: list[SamplingRow]) -> torch.T
         raise ValueError(f"{batch} logit rows but {len(rows)} sampling rows")
     tokens = torch.empty(batch, dtype=torch.int64, device=shards.device)
     for g in plan(rows, width):
-        index = to_device(list(g.rows), torch.int64, shards.device)
+        index = token_slots(g, batch, shards.device)
         parts = [summarize(g, select_rows(shards[r], g.rows), r, width) for r in range(num_shards)]
         summaries = torch.stack([summary for summary, _ in parts])
         if g.kind == Kind.GREEDY:
@@ -50,9 +50,7 @@ def sample(shards: torch.Tensor, vocab: int, rows: list[SamplingRow]) -> torch.T
         if g.kind == Kind.FULL:
             found = torch.empty_like(draw.shard)
             for r, (_, cum) in enumerate(parts):  # each shard's owner search, as that rank would run it
-                here = draw.shard == r
-                if bool(here.any()):
-                    found[here] = find_in_shard(cum[here], draw.target[here]) + r * width
+                found = torch.where(draw.shard == r, find_in_shard(cum, draw.target) + r * width, found)
             tokens[index] = found
             continue
         vals, ids, covered = top_p_covered(g, summaries, draw, width)

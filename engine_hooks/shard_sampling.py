@@ -97,10 +97,24 @@ def plan(rows: list[SamplingRow], width: int) -> list[Group]:
     return groups
 
 
+def is_every_row(rows: tuple[int, ...], batch: int) -> bool:
+    """The group is the whole call in order: its rows need no index (no copy, no scatter of its tokens)."""
+    return len(rows) == batch and rows == tuple(range(batch))
+
+
+def token_slots(group: Group, batch: int, device: torch.device) -> slice | torch.Tensor:
+    """Where a group's tokens go in the call's tokens [B]: all of them (a slice, so no index tensor is copied to
+    the device and no scatter runs) or an index of its rows. Top-p rows index subsets of their group, so they
+    always get an index."""
+    if group.kind != Kind.TOP_P and is_every_row(group.rows, batch):
+        return slice(None)
+    return to_device(list(group.rows), torch.int64, device)
+
+
 def select_rows(shard: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:
     """The group's rows of one shard [B, width] -> [n, width]: the shard itself when the group is every row in
     order (no copy), else a contiguous copy. Every mode selects the same way, so a summary sees the same tensor."""
-    if len(rows) == shard.shape[0] and rows == tuple(range(len(rows))):
+    if is_every_row(rows, shard.shape[0]):
         return shard
     return shard.index_select(0, to_device(list(rows), torch.int64, shard.device))
 
@@ -126,9 +140,12 @@ def summarize(group: Group, x: torch.Tensor, shard: int, width: int) -> tuple[to
 
 
 def first_argmax(x: torch.Tensor) -> torch.Tensor:
-    """Column of the first maximum of each row [n, width] -> [n] (lowest index on ties). Blocked: a vectorized
-    max per block of columns, then argmax over the block maxima (the first block holding the maximum) and
-    inside that block — an order of magnitude faster on CPU than one argmax over the row, and exact."""
+    """Column of the first maximum of each row [n, width] -> [n] (lowest index on ties). On CUDA one argmax
+    (documented to return the first maximal index; one kernel launch where launches are the cost). Elsewhere
+    blocked: a vectorized max per block of columns, then argmax over the block maxima (the first block holding
+    the maximum) and inside that block — an order of magnitude faster on CPU than one argmax over the row."""
+    if x.is_cuda:
+        return x.argmax(dim=1)
     n, width = x.shape
     block = next(b for b in (128, 64, 32, 16, 8, 4, 2, 1) if width % b == 0)
     blocks = x.view(n, width // block, block) if x.is_contiguous() else x.reshape(n, width // block, block)
@@ -149,7 +166,14 @@ def shard_mass(x: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch
 
 
 def shard_top(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k best of each row of one shard by (value desc, index asc): float64 values and local ids [n, k]."""
+    """The k best of each row of one shard by (value desc, index asc): float64 values and local ids [n, k].
+
+    Two exact ways to the same set: on CUDA one top-k over keys that have no ties (the host never looks at the
+    data); elsewhere a float top-k whose border ties are rebuilt on the host (rare, and ~10x faster on CPU,
+    where reading a value costs no synchronization). Callers order candidates canonically themselves
+    (`merge_candidates`), so only the set matters."""
+    if x.is_cuda:
+        return canonical_top(x, k)
     width = x.shape[1]
     vals, local = x.topk(min(k + 1, width), dim=1)
     # When the (k+1)-th value equals the k-th, topk chose among ties at the border and may have kept a later
@@ -162,6 +186,24 @@ def shard_top(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
             order = x[b].argsort(descending=True, stable=True)[:k]
             vals[b], local[b] = x[b, order], order
     return vals.to(F64), local
+
+
+_LOW_31 = 0x7FFFFFFF
+_INDEX_BITS = 32
+
+
+def canonical_top(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`shard_top` without a data-dependent step: a float32's bits, negatives' magnitude bits flipped, order like
+    the floats (−0.0 folded into +0.0 first); shifted up and joined with (width − 1 − index) they make int64 keys
+    ordered by (value desc, index asc) with no ties, so one top-k is exact. Logits are float32, bfloat16 or
+    float16: all exact in float32."""
+    width = x.shape[1]
+    k = min(k, width)
+    bits = (x.float() + 0.0).view(torch.int32).to(torch.int64)
+    key = torch.where(bits < 0, bits ^ _LOW_31, bits)
+    reverse_index = torch.arange(width - 1, -1, -1, dtype=torch.int64, device=x.device)
+    local = ((key << _INDEX_BITS) | reverse_index).topk(k, dim=1).indices
+    return x.gather(1, local).to(F64), local
 
 
 # -- step 2: across shards -----------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from engine_hooks.shard_sampling import (
     sample_top_p_rows,
     select_rows,
     summarize,
+    token_slots,
     top_p_covered,
 )
 
@@ -59,7 +60,9 @@ class ShardedCall:
     resolve_start: int  # 0 when the call ran only shard_exchange
     resolve_end: int
     sample_start: int
-    sample_end: int  # sample_start + this rank's compute time (summaries, combine, owner search, fallback)
+    # sample_start + this rank's compute time (summaries, combine, owner search, fallback); with an event clock
+    # (CUDA), whose marks are tokens resolved later and cannot be summed, the mark ending the shard summaries
+    sample_end: int
     exchange_bytes: int
     resolve_bytes: int
     collectives: int
@@ -116,7 +119,7 @@ class ShardedSampler:
         for g, size, u, cum in zip(groups, sizes, uniforms, cums, strict=True):
             summaries = recv[:, offset:offset + size].view(num_shards, len(g.rows), g.per_row)
             offset += size
-            index = torch.tensor(g.rows, device=device)
+            index = token_slots(g, len(rows), device) if g.kind != Kind.FULL else None  # FULL: after resolve
             if g.kind == Kind.GREEDY:
                 tokens[index] = combine_greedy(summaries)
             elif g.kind == Kind.TOP_K:
@@ -124,10 +127,9 @@ class ShardedSampler:
             else:
                 draw = draw_shard(summaries[:, :, 0], summaries[:, :, 1], g.params.temperature, u)
                 if g.kind == Kind.FULL:
-                    here = draw.shard == self.rank
-                    found = torch.full((len(g.rows),), -1, dtype=torch.int64, device=device)
-                    if bool(here.any()):
-                        found[here] = find_in_shard(cum[here], draw.target[here]) + self.rank * width
+                    # every row searched, the owned ones kept: no host decision (searches are per row)
+                    found = torch.where(draw.shard == self.rank, find_in_shard(cum, draw.target) + self.rank * width,
+                                        -1)
                     owned.append((g, draw.shard))
                     mine.append(found)
                     continue
@@ -140,7 +142,9 @@ class ShardedSampler:
                 if missing.numel():
                     fallback.append((g, index[missing], u[missing], draw.select(missing)))
                     fallback_rows += missing.numel()
-        sample_ns = (coll_start - t0) + (clock() - coll_end)
+        # an event clock's marks are tokens, not times: no arithmetic on them (see ShardedCall.sample_end)
+        marks_only = getattr(clock, "marks_are_tokens", False)
+        sample_ns = 0 if marks_only else (coll_start - t0) + (clock() - coll_end)
         resolve_start = resolve_end = resolve_bytes = 0
         collectives = 1
         if owned or topp_rows:
@@ -153,7 +157,7 @@ class ShardedSampler:
             at = 0
             for g, shard in owned:
                 n = len(g.rows)
-                tokens[torch.tensor(g.rows, device=device)] = got[:, at:at + n].gather(0, shard[None, :]).squeeze(0)
+                tokens[token_slots(g, len(rows), device)] = got[:, at:at + n].gather(0, shard[None, :]).squeeze(0)
                 at += n
             full = resolve[:, _WORD_BYTES + 8 * n_owned:].view(self.dtype)  # [P, fallback rows * width]
             at = 0
@@ -162,10 +166,11 @@ class ShardedSampler:
                 x = full[:, at * width:(at + n) * width].reshape(num_shards, n, width)
                 tokens[index] = sample_top_p_rows(g, x, draw, u, width)
                 at += n
-            sample_ns += (resolve_start - t1) + (clock() - resolve_end)
+            if not marks_only:
+                sample_ns += (resolve_start - t1) + (clock() - resolve_end)
+        sample_end = coll_start if marks_only else t0 + sample_ns
         return ShardedCall(tokens, recv[0, :1].view(torch.int64), coll_start, coll_end, resolve_start, resolve_end,
-                           t0, t0 + sample_ns, recv.numel() * 8, resolve_bytes, collectives, topp_rows,
-                           fallback_rows)
+                           t0, sample_end, recv.numel() * 8, resolve_bytes, collectives, topp_rows, fallback_rows)
 
     def _resolve(self, logits: torch.Tensor, mine: list[torch.Tensor], fallback_rows: list[torch.Tensor]
                  ) -> tuple[torch.Tensor, int, int]:
@@ -185,6 +190,8 @@ class ShardedSampler:
         self.comm.all_gather(recv, send)
         end = self.clock()
         counts = recv[:, :_WORD_BYTES].reshape(self.world_size, _WORD_BYTES).view(torch.int64)
-        if bool((counts != n_full).any()):  # cannot happen: every rank decided from the same summaries
+        # cannot happen: every rank decided from the same summaries. Checked only when rows fell back: the host
+        # has already read the coverage decision then, so the check costs no extra synchronization
+        if n_full and bool((counts != n_full).any()):
             raise RuntimeError(f"sharded sampling: ranks disagree on the top-p fallback rows ({counts.tolist()})")
         return recv, start, end

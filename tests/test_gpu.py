@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench import gpu_check
+from gatherwise_bench import gpu_check
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU: run scripts/gpu_check.sh OUTDIR on a GPU machine")]

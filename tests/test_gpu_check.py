@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from bench import gpu_check
+
+from gatherwise_bench import gpu_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(280)]
 ROOT = Path(__file__).resolve().parents[1]

@@ -79,3 +79,15 @@ def test_engine_hooks_never_import_the_sidecar_stack():
 def test_the_checker_notices_a_violation():
     result = _check(["json"], {"json"})
     assert result.returncode == 1 and "json imported json" in result.stdout
+
+
+@pytest.mark.timeout(150)
+def test_the_gpu_check_needs_only_torch_pyyaml_and_prometheus_client():
+    """scripts/gpu_check.sh runs on GPU machines that have torch, pyyaml and prometheus-client and nothing else
+    (no network, nothing installed): nothing it imports may need another third-party package."""
+    modules = ["gatherwise_bench.gpu_check", "engine_hooks.table_source", "engine_hooks.comm", "engine_hooks.graphs",
+               "engine_hooks.sampling", "engine_hooks.cuda_timing", "engine_hooks.logits_path",
+               "engine_hooks.recorder", "sidecar.ring_reader", "sidecar.header_counters", "sidecar.metrics"]
+    result = _check(modules, {"pydantic", "fastapi", "starlette", "uvicorn", "opentelemetry", "httpx", "jinja2",
+                              "tokenizers", "safetensors", "transformers"})
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr

@@ -114,6 +114,41 @@ def test_event_clock_through_the_real_path_into_a_ring(tmp_path):
     assert reader.header().closed
 
 
+def test_event_clock_marks_of_a_sharded_call_are_its_own_events(tmp_path):
+    """Sharded calls through the event clock (fake events on CPU): every mark of a record is an event of that
+    call, in order — never a token computed from other tokens — greedy (one collective) and temperature (two)."""
+    from engine_hooks.comm import SingleRankCommunicator
+    from engine_hooks.cuda_timing import EventClock, EventResolver
+    from engine_hooks.logits_path import LogitsPath
+    from engine_hooks.recorder import RingRecorder
+    from engine_hooks.sampling import SamplingParams, SamplingRow
+    from gatherwise.modes import ModeTable
+    from tests.test_cuda_timing import FakeCudaEvent, FakeGpuStream
+
+    stream = FakeGpuStream()
+    clock = EventClock(lambda: FakeCudaEvent(stream))
+    recorder = RingRecorder(tmp_path / "rank-0", engine_id=1, rank=0, tp_size=1, vocab=VOCAB, dtype="float32",
+                            capacity=16)
+    resolver = EventResolver(clock, recorder)
+    path = LogitsPath(SingleRankCommunicator(), VOCAB, initial_table=ModeTable.uniform(Mode.SHARDED),
+                      recorder=resolver, clock=clock)
+    kinds = [SamplingParams(), SamplingParams(temperature=0.7, seed=5)]
+    for step in range(4):
+        path.logits_buffer(3).normal_()
+        path.run([SamplingRow(kinds[step % 2], request_id=i, position=step) for i in range(3)])
+    stream.advance()
+    resolver.poll()
+    records, missed = RingReader(recorder.path).read_new()
+    step_ns = 250_000  # the fake GPU's time between consecutive events
+    assert missed == 0 and [r.mode for r in records] == [int(Mode.SHARDED)] * 4
+    for i, r in enumerate(records):
+        assert r.sample_start_ns > r.start_ns and r.sample_ns > 0 and r.sample_ns % step_ns == 0
+        assert r.sample_start_ns + r.sample_ns == r.collective_start_ns  # the shard summaries end the sample span
+        assert r.collective_ns > 0 and r.collective_ns % step_ns == 0
+        assert (r.broadcast_ns > 0) == (i % 2 == 1)  # temperature calls run shard_resolve
+    resolver.close()
+
+
 def _run_lagging_device(rank, world, shm_dir, engine_ids):
     """The same calls twice on real gloo ranks: once timed on the CPU clock, once through the CUDA timing design
     with a stand-in device that falls far behind (tests.test_cuda_timing's fake events)."""

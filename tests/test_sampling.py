@@ -127,3 +127,27 @@ def test_the_in_shard_search_is_clamped_to_the_last_column_with_mass():
     beyond = torch.tensor([1.0 + 2**-52, 1.0], dtype=torch.float64)  # targets past the end by rounding
     assert find_in_shard(cum, beyond).tolist() == [1, 3]
     assert torch.searchsorted(cum, beyond[:, None], right=True).squeeze(1).tolist() == [4, 4]  # unclamped: past
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_cuda_top_k_without_host_decisions_keeps_the_same_set(dtype):
+    """canonical_top (what CUDA runs: one top-k over tie-free keys) against the CPU way (float top-k, border ties
+    rebuilt on the host), on rows full of ties, signed zeros and -inf padding: the same k best, in canonical
+    order (value desc, index asc)."""
+    from engine_hooks.shard_sampling import canonical_top, shard_top
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randint(-4, 4, (32, 300), generator=gen).to(dtype) / 2
+    x[0, :10] = -0.0
+    x[0, 10:20] = 0.0
+    x[1, 250:] = float("-inf")
+    x[2] = float("-inf")
+    for k in (1, 7, 64, 300, 400):
+        vals, local = canonical_top(x, k)
+        ref_vals, ref_local = shard_top(x, k)
+        for b in range(x.shape[0]):
+            order = x[b].float().argsort(descending=True, stable=True)[:k]
+            assert torch.equal(local[b], order), (k, b)
+            assert set(ref_local[b].tolist()) == set(order.tolist()), (k, b)
+        assert vals.dtype == ref_vals.dtype == torch.float64
+        assert torch.equal(vals, x.gather(1, local).double())
