@@ -75,10 +75,10 @@ def thread_activity(pid: int) -> dict[str, tuple[int, float]]:
 def start_sidecar(config: str, source: str | None = None) -> tuple[subprocess.Popen, str]:
     """`gatherwise sidecar` of this checkout, or of the source tree at `source` (a baseline build)."""
     env = {**os.environ, "GATHERWISE_API_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
-    if source is not None:
+    if source is not None:  # `python -m` puts its working directory first on sys.path: run it from there
         env["PYTHONPATH"] = source
     proc = subprocess.Popen([sys.executable, "-m", "gatherwise.cli", "sidecar", "--port", "0", "--config", config],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=source)
     url = re.search(r"(http://127\.0\.0\.1:\d+)", proc.stdout.readline()).group(1)
     return proc, url
 
@@ -137,7 +137,9 @@ def run(tp: int, rates: list[float], seconds: float, workdir: str, poll: float, 
                 raise RuntimeError("sidecar did not attach the stand-in engine")
             engine.call(1)
             time.sleep(0.1)
-        for policy in ("manual", "auto"):
+        # auto first: its probe budget is a share of every call seen, so after a long manual phase it spends the
+        # saved-up budget in back-to-back probes (a burst that ends) instead of its steady state
+        for policy in ("auto", "manual"):
             mode = "all_gather" if policy == "manual" else "auto"
             r = httpx.put(f"{url}/v1/mode", json={"mode": mode}, headers={"Authorization": f"Bearer {TOKEN}"},
                           timeout=30)
@@ -165,7 +167,7 @@ def plot(path: Path, results: dict[str, dict]) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, (name, result) in enumerate(results.items()):
-        for policy, style in (("manual", "-"), ("auto", "--")):
+        for policy, style in (("auto", "--"), ("manual", "-")):
             rows = [r for r in result["rows"] if r["phase"] == policy]
             ax.plot([r["rate"] for r in rows], [r["run_core_percent"] for r in rows], style, marker="o",
                     color=f"C{i}", label=f"{name} {policy}")

@@ -49,8 +49,8 @@ IDLE_TICK_S = 1.0
 # Polls batch calls: the next poll comes when about BATCH_RECORDS new records per rank (at most a quarter of the
 # ring) are expected at the rate the last poll saw, but never later than MAX_POLL_WAIT_S (what metrics and traces
 # may lag; a call whose ranks straddle two polls is still joined: records join from when they are read) and never
-# sooner than sidecar.poll_interval_seconds. While a probe runs and calls flow, the policy waits on them: poll at
-# that pace.
+# sooner than sidecar.poll_interval_seconds. While a probe runs the batch is the calls it still needs (the policy
+# waits on them), so its end is read at most about that many calls late.
 # Each wakeup of a Python thread costs tens to hundreds of µs on a loaded host: at 100 calls/s, 50 polls a second
 # were most of the sidecar's CPU; batched, it is a handful.
 BATCH_RECORDS = 32
@@ -161,10 +161,10 @@ class Controller:
         per_rank = read / eng.tp_size
         if per_rank <= 0:  # quiet rings
             return max(base, MAX_POLL_WAIT_S)
-        att = self.attached
-        if att is not None and att.policy.probe is not None:
-            return base
         batch = min(BATCH_RECORDS, max(1, eng.readers[0].capacity // 4))
+        probe = self.attached.policy.probe if self.attached is not None else None
+        if probe is not None:  # the calls the probe still needs, at most: its end is seen soon after it comes
+            batch = min(batch, max(1, self.attached.policy.params.probe_calls - probe.calls))
         return min(max(elapsed * batch / per_rank, base), max(base, MAX_POLL_WAIT_S))
 
     def _tick(self, att: EngineControl, now: float) -> None:

@@ -1,12 +1,12 @@
 """Ingest: shared-memory rings of the newest engine instance -> metrics, traces and the policy's samples.
 
-The sidecar's loop (sidecar.controller) calls `poll_once()` every poll interval while an engine is attached,
-and at each discovery deadline (`next_discovery_ns`) while none is. Each poll reads the new records of every
-rank (read-only mmaps: the engine never waits for it), joins them across ranks by call index, and turns each
-call into histogram observations and, when sampled, a trace; every joined call goes to `on_call` (the policy's
-input). A call is joined when every rank's record has arrived, or after a bounded delay (then it counts as
-incomplete and only its per-rank parts are observed). A new engine instance id in shm_dir is an engine
-restart: ingest switches to it and drops the old instance's series, so series never mix.
+The sidecar's loop (sidecar.controller) calls `poll_once()` when it expects a batch of records while an
+engine is attached, and at each discovery deadline (`next_discovery_ns`) while none is. Each poll reads the new
+records of every rank (read-only mmaps: the engine never waits for it), joins them across ranks by call index,
+and turns each call into histogram observations and, when sampled, a trace; every joined call goes to
+`on_call` (the policy's input). A call is joined when every rank's record has arrived, or after a bounded delay
+(then it counts as incomplete and only its per-rank parts are observed). A new engine instance id in shm_dir is
+an engine restart: ingest switches to it and drops the old instance's series, so series never mix.
 
 Discovery is built for a directory other processes may litter: it tries engine directories newest first until
 one attaches (an empty or half-built directory never hides a live engine), skips what is not a real directory
@@ -97,8 +97,7 @@ class Ingest:
     def __init__(self, shm_dir: str | Path, metrics: SidecarMetrics, tracer: CallTracer | None = None, *,
                  poll_interval: float = 0.02, join_timeout: float = 0.5, heartbeat_stale: float = 5.0,
                  discover_interval: float = 0.5, clock: Callable[[], int] = time.monotonic_ns,
-                 max_records_per_poll: int = DEFAULT_MAX_RECORDS_PER_POLL, remove_dead_dirs: bool = True,
-                 on_call: CallSink | None = None) -> None:
+                 max_records_per_poll: int = DEFAULT_MAX_RECORDS_PER_POLL, remove_dead_dirs: bool = True) -> None:
         if max_records_per_poll < 1:
             raise ValueError(f"max_records_per_poll must be >= 1, got {max_records_per_poll}")
         self.shm_dir = Path(shm_dir)
@@ -117,7 +116,7 @@ class Ingest:
         self.clock = clock
         self.engine: AttachedEngine | None = None
         self.engines_seen = 0
-        self.on_call = on_call
+        self.on_call: CallSink | None = None  # the policy's input (sidecar.controller)
         self.next_discovery_ns = 0  # clock() value from which the next poll looks for engines
         metrics.header_collector._snapshot = self.counters
 
