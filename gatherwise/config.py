@@ -1,152 +1,163 @@
 """One configuration schema for engine hooks and sidecar (config/gatherwise.yaml documents every key).
 
-Loading validates everything: an unknown key, a wrong type or an out-of-range value raises ConfigError naming
-the file and the key. Environment variables GATHERWISE_<SECTION>_<KEY> override keys: the value of a string key
-is taken verbatim (`GATHERWISE_SIDECAR_API_TOKEN='#secret'` is the token `#secret`, not a YAML comment), any
-other key's value is parsed as YAML (numbers, true/false, lists); an empty value means "unset". Every error names
-the file or the variable it came from.
-Stdlib + pyyaml only: the sidecar imports this module.
+Each key's type, default and range are stated once, in its Field below; pydantic validates them, and the
+sidecar's API models derive from the same classes (sidecar/control_models.py), so a range cannot differ
+between the config file and the API. Loading validates everything: an unknown key, a wrong type or an
+out-of-range value raises ConfigError naming the file and the key. Environment variables
+GATHERWISE_<SECTION>_<KEY> override keys: the value of a string key is taken verbatim
+(`GATHERWISE_SIDECAR_API_TOKEN='#secret'` is the token `#secret`, not a YAML comment), any other key's value is
+parsed as YAML (numbers, true/false, lists); an empty value means "unset". Every error names the file or the
+variable it came from. pydantic + pyyaml only: the engine side imports this module too.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
+from annotated_types import Ge, Le
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
+from typing_extensions import Self
 
 from gatherwise.modes import IMPLEMENTED_LABELS
 
 DEFAULT_SHM_DIR = "/dev/shm/gatherwise"
 ENV_PREFIX = "GATHERWISE_"
 
+# Generated from gatherwise.modes.IMPLEMENTED: a mode the engine implements is accepted here and in the API (its
+# OpenAPI enum) without another change; a reserved one is refused with the list of valid values.
+ModeLabel = Literal[IMPLEMENTED_LABELS]  # type: ignore[valid-type]
+ModeOrAuto = Literal[(*IMPLEMENTED_LABELS, "auto")]  # type: ignore[valid-type]
+PolicyMode = Literal["manual", "auto"]
+
 
 class ConfigError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class DelayPhase:
+class Schema(BaseModel):
+    """Frozen, and strict like the API's request bodies: YAML's 1 is not true, '80' is not a port, .nan is no
+    number (strict still takes an integer where a float is expected)."""
+
+    # A response always carries every field: the OpenAPI schema says so (required) although each has a default.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False,
+                              json_schema_serialization_defaults_required=True)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with `changes`, validated like a loaded file (what dataclasses.replace was for dataclasses)."""
+        try:
+            return type(self).model_validate({**dict(self), **changes})
+        except ValidationError as exc:
+            raise ConfigError("; ".join(f"{type(self).__name__}.{'.'.join(map(str, e['loc']))}: "
+                                        f"{_problem(e, *_schema_at(e['loc'], type(self)))}"
+                                        for e in exc.errors())) from None
+
+
+def _mode_labels(value: str) -> str:
+    labels = [part.strip() for part in value.split(",") if part.strip()]
+    if not labels or not all(label in IMPLEMENTED_LABELS for label in labels):
+        raise ValueError(f"must be comma-separated labels from {', '.join(IMPLEMENTED_LABELS)}, got {value!r}")
+    return value
+
+
+class DelayPhase(Schema):
     """Test/bench only: from `after_seconds` after engine start, add `seconds` to every `mode` collective."""
 
-    after_seconds: float
-    mode: str
-    seconds: float
+    after_seconds: float = Field(ge=0.0)
+    mode: ModeLabel
+    seconds: float = Field(ge=0.0)
 
 
-@dataclass(frozen=True)
-class EngineSection:
+class EngineSection(Schema):
     shm_dir: str = DEFAULT_SHM_DIR
-    initial_mode: str = "all_gather"
+    initial_mode: ModeLabel = "all_gather"
     initial_table_file: str | None = None
-    logits_dtype: str = "float32"
-    graph_modes: str = "all_gather,gather"  # modes SGLang captures a decode CUDA graph for (graph memory x each)
+    logits_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # modes SGLang captures a decode CUDA graph for (graph memory x each)
+    graph_modes: Annotated[str, AfterValidator(_mode_labels)] = "all_gather,gather"
 
 
-@dataclass(frozen=True)
-class TelemetrySection:
+class TelemetrySection(Schema):
     enabled: bool = True
-    ring_capacity: int = 8192
+    ring_capacity: int = Field(8192, ge=16, le=1 << 22)
 
 
-@dataclass(frozen=True)
-class ControlSection:
+class ControlSection(Schema):
     enabled: bool = True
-    inject_delay: tuple[DelayPhase, ...] = ()
+    inject_delay: tuple[DelayPhase, ...] = Field((), strict=False)  # lax only to take YAML's list for the tuple
 
 
-@dataclass(frozen=True)
-class SidecarSection:
+class SidecarSection(Schema):
     host: str = "127.0.0.1"
-    port: int = 9400
-    poll_interval_seconds: float = 0.02
+    port: int = Field(9400, ge=0, le=65535)
+    poll_interval_seconds: float = Field(0.02, ge=0.001, le=10.0)
     api_token: str | None = None
-    heartbeat_stale_seconds: float = 5.0
-    max_records_per_poll: int = 16384
+    heartbeat_stale_seconds: float = Field(5.0, ge=0.1, le=3600.0)
+    max_records_per_poll: int = Field(16384, ge=64, le=1 << 22)
 
 
-@dataclass(frozen=True)
-class TracesSection:
+class TracesSection(Schema):
     enabled: bool = True
-    sample_ratio: float = 0.01
-    every_nth: int = 0
+    sample_ratio: float = Field(0.01, ge=0.0, le=1.0)
+    every_nth: int = Field(0, ge=0, le=1 << 30)
     otlp_endpoint: str | None = None
     service_name: str = "gatherwise-sidecar"
 
 
-@dataclass(frozen=True)
-class PolicySection:
-    mode: str = "manual"
-    margin: float = 0.05
-    min_samples: int = 30
-    window: int = 256
-    dwell_seconds: float = 5.0
-    probe_interval_seconds: float = 10.0
-    probe_calls: int = 8
-    probe_budget: float = 0.02
-    max_sample_age_seconds: float = 120.0
-    probe_backoff_max: float = 16.0
-    probe_backoff_margin: float = 0.25
+# The one declaration of the auto policy's parameters (sidecar/policy.py) and their ranges: config keys of the
+# policy section, GET /v1/policy's params, and (every field optional: sidecar.control_models.PolicyUpdate) the
+# body of PUT /v1/policy.
+class PolicyParams(Schema):
+    """The auto policy's parameters (config section `policy`; PUT /v1/policy takes any subset)."""
+
+    margin: float = Field(0.05, ge=0.0, le=10.0, description="switch when the other mode is faster by this fraction")
+    min_samples: int = Field(30, ge=1, le=1 << 20, description="samples needed on both sides before switching")
+    window: int = Field(256, ge=8, le=1 << 20, description="newest samples kept per bucket and mode")
+    dwell_seconds: float = Field(5.0, ge=0.0, le=86400.0, description="minimum time between two switches of one "
+                                                                      "bucket")
+    probe_interval_seconds: float = Field(10.0, ge=0.0, le=86400.0,
+                                          description="minimum time between two probes of one bucket")
+    probe_calls: int = Field(8, ge=1, le=1 << 20, description="calls per probe")
+    probe_budget: float = Field(0.02, ge=0.0, le=1.0, description="max share of calls probing")
+    max_sample_age_seconds: float = Field(120.0, ge=0.1, le=86400.0,
+                                          description="samples older than this leave the estimates")
+    probe_backoff_max: float = Field(16.0, ge=1.0, le=1024.0,
+                                     description="a mode far behind is probed up to this many times less often")
+    probe_backoff_margin: float = Field(0.25, ge=0.0, le=10.0,
+                                        description="far behind = slower than the chosen mode by this fraction; "
+                                                    "the chosen mode's cost moving by it ends the back-off")
+
+    @property
+    def probe_timeout_seconds(self) -> float:
+        """A probe of a bucket whose traffic stopped ends after this long anyway."""
+        return max(2.0, 2.0 * self.probe_interval_seconds)
+
+
+class PolicySection(PolicyParams):
+    mode: PolicyMode = "manual"
     table_file: str | None = None
 
-
-@dataclass(frozen=True)
-class GatherwiseConfig:
-    engine: EngineSection = field(default_factory=EngineSection)
-    telemetry: TelemetrySection = field(default_factory=TelemetrySection)
-    control: ControlSection = field(default_factory=ControlSection)
-    sidecar: SidecarSection = field(default_factory=SidecarSection)
-    traces: TracesSection = field(default_factory=TracesSection)
-    policy: PolicySection = field(default_factory=PolicySection)
+    @property
+    def params(self) -> PolicyParams:
+        return PolicyParams(**{name: getattr(self, name) for name in PolicyParams.model_fields})
 
 
-# Range and choice rules: (section, key) -> check returning an error message or None.
-def _in(choices: tuple[str, ...]) -> Any:
-    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}, got {v!r}"
+class GatherwiseConfig(Schema):
+    engine: EngineSection = Field(default_factory=EngineSection)
+    telemetry: TelemetrySection = Field(default_factory=TelemetrySection)
+    control: ControlSection = Field(default_factory=ControlSection)
+    sidecar: SidecarSection = Field(default_factory=SidecarSection)
+    traces: TracesSection = Field(default_factory=TracesSection)
+    policy: PolicySection = Field(default_factory=PolicySection)
 
 
-def _labels_in(choices: tuple[str, ...]) -> Any:
-    def check(v: str) -> str | None:
-        labels = [part.strip() for part in v.split(",") if part.strip()]
-        if labels and all(label in choices for label in labels):
-            return None
-        return f"must be comma-separated labels from {', '.join(choices)}, got {v!r}"
-    return check
-
-
-def _between(lo: float, hi: float) -> Any:
-    return lambda v: None if lo <= v <= hi else f"must be in [{lo}, {hi}], got {v!r}"
-
-
-_RULES: dict[tuple[str, str], Any] = {
-    ("engine", "initial_mode"): _in(IMPLEMENTED_LABELS),
-    ("engine", "graph_modes"): _labels_in(IMPLEMENTED_LABELS),
-    ("engine", "logits_dtype"): _in(("float32", "bfloat16", "float16")),
-    ("telemetry", "ring_capacity"): _between(16, 1 << 22),
-    ("sidecar", "port"): _between(0, 65535),
-    ("sidecar", "poll_interval_seconds"): _between(0.001, 10.0),
-    ("sidecar", "heartbeat_stale_seconds"): _between(0.1, 3600.0),
-    ("sidecar", "max_records_per_poll"): _between(64, 1 << 22),
-    ("traces", "sample_ratio"): _between(0.0, 1.0),
-    ("traces", "every_nth"): _between(0, 1 << 30),
-    ("policy", "mode"): _in(("manual", "auto")),
-    ("policy", "margin"): _between(0.0, 10.0),
-    ("policy", "min_samples"): _between(1, 1 << 20),
-    ("policy", "window"): _between(8, 1 << 20),
-    ("policy", "dwell_seconds"): _between(0.0, 86400.0),
-    ("policy", "probe_interval_seconds"): _between(0.0, 86400.0),
-    ("policy", "probe_calls"): _between(1, 1 << 20),
-    ("policy", "probe_budget"): _between(0.0, 1.0),
-    ("policy", "max_sample_age_seconds"): _between(0.1, 86400.0),
-    ("policy", "probe_backoff_max"): _between(1.0, 1024.0),
-    ("policy", "probe_backoff_margin"): _between(0.0, 10.0),
-}
+SECTIONS: dict[str, type[Schema]] = {name: f.annotation for name, f in GatherwiseConfig.model_fields.items()}
 
 
 def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> GatherwiseConfig:
@@ -154,51 +165,56 @@ def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | 
     env = os.environ if env is None else env
     path = path if path is not None else env.get("GATHERWISE_CONFIG") or None
     source = str(path) if path is not None else "<defaults>"
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            raw = yaml.safe_load(Path(path).read_bytes().decode("utf-8")) or {}
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start}): a config file must be UTF-8") from None
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{source}: cannot read config: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{source}: top level must be a mapping of sections")
-    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
-    sections = {f.name: f.type for f in fields(GatherwiseConfig)}
+    raw = _read_yaml(path, source) if path is not None else {}
+    # an empty section (`policy:` alone) keeps its defaults
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items() if v is not None}
     origins: dict[tuple[str, str], str] = {}  # keys set from the environment, to name them in errors
     for name, value in env.items():
         if not name.startswith(ENV_PREFIX):
             continue
         rest = name[len(ENV_PREFIX):].lower()
-        section = next((s for s in sections if rest.startswith(s + "_")), None)
+        section = next((s for s in SECTIONS if rest.startswith(s + "_")), None)
         if section is None:
             continue  # other GATHERWISE_* variables (GATHERWISE_ENABLE, GATHERWISE_API_TOKEN) are not config keys
         entry = raw.setdefault(section, {})
         if not isinstance(entry, dict):
-            raise ConfigError(f"{source}: {section}: must be a mapping")
+            raise ConfigError(f"{source}: {section}: must be a mapping, got {type(entry).__name__}")
         key = rest[len(section) + 1:]
-        entry[key] = _env_value(name, value, get_type_hints(_section_class(section)).get(key))
+        entry[key] = _env_value(name, value, SECTIONS[section].model_fields.get(key))
         origins[(section, key)] = f"environment variable {name}"
-
-    built = {}
-    for name, value in raw.items():
-        if name not in sections:
-            raise ConfigError(f"{source}: unknown section {name!r} (known: {', '.join(sections)})")
-        cls = _section_class(name)
-        built[name] = _build_section(source, name, cls, value, origins)
-    return GatherwiseConfig(**built)
+    try:
+        return GatherwiseConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_explain(e, source, origins) for e in exc.errors())) from None
 
 
-def _section_class(section: str) -> Any:
-    return GatherwiseConfig.__dataclass_fields__[section].default_factory
+def _read_yaml(path: str | os.PathLike, source: str) -> dict[Any, Any]:
+    try:
+        raw = yaml.safe_load(Path(path).read_bytes().decode("utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start}): a config file must be UTF-8") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{source}: cannot read config: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: top level must be a mapping of sections")
+    return raw
 
 
-def _env_value(name: str, value: str, hint: Any) -> Any:
+def _is_text(field: FieldInfo | None) -> bool:
+    """A key whose values are strings (str, str | None, a Literal of strings): its variable is taken verbatim."""
+    if field is None:
+        return False
+    hint, args = field.annotation, get_args(field.annotation)
+    if get_origin(hint) is Literal:
+        return all(isinstance(a, str) for a in args)
+    return hint is str or str in args
+
+
+def _env_value(name: str, value: str, field: FieldInfo | None) -> Any:
     """A string key's value verbatim; any other key's value parsed as YAML. Errors name the variable."""
     if value == "":
         return None
-    if hint is not None and str in (get_args(hint) or (hint,)):
+    if _is_text(field):
         return value
     try:
         return yaml.safe_load(value)
@@ -207,68 +223,68 @@ def _env_value(name: str, value: str, hint: Any) -> Any:
         raise ConfigError(f"environment variable {name}: {value!r} is not a valid value ({problem})") from None
 
 
-def _build_section(source: str, section: str, cls: Any, values: Any, origins: dict[tuple[str, str], str]) -> Any:
-    if values is None:
-        return cls()
-    if not isinstance(values, dict):
-        raise ConfigError(f"{source}: {section}: must be a mapping, got {type(values).__name__}")
-    hints = get_type_hints(cls)
-    out = {}
-    for key, value in values.items():
-        where = f"{origins.get((section, key), source)}: {section}.{key}"
-        if key not in hints:
-            raise ConfigError(f"{where}: unknown key (known: {', '.join(hints)})")
-        value = _coerce(where, hints[key], value)
-        rule = _RULES.get((section, key))
-        problem = rule(value) if rule and value is not None else None
-        if problem:
-            raise ConfigError(f"{where}: {problem}")
-        out[key] = value
-    return cls(**out)
+def _explain(error: Any, source: str, origins: Mapping[tuple[str, str], str]) -> str:
+    """One pydantic error as `<file or variable>: <section>.<key>[i].<sub>: <problem>`."""
+    loc = error["loc"]
+    if len(loc) == 1:
+        if error["type"] == "extra_forbidden":
+            return f"{source}: unknown section {loc[0]!r} (known: {', '.join(SECTIONS)})"
+        return f"{source}: {loc[0]}: must be a mapping, got {type(error['input']).__name__}"
+    section, key = loc[0], loc[1]
+    where = f"{origins.get((section, key), source)}: {section}.{key}"
+    where += "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[2:])
+    return f"{where}: {_problem(error, *_schema_at(loc))}"
 
 
-def _coerce(where: str, hint: Any, value: Any) -> Any:
-    origin, args = get_origin(hint), get_args(hint)
-    if origin is Union or type(hint).__name__ == "UnionType":
-        if value is None and type(None) in args:
-            return None
-        hint = next(a for a in args if a is not type(None))
-        origin, args = get_origin(hint), get_args(hint)
-    if origin is tuple:  # tuple[DelayPhase, ...]
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: must be a list, got {type(value).__name__}")
-        return tuple(_coerce(f"{where}[{i}]", args[0], v) for i, v in enumerate(value))
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: must be a mapping, got {type(value).__name__}")
-        known = get_type_hints(hint)
-        unknown = set(value) - set(known)
-        if unknown or set(known) - set(value):
-            raise ConfigError(f"{where}: needs exactly the keys {', '.join(known)}")
-        item = hint(**{k: _coerce(f"{where}.{k}", known[k], v) for k, v in value.items()})
-        if isinstance(item, DelayPhase):
-            if item.mode not in IMPLEMENTED_LABELS or item.seconds < 0 or item.after_seconds < 0:
-                raise ConfigError(f"{where}: needs a known mode and non-negative after_seconds/seconds")
-        return item
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    if value is None:
-        raise ConfigError(f"{where}: must not be empty")
-    raise ConfigError(f"{where}: must be {getattr(hint, '__name__', hint)}, got {type(value).__name__} {value!r}")
+def _schema_at(loc: tuple[Any, ...], root: Any = None) -> tuple[Any, FieldInfo | None]:
+    """(model, field) an error location points at: the field of its last key (None for an unknown key) and the
+    model that holds, or should hold, that key."""
+    holder: Any = root or GatherwiseConfig
+    field: FieldInfo | None = None
+    for part in loc:
+        if field is not None:  # step into the field's model (or, for a tuple of models, the item's model)
+            inner = field.annotation
+            holder = next((a for a in (inner, *get_args(inner)) if isinstance(a, type) and issubclass(a, BaseModel)),
+                          None)
+            field = None
+        if isinstance(part, int):
+            continue
+        field = getattr(holder, "model_fields", {}).get(part)
+        if field is None:
+            break
+    return holder, field
+
+
+_TYPE_NAMES = {"int_type": "int", "int_parsing": "int", "int_from_float": "int", "bool_type": "bool",
+               "bool_parsing": "bool", "float_type": "float", "float_parsing": "float", "string_type": "str",
+               "tuple_type": "a list", "list_type": "a list", "model_type": "a mapping", "dict_type": "a mapping"}
+
+
+def _problem(error: Any, holder: Any, field: FieldInfo | None) -> str:
+    """What is wrong, in the words of the old rule table ("must be int, got str '80'", "must be in [0, 65535]")."""
+    kind, value = error["type"], error.get("input")
+    if kind == "extra_forbidden":
+        known = list(getattr(holder, "model_fields", {}))
+        return f"unknown key (known: {', '.join(known)})" if known else "unknown key"
+    if kind == "missing":
+        return "missing (this key has no default)"
+    if value is None and kind != "literal_error":
+        return "must not be empty"
+    if kind in _TYPE_NAMES:
+        return f"must be {_TYPE_NAMES[kind]}, got {type(value).__name__} {value!r}"
+    if kind == "literal_error" and field is not None:
+        choices = [a for a in get_args(field.annotation) if a is not None and a is not type(None)]
+        return f"must be one of {', '.join(map(str, choices))}, got {value!r}"
+    if kind in ("greater_than_equal", "less_than_equal") and field is not None:
+        lo = next((m.ge for m in field.metadata if isinstance(m, Ge)), None)
+        hi = next((m.le for m in field.metadata if isinstance(m, Le)), None)
+        return f"must be in [{lo}, {hi}], got {value!r}" if hi is not None else f"must be >= {lo}, got {value!r}"
+    if kind == "finite_number":
+        return f"must be a finite number, got {value!r}"
+    return str(error["msg"]).removeprefix("Value error, ")
 
 
 def config_hash(cfg: GatherwiseConfig) -> int:
     """Hash of what every rank must agree on (engine and control sections), for the install handshake."""
-    blob = json.dumps({"engine": dataclasses.asdict(cfg.engine), "control": dataclasses.asdict(cfg.control)},
-                      sort_keys=True)
+    blob = json.dumps({"engine": cfg.engine.model_dump(), "control": cfg.control.model_dump()}, sort_keys=True)
     return int.from_bytes(hashlib.blake2b(blob.encode(), digest_size=8).digest(), "little") >> 1

@@ -12,15 +12,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gatherwise import HOOKS_VERSION
-from sidecar import routes_control, routes_engine, routes_health, routes_metrics, validation_errors
+from sidecar import routes_control, routes_status
 from sidecar.body_limit import BodySizeLimit
 from sidecar.state import SidecarState
 
-# Routers and their prefixes.
+# Routers and their prefixes
 ROUTERS = [
-    (routes_health.router, ""),
-    (routes_metrics.router, ""),
-    (routes_engine.router, "/v1"),
+    (routes_status.router, ""),
     (routes_control.router, "/v1"),
 ]
 
@@ -41,6 +39,6 @@ def create_app(state: SidecarState) -> FastAPI:
     app.state.gatherwise = state
     for router, prefix in ROUTERS:
         app.include_router(router, prefix=prefix)
-    validation_errors.install(app)
+    routes_control.install_validation_errors(app)
     app.add_middleware(BodySizeLimit)  # outermost: a too-large body is refused before anything reads it
     return app

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import signal
 import socket
@@ -35,16 +34,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def apply_overrides(cfg: GatherwiseConfig, args: argparse.Namespace) -> GatherwiseConfig:
-    sidecar = dataclasses.replace(cfg.sidecar, **{k: v for k, v in (("host", args.host), ("port", args.port))
-                                                  if v is not None})
-    engine = dataclasses.replace(cfg.engine, shm_dir=args.shm_dir) if args.shm_dir else cfg.engine
-    return dataclasses.replace(cfg, sidecar=sidecar, engine=engine)
+    sidecar = cfg.sidecar.replace(**{k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None})
+    engine = cfg.engine.replace(shm_dir=args.shm_dir) if args.shm_dir else cfg.engine
+    return cfg.replace(sidecar=sidecar, engine=engine)
 
 
 class QuietServer(uvicorn.Server):
     """uvicorn's server, waking once a second instead of ten times. Its tick refreshes the Date header (once a
     second anyway) and looks for a stop request; here a stop request wakes it at once instead. The sidecar shares
-    its host with the engine, and ten wakeups a second were most of an idle sidecar's CPU."""
+    its host with the engine: those ten wakeups a second cost an idle sidecar ~0.15 % of a core on a loaded
+    2-core host (docs/BENCHMARKS.md, "Sidecar CPU")."""
 
     _stop_requested: asyncio.Event | None = None
 

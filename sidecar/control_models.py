@@ -1,24 +1,27 @@
-"""Request and response bodies of the control API (sidecar.routes_control), precise for the OpenAPI schema."""
+"""Request and response bodies of the control API (sidecar.routes_control), precise for the OpenAPI schema.
+
+What exists elsewhere is not declared again: the policy parameters and their ranges come from the config schema
+(gatherwise.config.PolicyParams; PolicyUpdate derives from it), a decision is sidecar.policy.Decision.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from gatherwise.modes import IMPLEMENTED_LABELS, NUM_BUCKETS, bucket_from_upper_bound
+from gatherwise.config import ModeLabel, ModeOrAuto, PolicyParams
+from gatherwise.modes import NUM_BUCKETS, bucket_from_upper_bound
+from sidecar.policy import Decision
 
-# Generated from gatherwise.modes.IMPLEMENTED: a mode the engine implements is accepted and documented here
-# (OpenAPI enum) without another change; a reserved one is refused with the list of valid values.
-ModeLabel = Literal[IMPLEMENTED_LABELS]  # type: ignore[valid-type]
-ModeOrAuto = Literal[(*IMPLEMENTED_LABELS, "auto")]  # type: ignore[valid-type]
 BucketTable = dict[str, ModeLabel]  # bucket upper bound ("1", "2", "4", ... "32768") -> mode
+PolicyLabel = Literal["manual", "auto", "mixed"]  # sidecar.policy.AutoPolicy.policy_label
 MAX_BUCKET = 1 << (NUM_BUCKETS - 1)
 
 
 class ModeState(BaseModel):
     engine: str = Field(description="engine instance id, 16 hex digits")
-    policy: Literal["manual", "auto", "mixed"] = Field(
+    policy: PolicyLabel = Field(
         description="manual: every bucket pinned by hand; auto: every bucket chosen by the policy; mixed: some")
     active: BucketTable = Field(description="the table every rank runs now (control block status area)")
     requested: BucketTable = Field(description="the table last asked for (control block command area)")
@@ -80,62 +83,28 @@ class StatsResponse(BaseModel):
     probe_share: float
 
 
-class DecisionModel(BaseModel):
-    id: int
-    time: float = Field(description="unix seconds")
-    reason: Literal["manual", "auto", "probe", "table_file"]
-    mode: ModeOrAuto
-    buckets: list[str]
-    previous: dict[str, str] = Field(description="bucket -> mode before the decision (changed buckets)")
-    evidence: dict[str, Any] = Field(description="estimates, samples, margin (auto, probe); pins (manual)")
-    command_seq: int | None
-
-
 class DecisionsResponse(BaseModel):
     engine: str | None
-    decisions: list[DecisionModel] = Field(description="newest last")
+    decisions: list[Decision] = Field(description="newest last")
 
 
-class PolicyParamsModel(BaseModel):
-    margin: float = Field(ge=0.0, le=10.0, allow_inf_nan=False,
-                          description="switch when the other mode is faster by this fraction")
-    min_samples: int = Field(ge=1, le=1 << 20, description="samples needed on both sides before switching")
-    window: int = Field(ge=8, le=1 << 20, description="newest samples kept per bucket and mode")
-    dwell_seconds: float = Field(ge=0.0, le=86400.0, allow_inf_nan=False,
-                                 description="minimum time between two switches of one bucket")
-    probe_interval_seconds: float = Field(ge=0.0, le=86400.0, allow_inf_nan=False,
-                                          description="minimum time between two probes of one bucket")
-    probe_calls: int = Field(ge=1, le=1 << 20, description="calls per probe")
-    probe_budget: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="max share of calls probing")
-    max_sample_age_seconds: float = Field(ge=0.1, le=86400.0, allow_inf_nan=False,
-                                          description="samples older than this leave the estimates")
-    probe_backoff_max: float = Field(ge=1.0, le=1024.0, allow_inf_nan=False,
-                                     description="a mode far behind is probed up to this many times less often")
-    probe_backoff_margin: float = Field(ge=0.0, le=10.0, allow_inf_nan=False,
-                                        description="far behind = slower than the chosen mode by this fraction; "
-                                                    "the chosen mode's cost moving by it ends the back-off")
+def all_optional(model: type[BaseModel], name: str, doc: str) -> type[BaseModel]:
+    """The Update model of `model` (the Base/Update pattern): every field optional (null or absent = unchanged),
+    with the same type and constraints, and strict like every request body."""
+    fields: dict[str, Any] = {
+        key: (Annotated[(field.annotation | None, *field.metadata)], Field(None, description=field.description))
+        for key, field in model.model_fields.items()}
+    config = ConfigDict(**{**model.model_config, **STRICT_REQUEST, "frozen": False})
+    return create_model(name, __config__=config, __doc__=doc, **fields)
 
 
-class PolicyUpdate(BaseModel):
-    """Any subset of the parameters; the others keep their values."""
-
-    model_config = STRICT_REQUEST
-    margin: float | None = Field(default=None, ge=0.0, le=10.0, allow_inf_nan=False)
-    min_samples: int | None = Field(default=None, ge=1, le=1 << 20)
-    window: int | None = Field(default=None, ge=8, le=1 << 20)
-    dwell_seconds: float | None = Field(default=None, ge=0.0, le=86400.0, allow_inf_nan=False)
-    probe_interval_seconds: float | None = Field(default=None, ge=0.0, le=86400.0, allow_inf_nan=False)
-    probe_calls: int | None = Field(default=None, ge=1, le=1 << 20)
-    probe_budget: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
-    max_sample_age_seconds: float | None = Field(default=None, ge=0.1, le=86400.0, allow_inf_nan=False)
-    probe_backoff_max: float | None = Field(default=None, ge=1.0, le=1024.0, allow_inf_nan=False)
-    probe_backoff_margin: float | None = Field(default=None, ge=0.0, le=10.0, allow_inf_nan=False)
+PolicyUpdate = all_optional(PolicyParams, "PolicyUpdate", "Any subset of the parameters; the others keep their values.")
 
 
 class PolicyResponse(BaseModel):
-    policy: Literal["manual", "auto", "mixed"] | None = Field(description="null when no engine is attached")
+    policy: PolicyLabel | None = Field(description="null when no engine is attached")
     pinned: BucketTable
-    params: PolicyParamsModel
+    params: PolicyParams
 
 
 class TableFileModel(BaseModel):
@@ -145,7 +114,7 @@ class TableFileModel(BaseModel):
     vocab: int | None = None
     dtype: str | None = None
     source: str
-    policy: Literal["manual", "auto", "mixed"]
+    policy: PolicyLabel
     table: BucketTable
 
 

@@ -108,7 +108,7 @@ class Controller:
                  env: Mapping[str, str] | None = None) -> None:
         env = os.environ if env is None else env
         self.config, self.ingest, self.events = config, ingest, events
-        self.params = PolicyParams.from_config(config.policy)
+        self.params = config.policy.params
         self.api_token: str | None = config.sidecar.api_token or env.get("GATHERWISE_API_TOKEN") or None
         self.interval = max(config.sidecar.poll_interval_seconds, STEP_INTERVAL_S)
         self.attached: EngineControl | None = None
@@ -362,9 +362,10 @@ class Controller:
 
     @on_loop
     def set_params(self, changes: dict[str, Any]) -> PolicyParams:
+        """Apply a validated PolicyUpdate's changes; raises ValidationError (changing nothing) for bad ones."""
         att = self.attached
         base = att.policy.params if att else self.params
-        self.params = params = PolicyParams(**{**base.__dict__, **changes})
+        self.params = params = PolicyParams.model_validate({**base.model_dump(), **changes})
         if att is not None:
             att.policy.set_params(params)
             self._save(att)

@@ -18,10 +18,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gatherwise.modes import IMPLEMENTED
-from sidecar.policy import Decision
 
-if TYPE_CHECKING:  # sidecar.metrics registers the collector below: import it for type checks only
+if TYPE_CHECKING:  # sidecar.metrics registers the collector below (and the GPU check imports sidecar.metrics
+    # without pydantic, which sidecar.policy needs): import these for type checks only
     from sidecar.metrics import SidecarMetrics
+    from sidecar.policy import Decision
 
 log = logging.getLogger("gatherwise.sidecar.control")
 

@@ -78,7 +78,10 @@ class AttachedEngine:
 
 @dataclass(frozen=True)
 class EngineInfo:
+    """What the sidecar knows of the attached engine and has ingested from it."""
+
     attached: bool
+    shm_dir: str
     engine_id: str | None = None
     tp_size: int | None = None
     vocab: int | None = None
@@ -91,6 +94,7 @@ class EngineInfo:
     calls_incomplete: int = 0
     calls_pending: int = 0
     traces_started: int = 0
+    engines_seen: int = 0
 
 
 class Ingest:
@@ -371,10 +375,10 @@ class Ingest:
     def info(self) -> EngineInfo:
         eng = self.engine
         if eng is None:
-            return EngineInfo(attached=False)
+            return EngineInfo(attached=False, shm_dir=str(self.shm_dir), engines_seen=self.engines_seen)
         self._refresh_headers(eng)
         age = self.heartbeat_age_seconds(eng)
-        return EngineInfo(True, eng.label, eng.tp_size, eng.vocab, eng.dtype, self.is_up(eng, age), age,
-                          eng.records, sum(eng.dropped), eng.calls_joined, eng.calls_incomplete, len(eng.pending),
-                          self.tracer.traces_started if self.tracer else 0)
+        return EngineInfo(True, str(self.shm_dir), eng.label, eng.tp_size, eng.vocab, eng.dtype, self.is_up(eng, age),
+                          age, eng.records, sum(eng.dropped), eng.calls_joined, eng.calls_incomplete,
+                          len(eng.pending), self.tracer.traces_started if self.tracer else 0, self.engines_seen)
 

@@ -31,56 +31,40 @@ Every decision is returned with its evidence, and kept in a bounded log.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import asdict, dataclass, field
+from typing import Annotated, Any, Literal, NamedTuple
 
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass as validated_dataclass
+
+from gatherwise.config import ModeOrAuto, PolicyParams
 from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable, bucket_label
 from sidecar.estimates import Estimate, WindowEstimates
 
 DECISION_LOG = 256
 PAIRS_KEPT = 64  # paired ratios kept per bucket
-REASONS = ("manual", "auto", "probe", "table_file")
+Reason = Literal["manual", "auto", "probe", "table_file"]
 
 
-@dataclass(frozen=True)
-class PolicyParams:
-    margin: float = 0.05
-    min_samples: int = 30
-    window: int = 256
-    dwell_seconds: float = 5.0
-    probe_interval_seconds: float = 10.0
-    probe_calls: int = 8
-    probe_budget: float = 0.02
-    max_sample_age_seconds: float = 120.0
-    probe_backoff_max: float = 16.0
-    probe_backoff_margin: float = 0.25
-
-    @classmethod
-    def from_config(cls, section: Any) -> PolicyParams:
-        return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls)})
-
-    @property
-    def probe_timeout_seconds(self) -> float:
-        """A probe of a bucket whose traffic stopped ends after this long anyway."""
-        return max(2.0, 2.0 * self.probe_interval_seconds)
-
-
-@dataclass
+# Also the item of GET /v1/decisions; a pydantic dataclass, so a decision is validated when made.
+@validated_dataclass(config=ConfigDict(json_schema_serialization_defaults_required=True))
 class Decision:
+    """One decision of the policy's log, with its evidence."""
+
     id: int
-    time: float  # the controller's wall clock (unix seconds)
-    reason: str  # one of REASONS
-    mode: str  # the mode the buckets go to
-    buckets: list[str]  # bucket labels ("1", "2", "4", ...)
-    previous: dict[str, str]  # bucket label -> mode before
-    evidence: dict[str, Any] = field(default_factory=dict)
-    command_seq: int | None = None  # set by the controller once written to the control block
+    time: Annotated[float, Field(description="unix seconds (the policy's wall clock)")]
+    reason: Reason
+    mode: Annotated[ModeOrAuto, Field(description="the mode the buckets go to")]
+    buckets: Annotated[list[str], Field(description='bucket labels ("1", "2", "4", ...)')]
+    previous: Annotated[dict[str, str], Field(description="bucket -> mode before the decision (changed buckets)")]
+    evidence: Annotated[dict[str, Any], Field(description="estimates, samples, margin (auto, probe); pins (manual)")
+                        ] = field(default_factory=dict)
+    command_seq: Annotated[int | None, Field(description="set once written to the control block")] = None
 
 
 class Pair(NamedTuple):
@@ -199,7 +183,7 @@ class AutoPolicy:
         return False
 
     # -- decisions -----------------------------------------------------------------------------------------
-    def _decide(self, reason: str, mode: str, buckets: Iterable[int], previous: dict[int, Mode],
+    def _decide(self, reason: Reason, mode: str, buckets: Iterable[int], previous: dict[int, Mode],
                 evidence: dict[str, Any]) -> Decision:
         """Log a decision: `buckets` go to `mode` (a mode label, or "auto" when pins are released)."""
         labels = [bucket_label(b) for b in buckets]
@@ -217,7 +201,7 @@ class AutoPolicy:
                 paired[m.label] = {"probes": found[0], "ratio": found[1]}
         return {"bucket": bucket_label(bucket), "margin": self.params.margin,
                 "min_samples": self.params.min_samples, "probes_needed": self.pairs_needed,
-                "estimates": {m.label: dataclasses.asdict(e) if (e := self.estimates.get(bucket, m, now)) else None
+                "estimates": {m.label: asdict(e) if (e := self.estimates.get(bucket, m, now)) else None
                               for m in self.modes},
                 "paired": paired}
 

@@ -7,24 +7,72 @@ block's ABI small and the engine's hot path oblivious. The file lives in the eng
 state is never mixed in, and rank 0 removes it with the directory. It is written to a fresh 0600 temporary file
 (O_CREAT|O_EXCL|O_NOFOLLOW: a planted file or symlink under that name is never written through) and renamed, so a
 sidecar killed mid-write leaves the previous complete file; it is read without following links and only up to
-MAX_STATE_BYTES. What the engine is really running (active
-table, epoch, last command) is always taken from the control block itself, never from this file.
+MAX_STATE_BYTES. What the engine is really running (active table, epoch, last command) is always taken from the
+control block itself, never from this file.
+
+The document is the pydantic model PolicyState: reading validates every field (types, bucket ranges, mode
+labels, parameter ranges), so a damaged or foreign file is refused with the field it failed on.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections import deque
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from gatherwise.modes import Mode, ModeTable
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gatherwise.config import ModeLabel, PolicyParams
+from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
 from gatherwise.shm_format.private_files import read_small_file, write_private_file
-from sidecar.policy import PAIRS_KEPT, AutoPolicy, Decision, Pair, PolicyParams, Probe
+from sidecar.policy import PAIRS_KEPT, AutoPolicy, Decision, Pair, Probe
 
-_DECISION_FIELDS = dataclasses.fields(Decision)
 STATE_VERSION = 2  # 2: probes, their times and back-off per (bucket, mode)
 MAX_STATE_BYTES = 64 << 20  # far above what the bounded decision log and sample windows produce
+
+Bucket = Annotated[int, Field(ge=0, lt=NUM_BUCKETS)]
+BucketMode = Annotated[str, Field(pattern=r"^\d+:[a-z_]+$", description='"<bucket index>:<mode label>"')]
+
+
+class ProbeState(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    bucket: Bucket
+    mode: ModeLabel
+    started: float
+    calls: int = Field(ge=0)
+
+
+class PolicyState(BaseModel):
+    """The file's document. Times are the sidecar's monotonic clock, except a decision's (unix seconds)."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: Literal[2]
+    params: PolicyParams
+    choice: list[ModeLabel] = Field(min_length=NUM_BUCKETS, max_length=NUM_BUCKETS)
+    pins: dict[Bucket, ModeLabel]
+    last_switch: dict[Bucket, float]
+    last_probe: dict[BucketMode, float]
+    backoff: dict[BucketMode, float]  # probe interval factor per (bucket, mode)
+    backoff_reference: dict[Bucket, float]
+    pairs: dict[Bucket, list[tuple[float, ModeLabel, ModeLabel, float]]]  # (time, probed, reference, ratio)
+    probe: ProbeState | None
+    calls_total: int = Field(ge=0)
+    probe_calls_used: int = Field(ge=0)
+    next_decision_id: int = Field(ge=1)
+    decisions: list[Decision]
+    estimates: dict[BucketMode, list[tuple[float, float]]]  # (time, seconds) samples per (bucket, mode)
+    extra: dict[str, Any] = Field(default_factory=dict)  # what the controller saves with the state
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_first(cls, doc: Any) -> Any:
+        """Another version is refused as such, not with the field errors that follow from it."""
+        if not isinstance(doc, dict):
+            raise ValueError(f"a JSON object expected, got {type(doc).__name__}")
+        version = doc.get("version")
+        if version != STATE_VERSION:
+            raise ValueError(f"state version {version!r}, expected {STATE_VERSION} (written by another gatherwise "
+                             "version)")
+        return doc
 
 
 def _key(bucket: int, mode: Mode) -> str:
@@ -33,62 +81,58 @@ def _key(bucket: int, mode: Mode) -> str:
 
 def _parse_key(key: str) -> tuple[int, Mode]:
     bucket, label = key.split(":")
+    if not 0 <= int(bucket) < NUM_BUCKETS:
+        raise ValueError(f"bucket {bucket} out of range in key {key!r}")
     return int(bucket), Mode.parse(label)
 
 
 def policy_to_json(policy: AutoPolicy, extra: dict[str, Any] | None = None) -> str:
-    doc = {
-        "version": STATE_VERSION,
-        "params": dataclasses.asdict(policy.params),
-        "choice": [m.label for m in policy.choice],
-        "pins": {str(b): m.label for b, m in policy.pins.items()},
-        "last_switch": {str(b): t for b, t in policy.last_switch.items()},
-        "last_probe": {_key(b, m): t for (b, m), t in policy.last_probe.items()},
-        "backoff": {_key(b, m): f for (b, m), f in policy.backoff.items()},
-        "backoff_reference": {str(b): v for b, v in policy.backoff_reference.items()},
-        "pairs": {str(b): [[p.time, p.probed.label, p.reference.label, p.ratio] for p in v]
-                  for b, v in policy.pairs.items() if v},
-        "probe": None if policy.probe is None else {"bucket": policy.probe.bucket, "mode": policy.probe.mode.label,
-                                                    "started": policy.probe.started, "calls": policy.probe.calls},
-        "calls_total": policy.calls_total,
-        "probe_calls_used": policy.probe_calls_used,
-        "next_decision_id": policy.next_decision_id,
-        # shallow: a decision's evidence is plain JSON already (asdict's deep copy cost more than the encoding)
-        "decisions": [{f.name: getattr(d, f.name) for f in _DECISION_FIELDS} for d in policy.decisions],
-        "estimates": policy.estimates.to_json(),
-        "extra": extra or {},
-    }
-    return json.dumps(doc, separators=(",", ":"))
+    probe = policy.probe
+    return PolicyState(
+        version=STATE_VERSION, params=policy.params, choice=[m.label for m in policy.choice],
+        pins={b: m.label for b, m in policy.pins.items()}, last_switch=policy.last_switch,
+        last_probe={_key(b, m): t for (b, m), t in policy.last_probe.items()},
+        backoff={_key(b, m): f for (b, m), f in policy.backoff.items()},
+        backoff_reference=policy.backoff_reference,
+        pairs={b: [(p.time, p.probed.label, p.reference.label, p.ratio) for p in v] for b, v in policy.pairs.items()
+               if v},
+        probe=None if probe is None else ProbeState(bucket=probe.bucket, mode=probe.mode.label,
+                                                    started=probe.started, calls=probe.calls),
+        calls_total=policy.calls_total, probe_calls_used=policy.probe_calls_used,
+        next_decision_id=policy.next_decision_id, decisions=list(policy.decisions),
+        estimates=policy.estimates.to_json(), extra=extra or {},
+    ).model_dump_json()
 
 
 def policy_from_json(text: str) -> AutoPolicy:
-    """Rebuild a policy; any problem is a ValueError (the caller then starts from the control block alone)."""
+    """Rebuild a policy; any problem is a ValueError naming it (the caller then starts from the control block
+    alone)."""
     try:
-        doc = json.loads(text)
-        if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
-            raise ValueError(f"state version {doc.get('version') if isinstance(doc, dict) else None!r}, "
-                             f"expected {STATE_VERSION}")
-        params = PolicyParams(**doc["params"])
-        choice = ModeTable(tuple(Mode.parse(m) for m in doc["choice"]))
-        policy = AutoPolicy(params, choice, auto=True)
-        policy.pins = {int(b): Mode.parse(m) for b, m in doc["pins"].items()}
-        policy.last_switch = {int(b): float(t) for b, t in doc["last_switch"].items()}
-        policy.last_probe = {_parse_key(k): float(t) for k, t in doc["last_probe"].items()}
-        policy.backoff = {_parse_key(k): float(f) for k, f in doc["backoff"].items()}
-        policy.backoff_reference = {int(b): float(v) for b, v in doc["backoff_reference"].items()}
-        policy.pairs = {int(b): deque((Pair(float(t), Mode.parse(m), Mode.parse(ref), float(r)) for t, m, ref, r in v),
-                                      maxlen=PAIRS_KEPT) for b, v in doc["pairs"].items()}
-        probe = doc["probe"]
-        policy.probe = None if probe is None else Probe(int(probe["bucket"]), Mode.parse(probe["mode"]),
-                                                        float(probe["started"]), int(probe["calls"]))
-        policy.calls_total, policy.probe_calls_used = int(doc["calls_total"]), int(doc["probe_calls_used"])
-        policy.next_decision_id = int(doc["next_decision_id"])
-        policy.decisions.extend(Decision(**d) for d in doc["decisions"])
-        policy.estimates.load_json(doc["estimates"])
-        policy.restored_extra = doc.get("extra") or {}
-        return policy
-    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"unreadable sidecar state: {exc!r}") from None
+        state = PolicyState.model_validate_json(text)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'document'}: {e['msg'].removeprefix('Value error, ')}"
+                             for e in exc.errors())
+        raise ValueError(f"unreadable sidecar state: {problems}") from None
+    try:
+        policy = AutoPolicy(state.params, ModeTable(tuple(Mode.parse(m) for m in state.choice)), auto=True)
+        policy.pins = {b: Mode.parse(m) for b, m in state.pins.items()}
+        policy.last_switch = dict(state.last_switch)
+        policy.last_probe = {_parse_key(k): t for k, t in state.last_probe.items()}
+        policy.backoff = {_parse_key(k): f for k, f in state.backoff.items()}
+        policy.backoff_reference = dict(state.backoff_reference)
+        policy.pairs = {b: deque((Pair(t, Mode.parse(m), Mode.parse(ref), r) for t, m, ref, r in v), maxlen=PAIRS_KEPT)
+                        for b, v in state.pairs.items()}
+        probe = state.probe
+        policy.probe = None if probe is None else Probe(probe.bucket, Mode.parse(probe.mode), probe.started,
+                                                        probe.calls)
+        policy.calls_total, policy.probe_calls_used = state.calls_total, state.probe_calls_used
+        policy.next_decision_id = state.next_decision_id
+        policy.decisions.extend(state.decisions)
+        policy.estimates.load_json({k: [list(s) for s in v] for k, v in state.estimates.items()})
+    except ValueError as exc:  # a key naming a bucket out of range or a mode this sidecar does not know
+        raise ValueError(f"unreadable sidecar state: {exc}") from None
+    policy.restored_extra = state.extra
+    return policy
 
 
 def save_state(path: str, text: str) -> None:

@@ -2,7 +2,9 @@
 
 Mutations need `Authorization: Bearer <token>` (sidecar.api_token or env GATHERWISE_API_TOKEN). Secure by
 default: with no token configured, every mutation answers 403 saying how to set one. Invalid input is a 4xx
-and changes nothing: bodies are validated completely before any state is touched.
+and changes nothing: bodies are validated completely before any state is touched. Its 422 responses can always
+be serialized (install_validation_errors): FastAPI's default echoes the offending input back, and an input like
+NaN (which Python's json accepts in a request body) then fails to encode and turns a 422 into a 500.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import hmac
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -21,11 +24,9 @@ from gatherwise.shm_format.control import ControlFormatError
 from sidecar.control_client import ControlSnapshot
 from sidecar.control_models import (
     BucketModeStats,
-    DecisionModel,
     DecisionsResponse,
     ErrorResponse,
     ModeState,
-    PolicyParamsModel,
     PolicyResponse,
     PolicyUpdate,
     SetModeRequest,
@@ -129,12 +130,12 @@ def get_decisions(ctl: ControllerDep,
                   limit: Annotated[int, Query(ge=1, le=256, description="newest N decisions")] = 50
                   ) -> DecisionsResponse:
     engine, recent = ctl.decisions(limit)
-    return DecisionsResponse(engine=engine, decisions=[DecisionModel(**d.__dict__) for d in recent])
+    return DecisionsResponse(engine=engine, decisions=recent)
 
 
 def policy_response(ctl: Controller) -> PolicyResponse:
     view = ctl.policy_view()
-    return PolicyResponse(policy=view.policy, pinned=view.pinned, params=PolicyParamsModel(**view.params.__dict__))
+    return PolicyResponse(policy=view.policy, pinned=view.pinned, params=view.params)
 
 
 @router.get("/policy", response_model=PolicyResponse, summary="Auto policy parameters")
@@ -157,3 +158,13 @@ def get_policy_table(ctl: ControllerDep) -> TableFileModel:
     except NotAttached as exc:
         raise conflict(exc) from None
     return TableFileModel(table=table.as_labels(), **meta)
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+              for e in exc.errors()]
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+def install_validation_errors(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, validation_error)

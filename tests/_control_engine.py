@@ -53,8 +53,6 @@ def rows_for(spec: LoopSpec, call: int) -> int:
 
 
 def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
-    import dataclasses
-
     import torch
 
     from engine_hooks.comm import default_communicator
@@ -64,8 +62,7 @@ def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
 
     cfg = load_config(spec.config_path)
     if not spec.control:
-        cfg = dataclasses.replace(cfg, control=dataclasses.replace(cfg.control, enabled=False),
-                                  telemetry=dataclasses.replace(cfg.telemetry, enabled=False))
+        cfg = cfg.replace(control=cfg.control.replace(enabled=False), telemetry=cfg.telemetry.replace(enabled=False))
     comm = default_communicator()
     hooks = install_hooks(comm, vocab=spec.vocab, config=cfg, keep_log=True)
     path = hooks.path

@@ -29,6 +29,15 @@ def test_every_shipped_config_loads(example):
     ("control:\n  inject_delay: [{after_seconds: 0, mode: fast, seconds: 1}]\n", "control.inject_delay[0]"),
     ("- a\n- b\n", "top level must be a mapping"),
     ("engine: [1\n", "cannot read config"),
+    ("control:\n  inject_delay: [{after_seconds: 0, mode: gather}]\n", "control.inject_delay[0].seconds: missing"),
+    ("control:\n  inject_delay: [{after_seconds: 0, mode: gather, seconds: 1, x: 1}]\n",
+     "control.inject_delay[0].x: unknown key (known: after_seconds, mode, seconds)"),
+    ("control:\n  inject_delay: [{after_seconds: -1, mode: gather, seconds: 1}]\n",
+     "control.inject_delay[0].after_seconds: must be >= 0"),
+    ("policy:\n  margin: .nan\n", "policy.margin: must be a finite number"),
+    ("policy:\n  window:\n", "policy.window: must not be empty"),
+    ("engine:\n  graph_modes: gather,scatter\n", "engine.graph_modes: must be comma-separated labels"),
+    ("sidecar: 5\n", "sidecar: must be a mapping, got int"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
@@ -44,7 +53,7 @@ def test_environment_overrides_and_names_itself_in_errors(tmp_path):
                                  "GATHERWISE_ENABLE": "1", "GATHERWISE_API_TOKEN": "x",
                                  "GATHERWISE_CONTROL_INJECT_DELAY": "[{after_seconds: 1, mode: gather, seconds: 0.5}]"})
     assert cfg.sidecar.port == 9500 and cfg.policy.mode == "auto"
-    assert cfg.control.inject_delay == (DelayPhase(1.0, "gather", 0.5),)
+    assert cfg.control.inject_delay == (DelayPhase(after_seconds=1.0, mode="gather", seconds=0.5),)
     with pytest.raises(ConfigError, match="environment variable GATHERWISE_TRACES_SAMPLE_RATIO"):
         load_config(None, env={"GATHERWISE_TRACES_SAMPLE_RATIO": "2"})
 
@@ -73,3 +82,40 @@ def test_non_utf8_config_file_names_the_file(tmp_path):
     path.write_bytes("sidecar:\n  api_token: caf\xe9\n".encode("latin-1"))
     with pytest.raises(ConfigError, match=f"{path}: not UTF-8"):
         load_config(path, env={})
+
+
+def test_every_error_of_a_file_is_reported_each_with_its_origin(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("policy:\n  window: 2\n  probe_calls: 1.5\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, env={"GATHERWISE_SIDECAR_PORT": "-1"})
+    lines = str(err.value).splitlines()
+    assert f"{path}: policy.window: must be in [8, 1048576], got 2" in lines
+    assert f"{path}: policy.probe_calls: must be int, got float 1.5" in lines
+    assert "environment variable GATHERWISE_SIDECAR_PORT: sidecar.port: must be in [0, 65535], got -1" in lines
+
+
+def test_an_empty_section_keeps_its_defaults_and_takes_environment_overrides(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("policy:\n")
+    assert load_config(path, env={"GATHERWISE_POLICY_MARGIN": "0.5"}).policy.margin == 0.5
+
+
+def test_replace_validates_like_loading():
+    cfg = GatherwiseConfig()
+    assert cfg.replace(sidecar=cfg.sidecar.replace(port=1)).sidecar.port == 1
+    with pytest.raises(ConfigError, match=r"SidecarSection.port: must be in \[0, 65535\], got 70000"):
+        cfg.sidecar.replace(port=70000)
+
+
+def test_policy_parameters_are_declared_once_and_the_api_derives_from_them():
+    """Config keys, GET /v1/policy's params and PUT /v1/policy's body: one declaration, same ranges."""
+    from gatherwise.config import PolicyParams, PolicySection
+    from sidecar.control_models import PolicyResponse, PolicyUpdate
+
+    assert PolicyResponse.model_fields["params"].annotation is PolicyParams and issubclass(PolicySection, PolicyParams)
+    assert GatherwiseConfig().policy.params == PolicyParams()
+    for name, field in PolicyParams.model_fields.items():
+        update = PolicyUpdate.model_fields[name]
+        assert update.default is None and update.metadata == field.metadata, name
+    assert set(PolicyUpdate.model_fields) == set(PolicyParams.model_fields)

@@ -30,12 +30,14 @@ def test_the_script_runs_every_check_on_the_cpu_and_writes_its_report(tmp_path: 
     assert checks["pytest_gpu"]["status"] == "skip"
     for name in ("sync_free", "tp2_gloo_cuda", "event_timing", "sampler", "hook_overhead", "header_metrics"):
         assert checks[name]["status"] == "pass", (name, checks[name])
-    from engine_hooks.graphs import CAPTURABLE
     from gatherwise.modes import IMPLEMENTED
 
     labels = {m.label for m in IMPLEMENTED}  # every mode there is, whatever it is
-    # sharded decides on the host by design: the sync-free check covers the modes a graph can hold
-    assert {k.split("/")[0] for k in checks["sync_free"]["runs"]} == {m.label for m in CAPTURABLE}
+    # every mode and every sampling kind; the kinds that synchronize by design are named with the reason
+    assert {tuple(k.split("/")) for k in checks["sync_free"]["runs"]} == {
+        (mode, kind) for mode in labels for kind in gpu_check.KINDS}
+    assert set(checks["sync_free"]["syncs_by_design"]) == {"top_p"}
+    assert checks["event_costs"]["status"] == "skip" and "CUDA" in checks["event_costs"]["reason"]
     assert set(checks["tp2_gloo_cuda"]["modes"]) == labels == set(checks["hook_overhead"]["modes"])
     summary = (out / "summary.txt").read_text()
     assert summary.startswith("gatherwise gpu check on CPU (fallback)") and "overall: ok" in summary

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -143,6 +145,37 @@ def test_state_round_trips_through_json():
 def test_bad_state_json_is_rejected(bad):
     with pytest.raises(ValueError):
         policy_from_json(bad)
+
+
+STATE_V2 = Path(__file__).parent / "data" / "sidecar-state-v2.json"  # written by the previous JSON codec
+
+
+def test_a_state_file_of_the_previous_codec_loads_and_is_written_back_the_same():
+    text = STATE_V2.read_text()
+    restored = policy_from_json(text)
+    assert restored.pins == {4: G} and restored.backoff == {(0, G): 16.0, (3, G): 16.0}
+    assert len(restored.decisions) == 25 and restored.next_decision_id == 26
+    assert restored.restored_extra == {"last_call_index": 5, "switch_counts": {"a|b|auto": 1}}
+    assert json.loads(policy_to_json(restored, restored.restored_extra)) == json.loads(text)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"version": 1}, "state version 1, expected 2"),
+    ({"choice": ["scatter"] * NUM_BUCKETS}, "choice.0"),
+    ({"choice": ["gather"]}, "choice"),
+    ({"pins": {"99": "gather"}}, "pins.99"),
+    ({"params": {"margin": -1}}, "params.margin"),
+    ({"backoff": {"99:gather": 2.0}}, "bucket 99 out of range"),
+    ({"decisions": [{"id": 1}]}, "decisions.0"),
+    ({"surprise": 1}, "surprise"),
+])
+def test_a_damaged_state_file_is_refused_naming_what_is_wrong(change, message):
+    doc = {**json.loads(STATE_V2.read_text()), **change}
+    if "params" in change:
+        doc["params"] = {**json.loads(STATE_V2.read_text())["params"], **change["params"]}
+    with pytest.raises(ValueError, match="unreadable sidecar state") as err:
+        policy_from_json(json.dumps(doc))
+    assert message in str(err.value)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ On exit rank 0 removes the engine's shared-memory directory (install_hooks' clos
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import random
 import signal
@@ -157,7 +156,7 @@ def engine_main(argv: list[str] | None = None) -> int:
         print(f"gatherwise engine: {exc}", file=sys.stderr)
         return 2
     if args.shm_dir:
-        cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, shm_dir=args.shm_dir))
+        cfg = cfg.replace(engine=cfg.engine.replace(shm_dir=args.shm_dir))
     if cfg.telemetry.enabled or cfg.control.enabled:
         from gatherwise.shm_format.private_files import ensure_private_dir
 

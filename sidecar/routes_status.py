@@ -1,0 +1,61 @@
+"""The read-only status endpoints: GET /healthz (the process answers), GET /readyz (an engine is attached and
+its heartbeat is fresh), GET /v1/engine (the attached engine and what the sidecar has ingested from it) and
+GET /metrics (OpenMetrics with exemplars when the Accept header asks for it, classic text otherwise).
+
+/metrics is a route, not a Starlette Mount: a Mount answers /metrics with a 307 to /metrics/.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from sidecar.ingest import EngineInfo
+from sidecar.state import StateDep
+
+router = APIRouter()
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    ready: bool
+    engine: str | None = None
+    heartbeat_age_seconds: float | None = None
+    reason: str | None = None
+
+
+@router.get("/healthz", response_model=Health, tags=["health"])
+def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}}, tags=["health"])
+def readyz(state: StateDep):
+    info = state.ingest.info()
+    if not info.attached:
+        reason = f"no engine found in {info.shm_dir}"
+    elif not info.up:
+        reason = f"engine heartbeat is {info.heartbeat_age_seconds:.1f} s old (stale after " \
+                 f"{state.ingest.heartbeat_stale} s) or the engine closed its rings"
+    else:
+        return Readiness(ready=True, engine=info.engine_id, heartbeat_age_seconds=info.heartbeat_age_seconds)
+    body = Readiness(ready=False, engine=info.engine_id, heartbeat_age_seconds=info.heartbeat_age_seconds,
+                     reason=reason)
+    return JSONResponse(status_code=503, content=body.model_dump())
+
+
+@router.get("/v1/engine", response_model=EngineInfo, tags=["engine"])
+def engine_info(state: StateDep) -> EngineInfo:
+    return state.ingest.info()
+
+
+@router.get("/metrics", response_class=Response, tags=["metrics"],
+            responses={200: {"content": {"text/plain": {}, "application/openmetrics-text": {}}}})
+def metrics(request: Request, state: StateDep) -> Response:
+    """Prometheus exposition of every gatherwise family (docs/metrics.md)."""
+    body, content_type = state.metrics.exposition(request.headers.get("accept"))
+    return Response(content=body, media_type=content_type)
