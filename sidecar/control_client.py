@@ -35,6 +35,13 @@ class ControlSnapshot:
     def active_table(self) -> ModeTable:
         return ModeTable.decode(self.status.table_word)
 
+    def heartbeat_age_seconds(self, now_ns: int | None = None) -> float | None:
+        """Seconds since rank 0 last started a call (None before its first call). Same clock on one host."""
+        hb = self.heartbeat
+        if hb.monotonic_ns == 0:
+            return None
+        return max(0.0, ((time.monotonic_ns() if now_ns is None else now_ns) - hb.monotonic_ns) * 1e-9)
+
 
 class ControlClient:
     """Open the control block at `path` (must exist: rank 0 creates it). Raises ControlFormatError if foreign."""
@@ -88,13 +95,6 @@ class ControlClient:
 
     def snapshot(self) -> ControlSnapshot:
         return ControlSnapshot(self.check_header(), self.heartbeat(), self.command(), self.status())
-
-    def heartbeat_age_seconds(self, now_ns: int | None = None) -> float | None:
-        """Seconds since rank 0 last started a call (None before its first call). Same clock on one host."""
-        hb = self.heartbeat()
-        if hb.monotonic_ns == 0:
-            return None
-        return max(0.0, ((time.monotonic_ns() if now_ns is None else now_ns) - hb.monotonic_ns) * 1e-9)
 
     # -- writes --------------------------------------------------------------------------------------------
     def next_seq(self) -> int:

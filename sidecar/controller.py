@@ -5,7 +5,7 @@ calls: see BATCH_RECORDS; at each discovery deadline while no engine is attached
 joined call to `_on_call`, which feeds the policy and ends a probe the moment its last call arrives), follow
 the attached engine, and step the policy (every STEP_INTERVAL_S while calls arrive; while none do, every
 IDLE_TICK_S for probe timeouts and saves). API handlers and the metrics scrape reach the policy through
-`Loop.call`: they hand the loop a function and get immutable values back (PolicyView, PolicyStats, decisions),
+`Loop.call`: they hand the loop a function and get values the loop copied back (PolicyView, StatsResponse, decisions),
 so the policy has one thread and no lock.
 What the engine runs is read from the control block (status area), never assumed. The decision state is saved
 next to the block (sidecar.policy_state), so a restarted sidecar continues where the killed one stopped.
@@ -25,6 +25,7 @@ from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
 from gatherwise.shm_format.control import CONTROL_NAME, ControlFormatError, sidecar_state_path
 from sidecar.control_client import ControlClient, ControlSnapshot
+from sidecar.control_models import BucketModeStats, StatsResponse
 from sidecar.decision_events import ControlView, DecisionEvents
 from sidecar.estimates import Estimate
 from sidecar.ingest import AttachedEngine, Ingest
@@ -39,24 +40,20 @@ log = logging.getLogger("gatherwise.sidecar.control")
 # still has the rest of each window).
 SAVE_INTERVAL_S = 1.0
 SAMPLES_SAVE_INTERVAL_S = 10.0
-# While calls flow the policy steps this often: its decisions are paced in seconds (dwell, probe intervals) and a
-# probe ends from _on_call, not from a step; each step looks at every bucket x mode (tens of µs, more with cold
-# caches), so stepping 20 times a second cost most of an auto sidecar's CPU next to a busy engine.
+# While calls flow the policy steps this often (its decisions are paced in seconds; a probe ends from _on_call);
+# without new calls, once a second (probe timeouts are >= 2 s, saves >= 1 s). A step looks at every bucket x mode:
+# 20 steps a second cost an auto sidecar ~0.6 % of a core at 100 calls/s (docs/BENCHMARKS.md, "Sidecar CPU").
 STEP_INTERVAL_S = 0.2
-# Without new calls the policy only has timeouts to notice (a probe whose bucket went quiet ends after >= 2 s)
-# and state to save (>= 1 s): once a second is enough.
 IDLE_TICK_S = 1.0
-# Polls batch calls: the next poll comes when about BATCH_RECORDS new records per rank (at most a quarter of the
-# ring) are expected at the rate the last poll saw, but never later than MAX_POLL_WAIT_S (what metrics and traces
-# may lag; a call whose ranks straddle two polls is still joined: records join from when they are read) and never
-# sooner than sidecar.poll_interval_seconds. While a probe runs the batch is the calls it still needs (the policy
-# waits on them), so its end is read at most about that many calls late.
-# Each wakeup of a Python thread costs tens to hundreds of µs on a loaded host: at 100 calls/s, 50 polls a second
-# were most of the sidecar's CPU; batched, it is a handful.
+# Polls batch calls: the next poll comes when about BATCH_RECORDS new records per rank (a quarter of the ring at
+# most) are due at the rate the last poll saw, within [sidecar.poll_interval_seconds, MAX_POLL_WAIT_S] (how late
+# metrics and traces may be; records join from when they are read, so a call straddling two polls still joins);
+# while a probe runs, when the calls it still needs are due (the policy waits on them). Each wakeup of a Python
+# thread costs tens to hundreds of µs on a loaded host: 50 polls a second were most of the sidecar's CPU at 100
+# calls/s; batched, they are a handful.
 BATCH_RECORDS = 32
 MAX_POLL_WAIT_S = 0.25
-# An engine whose control block is not there (control disabled, or rank 0 still starting) is looked at again
-# this often, like discovery, not at every poll.
+# An engine without a control block (control disabled, or rank 0 still starting) is looked at again this often.
 ATTACH_RETRY_S = 0.5
 
 
@@ -79,10 +76,6 @@ class EngineControl:
     decided: bool = False  # a policy decision since the last save
     saved_at: float = 0.0
 
-    @property
-    def label(self) -> str:
-        return self.engine.label
-
 
 @dataclass(frozen=True)
 class PolicyView:
@@ -92,15 +85,6 @@ class PolicyView:
     policy: str | None  # manual | auto | mixed
     pinned: dict[str, str]  # bucket label -> mode label
     params: PolicyParams
-
-
-@dataclass(frozen=True)
-class PolicyStats:
-    engine: str
-    rows: list[tuple[int, Mode, Estimate]]  # (bucket, mode, estimate) of every window with samples
-    calls_observed: int
-    probe_calls: int
-    probe_share: float
 
 
 class Controller:
@@ -113,8 +97,7 @@ class Controller:
         self.interval = max(config.sidecar.poll_interval_seconds, STEP_INTERVAL_S)
         self.attached: EngineControl | None = None
         self._warned: set[int] = set()
-        self._next_poll = self._next_attach = self._last_tick = 0.0
-        self._polled_at = 0.0
+        self._next_poll = self._next_attach = self._last_tick = self._polled_at = 0.0
         self._called = False  # calls fed to the policy since its last step
         self.loop = Loop("gatherwise-sidecar", self._step, log)
         ingest.on_call = self._on_call
@@ -201,7 +184,7 @@ class Controller:
         if att is not None and att.engine is eng:
             return
         if att is not None:
-            log.info("engine %s %s: control state of the old instance dropped", att.label,
+            log.info("engine %s %s: control state of the old instance dropped", att.engine.label,
                      f"replaced by {eng.label}" if eng else "no longer attached")
             self._save(att)
             self._detach(att)
@@ -210,7 +193,7 @@ class Controller:
 
     def _give_up(self, att: EngineControl, exc: Exception) -> None:
         """The block was overwritten under us: stop controlling this engine (it keeps its last good table)."""
-        log.warning("engine %s: control block became unusable, control API disabled for it: %s", att.label, exc)
+        log.warning("engine %s: control block became unusable, control API disabled for it: %s", att.engine.label, exc)
         self._warned.add(att.engine.engine_id)
         self._detach(att)
 
@@ -295,7 +278,7 @@ class Controller:
         call = att.client.heartbeat().call_index
         for d in decisions:
             d.command_seq = seq
-            self.events.decision(att.label, d, call, att.switch_counts)
+            self.events.decision(att.engine.label, d, call, att.switch_counts)
             log.info("decision %d: %s %s -> %s (%s) evidence=%s", d.id, d.reason, ",".join(d.buckets), d.mode,
                      d.previous, d.evidence)
         if any(d.reason in ("manual", "table_file") for d in decisions):
@@ -326,7 +309,7 @@ class Controller:
         reason = (self.ingest.stopped_reason(att.engine) if att.engine is self.ingest.engine
                   else "the sidecar no longer follows it")
         if reason:
-            raise NotAttached(f"engine {att.label} is not running ({reason}): a command would never be applied")
+            raise NotAttached(f"engine {att.engine.label} is not running ({reason}): a command would never be applied")
         return att
 
     @on_loop
@@ -336,7 +319,7 @@ class Controller:
             return PolicyView(None, None, {}, self.params)
         policy = att.policy
         pinned = {bucket_label(b): m.label for b, m in sorted(policy.pins.items())}
-        return PolicyView(att.label, policy.policy_label, pinned, policy.params)
+        return PolicyView(att.engine.label, policy.policy_label, pinned, policy.params)
 
     @on_loop
     def snapshot(self) -> tuple[PolicyView, ControlSnapshot]:
@@ -375,15 +358,19 @@ class Controller:
     def decisions(self, limit: int) -> tuple[str | None, list[Decision]]:
         """(engine label, its newest `limit` decisions); decisions are not changed once published."""
         att = self.attached
-        return (None, []) if att is None else (att.label, list(att.policy.decisions)[-limit:])
+        return (None, []) if att is None else (att.engine.label, list(att.policy.decisions)[-limit:])
 
     @on_loop
-    def stats(self) -> PolicyStats | None:
+    def stats(self) -> StatsResponse:
         att = self.attached
         if att is None:
-            return None
+            return StatsResponse(engine=None, stats=[], calls_observed=0, probe_calls=0, probe_share=0.0)
         p = att.policy
-        return PolicyStats(att.label, _estimates(p), p.calls_total, p.probe_calls_used, p.probe_share)
+        stats = [BucketModeStats(bucket=bucket_label(b), mode=m.label, samples=e.samples, mean_seconds=e.mean,
+                                 p50_seconds=e.p50, p90_seconds=e.p90, age_seconds=e.age_seconds)
+                 for b, m, e in _estimates(p)]
+        return StatsResponse(engine=att.engine.label, stats=stats, calls_observed=p.calls_total,
+                             probe_calls=p.probe_calls_used, probe_share=p.probe_share)
 
     @on_loop
     def control_view(self) -> ControlView | None:
@@ -397,13 +384,13 @@ class Controller:
             self._give_up(att, exc)
             return None
         estimates = {(bucket_label(b), m.label): est.p50 for b, m, est in _estimates(att.policy)}
-        return ControlView(att.label, active.as_labels(), tuple(m.label for m in att.policy.modes), estimates)
+        return ControlView(att.engine.label, active.as_labels(), tuple(m.label for m in att.policy.modes), estimates)
 
     @on_loop
     def learned_table(self) -> tuple[ModeTable, dict[str, Any]]:
         att = self._require()
         eng = att.engine
-        meta = {"tp": att.client.tp_size, "source": f"gatherwise sidecar auto policy, engine {att.label}",
+        meta = {"tp": att.client.tp_size, "source": f"gatherwise sidecar auto policy, engine {att.engine.label}",
                 "policy": att.policy.policy_label, "vocab": eng.vocab, "dtype": eng.dtype}
         return att.policy.learned_table(), meta
 

@@ -23,7 +23,6 @@ from gatherwise.modes import parse_buckets
 from gatherwise.shm_format.control import ControlFormatError
 from sidecar.control_client import ControlSnapshot
 from sidecar.control_models import (
-    BucketModeStats,
     DecisionsResponse,
     ErrorResponse,
     ModeState,
@@ -72,13 +71,11 @@ def conflict(exc: Exception) -> HTTPException:
     return HTTPException(409, str(exc))
 
 
-def mode_state(view: PolicyView, snap: ControlSnapshot, now_ns: int | None = None) -> ModeState:
-    hb = snap.heartbeat
-    age = None if hb.monotonic_ns == 0 else max(0.0, ((now_ns or time.monotonic_ns()) - hb.monotonic_ns) * 1e-9)
+def mode_state(view: PolicyView, snap: ControlSnapshot) -> ModeState:
     return ModeState(
         engine=view.engine, policy=view.policy, active=snap.active_table.as_labels(),
-        requested=snap.requested_table.as_labels(), pinned=view.pinned,
-        epoch=snap.status.epoch, call_index=hb.call_index, heartbeat_age_seconds=age,
+        requested=snap.requested_table.as_labels(), pinned=view.pinned, epoch=snap.status.epoch,
+        call_index=snap.heartbeat.call_index, heartbeat_age_seconds=snap.heartbeat_age_seconds(),
         requested_seq=snap.command.seq, applied_seq=snap.status.applied_seq, apply_call=snap.status.apply_call,
         pending=snap.command.seq > snap.status.applied_seq)
 
@@ -116,13 +113,7 @@ async def put_mode(body: SetModeRequest, ctl: ControllerDep,
 
 @router.get("/stats", response_model=StatsResponse, summary="Per bucket x mode critical-path estimates")
 def get_stats(ctl: ControllerDep) -> StatsResponse:
-    found = ctl.stats()
-    if found is None:
-        return StatsResponse(engine=None, stats=[], calls_observed=0, probe_calls=0, probe_share=0.0)
-    stats = [BucketModeStats(bucket=str(1 << b), mode=m.label, samples=e.samples, mean_seconds=e.mean,
-                             p50_seconds=e.p50, p90_seconds=e.p90, age_seconds=e.age_seconds) for b, m, e in found.rows]
-    return StatsResponse(engine=found.engine, stats=stats, calls_observed=found.calls_observed,
-                         probe_calls=found.probe_calls, probe_share=found.probe_share)
+    return ctl.stats()
 
 
 @router.get("/decisions", response_model=DecisionsResponse, summary="Recent decisions with their evidence")
