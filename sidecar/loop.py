@@ -41,10 +41,10 @@ class Loop:
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)  # until it has ended, work handed over is queued, never run beside it
         with self._handoff:
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout)
+            self._thread = None
         self._serve()  # work handed over while the thread was ending runs here, on the only thread left
 
     def call(self, fn: Callable[[], T]) -> T:
