@@ -190,12 +190,13 @@ class LogitsPath:
             cw = ControlWord.unpack(word)
             self.table, self.epoch, self._word = cw.table, cw.epoch, word
         if self.table_source is not None:
-            while self._due and self._due[0].apply_call <= self.call_index:  # every rank runs it from this call
-                self.table_source.report(self._due.popleft())
             word = self._word_to_send()
             if word != self._sent_word:
                 self._word_dev.fill_(word)  # a kernel with the value as argument: no synchronization
                 self._sent_word = word
+            # after poll() put this call in the heartbeat: a status saying "applied" never precedes it
+            while self._due and self._due[0].apply_call <= self.call_index:  # every rank runs it from this call
+                self.table_source.report(self._due.popleft())
         return self.table.mode_for_rows(rows)
 
     def complete(self, tokens: torch.Tensor | None, *, sample_start: int | None = None,

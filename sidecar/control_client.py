@@ -94,7 +94,8 @@ class ControlClient:
         return Status(*self._read(fmt.ST_LOCK, fmt.STATUS_FIELDS, "status"))
 
     def snapshot(self) -> ControlSnapshot:
-        return ControlSnapshot(self.check_header(), self.heartbeat(), self.command(), self.status())
+        status = self.status()  # before the heartbeat: a table reported applied at call k comes with a call >= k
+        return ControlSnapshot(self.check_header(), self.heartbeat(), self.command(), status)
 
     # -- writes --------------------------------------------------------------------------------------------
     def next_seq(self) -> int:
