@@ -30,9 +30,8 @@ from typing import Any
 from gatherwise.modes import Mode, bucket_label, bucket_of
 from gatherwise.shm_format.liveness import Liveness, is_removable, liveness
 from gatherwise.shm_format.private_files import check_private_dir
-from sidecar.header_counters import rank_counters
 from sidecar.histograms import Series
-from sidecar.metrics import CallSeries, EngineCounters, SidecarMetrics
+from sidecar.metrics import CallSeries, EngineCounters, SidecarMetrics, rank_counters
 from sidecar.ring_reader import EngineFiles, RingFormatError, RingReader, discover_engines
 from sidecar.traces import CallTracer
 

@@ -25,7 +25,8 @@ of modes (`modes`, default every implemented one). Rules:
   moves by more than `probe_backoff_margin` from what it was when the bucket backed off (the load changed), or
   the bucket switches, every factor of the bucket resets and the bucket is probed again soon. So a mode that
   loses everywhere costs a few probes per `probe_backoff_max` intervals, not `probe_budget` of all calls;
-- a pinned bucket (manual `PUT /v1/mode <mode>`) is never touched; `auto` releases the pin.
+- a pinned bucket (manual `PUT /v1/mode <mode>`) is never touched; `auto` releases the pin (back to the policy's
+  own choice when its fresh probes had found the pinned mode slower, else from the pinned mode).
 Every decision is returned with its evidence, and kept in a bounded log.
 """
 
@@ -216,14 +217,28 @@ class AutoPolicy:
         return self._decide("manual", mode.label, chosen, previous, {"pinned": [bucket_label(b) for b in chosen]})
 
     def release(self, buckets: list[int] | None, now: float) -> Decision:
-        """`auto` for these buckets: drop their pins; the policy continues from the mode they run now."""
+        """`auto` for these buckets: drop their pins. A bucket goes back to the mode the policy ran there before
+        the pin when its paired probes had already found the pinned mode slower than that one (the evidence of
+        the switch it made, still fresh: learning it again would cost probes at the pinned mode's price);
+        otherwise the policy continues from the pinned mode."""
         chosen = list(range(NUM_BUCKETS)) if buckets is None else sorted(set(buckets))
-        previous = {}
+        previous, returned = {}, {}
         for b in chosen:
-            if b in self.pins:
-                self.choice[b] = previous[b] = self.pins.pop(b)
-                self._reset_backoff(b)
-        return self._decide("manual", "auto", chosen, previous, {"released": [bucket_label(b) for b in chosen]})
+            if b not in self.pins:
+                continue
+            pinned = previous[b] = self.pins.pop(b)
+            if pinned != self.choice[b] and self._beaten(b, pinned, now):
+                returned[bucket_label(b)] = self.choice[b].label
+            else:
+                self.choice[b] = pinned
+            self._reset_backoff(b)
+        return self._decide("manual", "auto", chosen, previous,
+                            {"released": [bucket_label(b) for b in chosen], "returned": returned})
+
+    def _beaten(self, bucket: int, mode: Mode, now: float) -> bool:
+        """Enough fresh paired probes say `mode` is slower than the bucket's choice by more than the margin."""
+        found = self.paired_ratio(bucket, mode, now)
+        return found is not None and found[0] >= self.pairs_needed and found[1] > 1.0 + self.params.margin
 
     def adopt_table(self, table: ModeTable, now: float, source: str) -> Decision | None:
         """Start auto buckets from a learned table (policy.table_file)."""

@@ -121,6 +121,23 @@ def test_pins_override_auto_and_release_resumes():
     assert policy.desired_table().modes[0] == A
 
 
+def test_release_returns_to_the_policys_choice_when_probes_found_the_pin_slower():
+    """Pinned to a mode the policy had measured as slower, `auto` goes straight back to its own choice; pinned to
+    a mode it has no paired evidence against, it continues from the pin and learns."""
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO)
+    now, _ = simulate(policy, delay_on(G), 3.0, 0.0)  # probes of gather while all_gather runs: gather 2x slower
+    found = policy.paired_ratio(0, G, now)
+    assert policy.choice[0] == A and found is not None and found[0] >= policy.pairs_needed and found[1] > 1.5
+    policy.pin(G, None, now)
+    d = policy.release(None, now + 0.5)
+    assert policy.desired_table().modes[0] == A and d.evidence["returned"] == {"1": "all_gather"}
+    assert policy.desired_table().modes[5] == G  # bucket 32 never ran: no evidence, it continues from the pin
+    policy.pin(G, [0], now + 1.0)
+    later = now + 1.0 + FAST["max_sample_age_seconds"] + 1
+    d = policy.release([0], later)  # the evidence has aged out meanwhile: continue from the pin
+    assert policy.desired_table().modes[0] == G and d.evidence["returned"] == {}
+
+
 def test_manual_policy_pins_everything():
     policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=False)
     assert policy.policy_label == "manual"
