@@ -14,7 +14,7 @@ import os
 import time
 
 from engine_hooks.table_source import AppliedStatus, TableRequest
-from gatherwise.modes import FLAG_MASK, ModeTable
+from gatherwise.modes import ModeTable
 from gatherwise.shm_format import control as fmt
 from gatherwise.shm_format.control import CMD_SEQ, HB_CALL, HB_LOCK, HB_NS
 from gatherwise.shm_format.private_files import open_regular_file, write_private_file
@@ -78,32 +78,31 @@ class ControlBlockSource:
         values = fmt.seqlock_read(words, fmt.CMD_LOCK, fmt.COMMAND_FIELDS, tries=_READ_TRIES)
         if values is None:
             return self._request  # the sidecar is writing right now: look again at the next call
-        seq, table_word, flags, _written = values
+        seq, table_word, reserved, _written = values
         self._seen_seq = seq
         try:
             if seq <= (self._request.seq if self._request else 0):
                 raise ValueError(f"command seq {seq} is not newer than the last one applied")
             table = ModeTable.decode(table_word)
-            if flags & ~FLAG_MASK:
-                raise ValueError(f"unknown command flags {flags:#x}")
+            if reserved >= fmt.RESERVED_LIMIT:
+                raise ValueError(f"reserved command word is {reserved:#x}: written by a newer format")
         except ValueError as exc:
             self.ignored_commands += 1
             self._warn_once("command", f"{self.path}: invalid control command ignored, keeping the last good table "
                                        f"{self._table_text()}: {exc}")
             return self._request
-        self._request = TableRequest(seq, table, flags)
+        self._request = TableRequest(seq, table)
         return self._request
 
     def report(self, status: AppliedStatus) -> None:
-        """Rank 0 put request status.seq on the wire: publish it in the status area (rare, not per call)."""
+        """Every rank runs request status.seq from this call on: publish it in the status area (rare, not per call)."""
         words = self._words
         if words is None:
             return
-        flags = self._request.flags if self._request is not None and self._request.seq == status.seq else 0
         try:
             fmt.seqlock_write(words, fmt.ST_LOCK, (status.seq, status.apply_call, status.table.encode(),
-                                                   status.epoch, flags, time.monotonic_ns()))
-        except Exception as exc:
+                                                   status.epoch, 0, time.monotonic_ns()))
+        except Exception as exc:  # never raise into the engine
             self._disable(f"control block status could not be written: {exc}")
 
     # -- lifecycle ----------------------------------------------------------------------------------------

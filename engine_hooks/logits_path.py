@@ -14,6 +14,7 @@ of the send buffer that already has room for the control word, so nothing is cop
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
@@ -70,6 +71,7 @@ class LogitsPath:
         self._word_elems = 8 // self._elem_size
         self._valid = max(0, min(self.width, vocab - self.rank * self.width))  # real columns of this rank
         self._applied_seq = 0
+        self._due: deque[AppliedStatus] = deque()  # rank 0: requests on the wire, reported once they take effect
         self._word = ControlWord(initial_table).pack_signed()  # the word of the current (table, epoch)
         # Rank 0: the word it puts on the wire; ahead of `_word` for ADOPT_LAG calls after a request.
         self._sent = ControlWord(initial_table)
@@ -192,6 +194,9 @@ class LogitsPath:
             if word != self._sent_word:
                 self._word_dev.fill_(word)  # a kernel with the value as argument: no synchronization
                 self._sent_word = word
+            # after poll() put this call in the heartbeat: a status saying "applied" never precedes it
+            while self._due and self._due[0].apply_call <= self.call_index:  # every rank runs it from this call
+                self.table_source.report(self._due.popleft())
         return self.table.mode_for_rows(rows)
 
     def complete(self, tokens: torch.Tensor | None, *, sample_start: int | None = None,
@@ -301,8 +306,8 @@ class LogitsPath:
         self._applied_seq = request.seq
         sent = self._sent
         epoch = sent.epoch if request.table == sent.table else (sent.epoch + 1) % (1 << EPOCH_BITS)
-        self._sent = ControlWord(request.table, epoch, request.flags)
-        self.table_source.report(AppliedStatus(request.seq, self.call_index + ADOPT_LAG, request.table, epoch))
+        self._sent = ControlWord(request.table, epoch)
+        self._due.append(AppliedStatus(request.seq, self.call_index + ADOPT_LAG, request.table, epoch))
         return self._sent.pack_signed()
 
     @property

@@ -1,7 +1,8 @@
 """Where rank 0 gets requested mode tables from (docs/architecture.md, "Control").
 
-Rank 0 calls `poll(call_index)` once at the start of every logits call and `report(...)` when a requested
-table has been put on the wire. Implementations: an in-process object (tests, embedding), a seeded random
+Rank 0 calls `poll(call_index)` once at the start of every logits call, and `report(...)` at the start of the
+call from which every rank runs a requested table (ADOPT_LAG calls after the call that carried it: only then is
+it applied). Implementations: an in-process object (tests, embedding), a seeded random
 schedule (the `schedule:SEED` mode of the CLI), and the shared-memory control block (engine_hooks.control_block).
 """
 
@@ -18,13 +19,12 @@ from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, ModeTable
 class TableRequest:
     seq: int  # strictly increasing per source; a new seq is a new request
     table: ModeTable
-    flags: int = 0
 
 
 @dataclass(frozen=True)
 class AppliedStatus:
-    seq: int  # request seq now on the wire
-    apply_call: int  # first call index that runs with the table, on every rank
+    seq: int  # request seq every rank now runs
+    apply_call: int  # the call index from which every rank runs the table
     table: ModeTable
     epoch: int
 
@@ -34,7 +34,7 @@ class TableSource(Protocol):
         """The latest request (None when there is none). Must be cheap: it runs once per call."""
 
     def report(self, status: AppliedStatus) -> None:
-        """Rank 0 put request `status.seq` on the wire; every rank runs it from `status.apply_call`."""
+        """Every rank runs request `status.seq` from call `status.apply_call` on, which rank 0 is starting now."""
 
 
 class InProcessTableSource:
@@ -44,9 +44,9 @@ class InProcessTableSource:
         self._request: TableRequest | None = None
         self.applied: list[AppliedStatus] = []
 
-    def request(self, table: ModeTable, flags: int = 0) -> int:
+    def request(self, table: ModeTable) -> int:
         seq = (self._request.seq if self._request else 0) + 1
-        self._request = TableRequest(seq, table, flags)
+        self._request = TableRequest(seq, table)
         return seq
 
     def poll(self, call_index: int) -> TableRequest | None:

@@ -131,31 +131,27 @@ _LETTER = {Mode.ALL_GATHER: "A", Mode.GATHER: "G", Mode.SHARDED: "S"}
 # Control word layout, least significant bit first:
 #   bits  0..31  table   (2 bits per bucket)
 #   bits 32..55  epoch   (24 bits, wraps; +1 each time rank 0 adopts a new table)
-#   bits 56..59  flags   (bit 0: table came from the auto policy)
+#   bits 56..59  reserved: written 0, ignored on read (earlier releases set bit 0 when the sidecar's policy was
+#                auto; nothing ever read it, so it carries no meaning in either direction)
 #   bits 60..63  version (CONTROL_WORD_VERSION)
 TABLE_BITS = NUM_BUCKETS * BITS_PER_BUCKET  # 32
 EPOCH_BITS = 24
-FLAG_BITS = 4
+RESERVED_BITS = 4
 EPOCH_SHIFT = TABLE_BITS
-FLAG_SHIFT = EPOCH_SHIFT + EPOCH_BITS
-VERSION_SHIFT = FLAG_SHIFT + FLAG_BITS
+VERSION_SHIFT = EPOCH_SHIFT + EPOCH_BITS + RESERVED_BITS  # 60
 EPOCH_MASK = (1 << EPOCH_BITS) - 1
-FLAG_MASK = (1 << FLAG_BITS) - 1
-FLAG_AUTO = 1
 
 
 @dataclass(frozen=True)
 class ControlWord:
     table: ModeTable
     epoch: int = 0
-    flags: int = 0
 
     def pack(self) -> int:
         """The word as an unsigned 64-bit int."""
         return (
             self.table.encode()
             | (self.epoch & EPOCH_MASK) << EPOCH_SHIFT
-            | (self.flags & FLAG_MASK) << FLAG_SHIFT
             | CONTROL_WORD_VERSION << VERSION_SHIFT
         )
 
@@ -173,7 +169,6 @@ class ControlWord:
         return cls(
             table=ModeTable.decode(word & ((1 << TABLE_BITS) - 1)),
             epoch=(word >> EPOCH_SHIFT) & EPOCH_MASK,
-            flags=(word >> FLAG_SHIFT) & FLAG_MASK,
         )
 
 

@@ -543,8 +543,7 @@ def _compiled_writer() -> bool:
 def check_header_metrics(ctx: dict) -> dict:
     """A ring written through the CUDA timing path, exported by the sidecar's metrics module."""
     try:
-        from sidecar.header_counters import rank_counters
-        from sidecar.metrics import EngineCounters, SidecarMetrics
+        from sidecar.metrics import EngineCounters, SidecarMetrics, rank_counters
     except ImportError as exc:
         raise Skip(f"sidecar metrics need {exc.name}") from None
     import torch

@@ -1,7 +1,7 @@
-"""The sidecar's FastAPI app: metrics, health, engine info (and, with the control issue, /v1 control routes).
+"""The sidecar's FastAPI app: metrics, health, engine info and the /v1 control routes.
 
-create_app() starts the ingest loop (and any extra services in state.services) with the app's lifespan and
-stops them on shutdown. OpenAPI at /docs.
+create_app() starts the sidecar's loop (sidecar.controller) with the app's lifespan and stops it on shutdown.
+OpenAPI at /docs.
 """
 
 from __future__ import annotations
@@ -26,15 +26,11 @@ ROUTERS = [
 def create_app(state: SidecarState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state.ingest.start()
-        for service in state.services:
-            service.start()
+        state.control.start()
         try:
             yield
         finally:
-            for service in reversed(state.services):
-                service.stop()
-            state.ingest.stop()
+            state.control.stop()
             if state.tracer is not None:
                 state.tracer.shutdown()
 

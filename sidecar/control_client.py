@@ -35,6 +35,13 @@ class ControlSnapshot:
     def active_table(self) -> ModeTable:
         return ModeTable.decode(self.status.table_word)
 
+    def heartbeat_age_seconds(self, now_ns: int | None = None) -> float | None:
+        """Seconds since rank 0 last started a call (None before its first call). Same clock on one host."""
+        hb = self.heartbeat
+        if hb.monotonic_ns == 0:
+            return None
+        return max(0.0, ((time.monotonic_ns() if now_ns is None else now_ns) - hb.monotonic_ns) * 1e-9)
+
 
 class ControlClient:
     """Open the control block at `path` (must exist: rank 0 creates it). Raises ControlFormatError if foreign."""
@@ -87,27 +94,19 @@ class ControlClient:
         return Status(*self._read(fmt.ST_LOCK, fmt.STATUS_FIELDS, "status"))
 
     def snapshot(self) -> ControlSnapshot:
-        return ControlSnapshot(self.check_header(), self.heartbeat(), self.command(), self.status())
-
-    def heartbeat_age_seconds(self, now_ns: int | None = None) -> float | None:
-        """Seconds since rank 0 last started a call (None before its first call). Same clock on one host."""
-        hb = self.heartbeat()
-        if hb.monotonic_ns == 0:
-            return None
-        return max(0.0, ((time.monotonic_ns() if now_ns is None else now_ns) - hb.monotonic_ns) * 1e-9)
+        status = self.status()  # before the heartbeat: a table reported applied at call k comes with a call >= k
+        return ControlSnapshot(self.check_header(), self.heartbeat(), self.command(), status)
 
     # -- writes --------------------------------------------------------------------------------------------
     def next_seq(self) -> int:
         """The seq the next command gets: above both the last command and the last applied one."""
         return max(self.command().seq, self.status().applied_seq) + 1
 
-    def write_command(self, table: ModeTable, flags: int = 0) -> int:
-        """Ask rank 0 for `table`; returns the command's seq (rank 0 applies it at its next call)."""
-        if not 0 <= flags < 16:
-            raise ValueError(f"command flags must fit in 4 bits, got {flags}")
+    def write_command(self, table: ModeTable) -> int:
+        """Ask rank 0 for `table`; returns the command's seq (rank 0 puts it on the wire at its next call)."""
         self.check_header()
         seq = self.next_seq()
-        fmt.fd_seqlock_write(self._descriptor(), fmt.CMD_LOCK, (seq, table.encode(), flags, time.monotonic_ns()))
+        fmt.fd_seqlock_write(self._descriptor(), fmt.CMD_LOCK, (seq, table.encode(), 0, time.monotonic_ns()))
         return seq
 
     def close(self) -> None:

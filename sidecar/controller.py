@@ -1,7 +1,12 @@
-"""The sidecar's control loop: follows the attached engine, feeds the policy, writes commands, keeps state.
+"""The sidecar's loop: ingest the rings, feed the policy, write commands to the control block, keep its state.
 
-Threads: the ingest thread calls `_on_call` for every joined call; this controller's own thread runs `tick()`
-every poll interval; API handlers call the public methods. One lock guards it all (every section is short).
+One thread (sidecar.loop) does it all, in this order, at the deadlines it computes: poll the rings (batching
+calls: see BATCH_RECORDS; at each discovery deadline while no engine is attached; `Ingest.poll_once` hands every
+joined call to `_on_call`, which feeds the policy and ends a probe the moment its last call arrives), follow
+the attached engine, and step the policy (every STEP_INTERVAL_S while calls arrive; while none do, every
+IDLE_TICK_S for probe timeouts and saves). API handlers and the metrics scrape reach the policy through
+`Loop.call`: they hand the loop a function and get values the loop copied back (PolicyView, StatsResponse, decisions),
+so the policy has one thread and no lock.
 What the engine runs is read from the control block (status area), never assumed. The decision state is saved
 next to the block (sidecar.policy_state), so a restarted sidecar continues where the killed one stopped.
 """
@@ -10,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,11 +23,13 @@ from typing import Any
 
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
-from gatherwise.shm_format.control import CONTROL_NAME, FLAG_AUTO, ControlFormatError, sidecar_state_path
+from gatherwise.shm_format.control import CONTROL_NAME, ControlFormatError, sidecar_state_path
 from sidecar.control_client import ControlClient, ControlSnapshot
-from sidecar.control_gauges import ControlView
-from sidecar.decision_events import DecisionEvents
-from sidecar.periodic import PeriodicThread
+from sidecar.control_models import BucketModeStats, StatsResponse
+from sidecar.decision_events import ControlView, DecisionEvents
+from sidecar.estimates import Estimate
+from sidecar.ingest import AttachedEngine, Ingest
+from sidecar.loop import Loop, on_loop
 from sidecar.policy import AutoPolicy, Decision, PolicyParams
 from sidecar.policy_state import load_state, policy_from_json, policy_to_json, save_state
 
@@ -34,7 +40,21 @@ log = logging.getLogger("gatherwise.sidecar.control")
 # still has the rest of each window).
 SAVE_INTERVAL_S = 1.0
 SAMPLES_SAVE_INTERVAL_S = 10.0
-CONTROL_INTERVAL_MIN_S = 0.05
+# While calls flow the policy steps this often (its decisions are paced in seconds; a probe ends from _on_call);
+# without new calls, once a second (probe timeouts are >= 2 s, saves >= 1 s). A step looks at every bucket x mode:
+# 20 steps a second cost an auto sidecar ~0.6 % of a core at 100 calls/s (docs/BENCHMARKS.md, "Sidecar CPU").
+STEP_INTERVAL_S = 0.2
+IDLE_TICK_S = 1.0
+# Polls batch calls: the next poll comes when about BATCH_RECORDS new records per rank (a quarter of the ring at
+# most) are due at the rate the last poll saw, within [sidecar.poll_interval_seconds, MAX_POLL_WAIT_S] (how late
+# metrics and traces may be; records join from when they are read, so a call straddling two polls still joins);
+# while a probe runs, when the calls it still needs are due (the policy waits on them). Each wakeup of a Python
+# thread costs tens to hundreds of µs on a loaded host: 50 polls a second were most of the sidecar's CPU at 100
+# calls/s; batched, they are a handful.
+BATCH_RECORDS = 32
+MAX_POLL_WAIT_S = 0.25
+# An engine without a control block (control disabled, or rank 0 still starting) is looked at again this often.
+ATTACH_RETRY_S = 0.5
 
 
 class NotAttached(RuntimeError):
@@ -42,119 +62,174 @@ class NotAttached(RuntimeError):
 
 
 @dataclass
-class Attached:
-    engine_id: int
-    label: str
+class EngineControl:
+    """The control side of the attached engine (its identity and telemetry: sidecar.ingest.AttachedEngine)."""
+
+    engine: AttachedEngine
     client: ControlClient
     policy: AutoPolicy
     state_path: str
-    requested: tuple[ModeTable, int]  # (table, flags) last written (or found) in the command area
+    requested: ModeTable | None  # table last written (or found) in the command area
     last_call_index: int = -1  # newest call fed to the policy (ring records re-read after a restart are skipped)
     switch_counts: dict[str, int] = field(default_factory=dict)  # "from|to|reason" -> n, survives restarts
     dirty: bool = False  # new samples since the last save
     decided: bool = False  # a policy decision since the last save
     saved_at: float = 0.0
-    active: ModeTable | None = None  # what every rank ran at the last tick (control block status area)
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    """The attached engine's policy as the API shows it, copied on the loop thread."""
+
+    engine: str | None  # engine label; None when no engine is attached
+    policy: str | None  # manual | auto | mixed
+    pinned: dict[str, str]  # bucket label -> mode label
+    params: PolicyParams
 
 
 class Controller:
-    def __init__(self, config: GatherwiseConfig, ingest: Any, events: DecisionEvents, *,
+    def __init__(self, config: GatherwiseConfig, ingest: Ingest, events: DecisionEvents, *,
                  env: Mapping[str, str] | None = None) -> None:
         env = os.environ if env is None else env
         self.config, self.ingest, self.events = config, ingest, events
         self.params = config.policy.params
         self.api_token: str | None = config.sidecar.api_token or env.get("GATHERWISE_API_TOKEN") or None
-        # Decisions need no faster loop than this (dwell is seconds; a probe ends from _on_call), and every tick
-        # costs CPU the engine's ranks may need on a small host.
-        self.interval = max(config.sidecar.poll_interval_seconds, CONTROL_INTERVAL_MIN_S)
-        self.lock = threading.RLock()
-        self.attached: Attached | None = None
+        self.interval = max(config.sidecar.poll_interval_seconds, STEP_INTERVAL_S)
+        self.attached: EngineControl | None = None
         self._warned: set[int] = set()
-        self._loop = PeriodicThread("gatherwise-control", self.tick, self.interval, log)
-        ingest.call_listeners.append(self._on_call)
+        self._next_poll = self._next_attach = self._last_tick = self._polled_at = 0.0
+        self._called = False  # calls fed to the policy since its last step
+        self.loop = Loop("gatherwise-sidecar", self._step, log)
+        ingest.on_call = self._on_call
         events.metrics.control_gauges.view = self.control_view
 
     # -- service --------------------------------------------------------------------------------------------
     def start(self) -> None:
-        self._loop.start()
+        self.loop.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._loop.stop(timeout)
-        with self.lock:
-            if self.attached is not None:
-                self._save(self.attached)
+        self.loop.stop(timeout)
+        if self.attached is not None:
+            self._save(self.attached)
 
-    def tick(self) -> None:
-        with self.lock:
-            self._follow_engine()
-            att = self.attached
-            if att is None:
-                return
-            now = time.monotonic()
-            att.policy.clock_wall = time.time()
+    # -- the loop's step ------------------------------------------------------------------------------------
+    def _step(self) -> float:
+        """Whatever is due now, in order; returns the seconds until the next deadline."""
+        now = time.monotonic()
+        ingest = self.ingest
+        if now >= self._next_poll:
+            read = ingest.poll_once()
+            if ingest.engine is not None:
+                self._next_poll = now + self._poll_wait(ingest.engine, read, now)
+            else:  # nothing to read until discovery finds an engine
+                self._next_poll = now + max(0.0, (ingest.next_discovery_ns - ingest.clock()) * 1e-9)
+            if ingest.engine is not (self.attached and self.attached.engine) and now >= self._next_attach:
+                self._next_attach = now + ATTACH_RETRY_S
+                self._follow(ingest.engine)
+        att = self.attached
+        if att is None:
+            return self._next_poll - time.monotonic()
+        tick_at = self._last_tick + (self.interval if self._called else IDLE_TICK_S)
+        if now >= tick_at:
+            self._tick(att, now)
+            self._last_tick, tick_at = now, now + IDLE_TICK_S
+            if self.attached is not None and self.attached.policy.probe is not None:  # it waits on its calls
+                self._next_poll = min(self._next_poll, now + ingest.poll_interval)
+        return min(self._next_poll, tick_at) - time.monotonic()
+
+    def _poll_wait(self, eng: AttachedEngine, read: int, now: float) -> float:
+        """Seconds until the next poll of the attached engine, after one that read `read` records."""
+        elapsed, self._polled_at = now - self._polled_at, now
+        base = self.ingest.poll_interval
+        per_rank = read / eng.tp_size
+        if per_rank <= 0:  # quiet rings
+            return max(base, MAX_POLL_WAIT_S)
+        batch = min(BATCH_RECORDS, max(1, eng.readers[0].capacity // 4))
+        probe = self.attached.policy.probe if self.attached is not None else None
+        if probe is not None:  # the calls the probe still needs, at most: its end is seen soon after it comes
+            batch = min(batch, max(1, self.attached.policy.params.probe_calls - probe.calls))
+        return min(max(elapsed * batch / per_rank, base), max(base, MAX_POLL_WAIT_S))
+
+    def _tick(self, att: EngineControl, now: float) -> None:
+        self._called = False
+        try:
+            self._publish(att, att.policy.step(now))
+        except ControlFormatError as exc:
+            self._give_up(att, exc)
+            return
+        since = now - att.saved_at
+        if (att.decided and since >= SAVE_INTERVAL_S) or (att.dirty and since >= SAMPLES_SAVE_INTERVAL_S):
+            self._save(att)
+
+    def _on_call(self, eng: AttachedEngine, call_index: int, mode: int, bucket: int, seconds: float) -> None:
+        att = self.attached
+        if att is None or eng is not att.engine or call_index <= att.last_call_index:
+            return
+        att.last_call_index = call_index
+        policy = att.policy
+        if mode not in policy.modes:  # a mode code this sidecar does not choose among: nothing to learn
+            return
+        now = time.monotonic()
+        att.dirty = self._called = True
+        if policy.observe(Mode(mode), bucket, seconds, now):
+            # the running probe has its calls: end it now, not at the next step, so it costs no extra calls
             try:
-                self._publish(att, att.policy.step(now))
-                snap = att.client.snapshot()
+                self._publish(att, policy.step(now))
             except ControlFormatError as exc:
                 self._give_up(att, exc)
-                return
-            att.active = snap.active_table
-            since = now - att.saved_at
-            if (att.decided and since >= SAVE_INTERVAL_S) or (att.dirty and since >= SAMPLES_SAVE_INTERVAL_S):
-                self._save(att)
 
     # -- engine attach / detach ----------------------------------------------------------------------------
-    def _follow_engine(self) -> None:
-        eng = self.ingest.engine
+    def _follow(self, eng: AttachedEngine | None) -> None:
         att = self.attached
-        if (att is None and eng is None) or (att is not None and eng is not None and eng.engine_id == att.engine_id):
+        if att is not None and att.engine is eng:
             return
         if att is not None:
-            log.info("engine %s %s: control state of the old instance dropped", att.label,
+            log.info("engine %s %s: control state of the old instance dropped", att.engine.label,
                      f"replaced by {eng.label}" if eng else "no longer attached")
             self._save(att)
-            att.client.close()
-            self.attached = None
-            self.events.forget()
+            self._detach(att)
         if eng is not None:
-            self._attach(eng.engine_id, Path(eng.dir) / CONTROL_NAME)
+            self._attach(eng)
 
-    def _give_up(self, att: Attached, exc: Exception) -> None:
+    def _give_up(self, att: EngineControl, exc: Exception) -> None:
         """The block was overwritten under us: stop controlling this engine (it keeps its last good table)."""
-        log.warning("engine %s: control block became unusable, control API disabled for it: %s", att.label, exc)
-        self._warned.add(att.engine_id)
+        log.warning("engine %s: control block became unusable, control API disabled for it: %s", att.engine.label, exc)
+        self._warned.add(att.engine.engine_id)
+        self._detach(att)
+
+    def _detach(self, att: EngineControl) -> None:
         att.client.close()
         self.attached = None
         self.events.forget()
 
-    def _attach(self, engine_id: int, path: Path) -> None:
+    def _attach(self, eng: AttachedEngine) -> None:
+        engine_id = eng.engine_id
         if engine_id in self._warned:
             return
+        path = Path(eng.dir) / CONTROL_NAME
         try:
             client = ControlClient(path)
             snap = client.snapshot()
         except FileNotFoundError:
-            return  # control disabled, or rank 0 has not created it yet
+            return  # control disabled, or rank 0 has not created it yet: the next poll looks again
         except (ControlFormatError, OSError) as exc:
-            if engine_id not in self._warned:
-                self._warned.add(engine_id)
-                log.warning("engine %016x: control block unusable, control API disabled for it: %s", engine_id, exc)
+            self._warned.add(engine_id)
+            log.warning("engine %s: control block unusable, control API disabled for it: %s", eng.label, exc)
             return
         if snap.header.engine_id != engine_id:
             client.close()
             return
-        label = f"{engine_id:016x}"
         state_path = sidecar_state_path(path)
         policy, extra = self._recover(state_path, snap)
-        requested = (snap.requested_table, snap.command.flags if snap.command.seq else -1)
-        att = Attached(engine_id, label, client, policy, state_path, requested,
-                       int(extra.get("last_call_index", -1)), dict(extra.get("switch_counts", {})))
+        requested = snap.requested_table if snap.command.seq else None
+        att = EngineControl(eng, client, policy, state_path, requested, int(extra.get("last_call_index", -1)),
+                            dict(extra.get("switch_counts", {})))
         self.attached = att
-        self.events.restore_switch_counts(label, att.switch_counts)
+        self.events.restore_switch_counts(eng.label, att.switch_counts)
         if not extra and policy.policy_label != "manual" and self.config.policy.table_file and not snap.command.seq:
             self._adopt_table_file(att)
         self._sync(att)
-        log.info("control attached to engine %s (policy %s, active %s)", label, policy.policy_label,
+        log.info("control attached to engine %s (policy %s, active %s)", eng.label, policy.policy_label,
                  snap.active_table)
 
     def _recover(self, state_path: str, snap: ControlSnapshot) -> tuple[AutoPolicy, dict[str, Any]]:
@@ -170,12 +245,10 @@ class Controller:
                 return policy, policy.restored_extra or {"recovered": True}
             except ValueError as exc:
                 log.warning("%s: %s; starting from the control block alone", state_path, exc)
-        if snap.command.seq:  # a sidecar ran before us without saving state: trust the block
-            auto = bool(snap.command.flags & FLAG_AUTO)
-            return AutoPolicy(self.params, snap.requested_table, auto=auto), {}
-        return AutoPolicy(self.params, snap.active_table, auto=self.config.policy.mode == "auto"), {}
+        # No saved state (a sidecar before us could not write it): start from what the engine was last asked to run
+        return AutoPolicy(self.params, snap.requested_table, auto=self.config.policy.mode == "auto"), {}
 
-    def _adopt_table_file(self, att: Attached) -> None:
+    def _adopt_table_file(self, att: EngineControl) -> None:
         from gatherwise.table_file import load_table_file
 
         path = self.config.policy.table_file
@@ -188,27 +261,24 @@ class Controller:
         self._publish(att, [decision] if decision else [])
 
     # -- commands -------------------------------------------------------------------------------------------
-    def _flags(self, policy: AutoPolicy) -> int:
-        return FLAG_AUTO if policy.policy_label != "manual" else 0
-
-    def _sync(self, att: Attached, force: bool = False) -> int | None:
+    def _sync(self, att: EngineControl, force: bool = False) -> int | None:
         """Write the policy's desired table if it differs from the last command (or when forced)."""
-        wanted = (att.policy.desired_table(), self._flags(att.policy))
+        wanted = att.policy.desired_table()
         if not force and wanted == att.requested:
             return None
-        seq = att.client.write_command(*wanted)
+        seq = att.client.write_command(wanted)
         att.requested = wanted
         att.dirty = True
         return seq
 
-    def _publish(self, att: Attached, decisions: list[Decision]) -> None:
+    def _publish(self, att: EngineControl, decisions: list[Decision]) -> None:
         if not decisions:  # the desired table only changes with a decision: nothing to write
             return
         seq = self._sync(att, force=True)
         call = att.client.heartbeat().call_index
         for d in decisions:
             d.command_seq = seq
-            self.events.decision(att.label, d, call, att.switch_counts)
+            self.events.decision(att.engine.label, d, call, att.switch_counts)
             log.info("decision %d: %s %s -> %s (%s) evidence=%s", d.id, d.reason, ",".join(d.buckets), d.mode,
                      d.previous, d.evidence)
         if any(d.reason in ("manual", "table_file") for d in decisions):
@@ -216,7 +286,7 @@ class Controller:
         else:
             att.decided = True
 
-    def _save(self, att: Attached) -> None:
+    def _save(self, att: EngineControl) -> None:
         try:
             save_state(att.state_path, policy_to_json(att.policy, {"last_call_index": att.last_call_index,
                                                                     "switch_counts": att.switch_counts}))
@@ -225,113 +295,108 @@ class Controller:
         except OSError as exc:  # the engine directory vanished (engine exited): nothing to keep
             log.debug("sidecar state not saved: %s", exc)
 
-    def _on_call(self, eng: Any, call_index: int, mode: int, rows: int, seconds: float) -> None:
-        with self.lock:
-            att = self.attached
-            if att is None or eng.engine_id != att.engine_id or call_index <= att.last_call_index:
-                return
-            att.last_call_index = call_index
-            policy = att.policy
-            if mode not in policy.modes:  # a mode code this sidecar does not choose among: nothing to learn
-                return
-            now = time.monotonic()
-            att.dirty = True
-            if policy.observe(Mode(mode), rows, seconds, now):
-                # the running probe has its calls: end it now, not at the next tick, so it costs no extra calls
-                policy.clock_wall = time.time()
-                try:
-                    self._publish(att, policy.step(now))
-                except ControlFormatError as exc:
-                    self._give_up(att, exc)
-
-    # -- API ------------------------------------------------------------------------------------------------
-    def require(self) -> Attached:
+    # -- API: each public method runs on the loop thread (on_loop) ------------------------------------------
+    def _require(self) -> EngineControl:
         att = self.attached
         if att is None:
             raise NotAttached("no engine with a control block is attached to this sidecar (is an engine running "
                               f"with control.enabled and engine.shm_dir={self.config.engine.shm_dir}?)")
         return att
 
-    def require_running(self) -> Attached:
+    def _require_running(self) -> EngineControl:
         """The attached engine, if a command written now can still be applied; else NotAttached (409)."""
-        att = self.require()
-        eng = self.ingest.engine
-        reason = (self.ingest.stopped_reason(eng) if eng is not None and eng.engine_id == att.engine_id
+        att = self._require()
+        reason = (self.ingest.stopped_reason(att.engine) if att.engine is self.ingest.engine
                   else "the sidecar no longer follows it")
         if reason:
-            raise NotAttached(f"engine {att.label} is not running ({reason}): a command would never be applied")
+            raise NotAttached(f"engine {att.engine.label} is not running ({reason}): a command would never be applied")
         return att
 
-    def snapshot(self) -> tuple[Attached, ControlSnapshot]:
-        with self.lock:
-            att = self.require()
-            return att, att.client.snapshot()
+    @on_loop
+    def policy_view(self) -> PolicyView:
+        att = self.attached
+        if att is None:
+            return PolicyView(None, None, {}, self.params)
+        policy = att.policy
+        pinned = {bucket_label(b): m.label for b, m in sorted(policy.pins.items())}
+        return PolicyView(att.engine.label, policy.policy_label, pinned, policy.params)
 
+    @on_loop
+    def snapshot(self) -> tuple[PolicyView, ControlSnapshot]:
+        """The policy and what the control block says now; NotAttached or ControlFormatError (then control of
+        that engine ends: its block was overwritten or truncated)."""
+        att = self._require()
+        try:
+            snap = att.client.snapshot()
+        except ControlFormatError as exc:
+            self._give_up(att, exc)
+            raise
+        return self.policy_view(), snap
+
+    @on_loop
     def set_mode(self, mode: str, buckets: list[int] | None) -> tuple[int, Decision]:
         """Pin buckets to a mode, or release them to the auto policy; returns (command seq, decision)."""
-        with self.lock:
-            att = self.require_running()
-            att.policy.clock_wall = time.time()
-            now = time.monotonic()
-            if mode == "auto":
-                decision = att.policy.release(buckets, now)
-            else:
-                decision = att.policy.pin(Mode.parse(mode), buckets, now)
-            self._publish(att, [decision])
-            return int(decision.command_seq), decision
+        att = self._require_running()
+        now = time.monotonic()
+        decision = (att.policy.release(buckets, now) if mode == "auto"
+                    else att.policy.pin(Mode.parse(mode), buckets, now))
+        self._publish(att, [decision])
+        return int(decision.command_seq), decision
 
+    @on_loop
     def set_params(self, changes: dict[str, Any]) -> PolicyParams:
         """Apply a validated PolicyUpdate's changes; raises ValidationError (changing nothing) for bad ones."""
-        with self.lock:
-            base = self.attached.policy.params if self.attached else self.params
-            params = PolicyParams.model_validate({**base.model_dump(), **changes})
-            self.params = params
-            if self.attached is not None:
-                self.attached.policy.set_params(params)
-                self._save(self.attached)
-            return params
+        att = self.attached
+        base = att.policy.params if att else self.params
+        self.params = params = PolicyParams.model_validate({**base.model_dump(), **changes})
+        if att is not None:
+            att.policy.set_params(params)
+            self._save(att)
+        return params
 
-    def current_params(self) -> PolicyParams:
-        with self.lock:
-            return self.attached.policy.params if self.attached else self.params
+    @on_loop
+    def decisions(self, limit: int) -> tuple[str | None, list[Decision]]:
+        """(engine label, its newest `limit` decisions); decisions are not changed once published."""
+        att = self.attached
+        return (None, []) if att is None else (att.engine.label, list(att.policy.decisions)[-limit:])
 
+    @on_loop
+    def stats(self) -> StatsResponse:
+        att = self.attached
+        if att is None:
+            return StatsResponse(engine=None, stats=[], calls_observed=0, probe_calls=0, probe_share=0.0)
+        p = att.policy
+        stats = [BucketModeStats(bucket=bucket_label(b), mode=m.label, samples=e.samples, mean_seconds=e.mean,
+                                 p50_seconds=e.p50, p90_seconds=e.p90, age_seconds=e.age_seconds)
+                 for b, m, e in _estimates(p)]
+        return StatsResponse(engine=att.engine.label, stats=stats, calls_observed=p.calls_total,
+                             probe_calls=p.probe_calls_used, probe_share=p.probe_share)
+
+    @on_loop
     def control_view(self) -> ControlView | None:
-        """What the control gauges show at a scrape: the active table and the policy's estimates."""
-        with self.lock:
-            att = self.attached
-            if att is None or att.active is None:
-                return None
-            now = time.monotonic()
-            modes = att.policy.modes
-            estimates = {}
-            for b in range(NUM_BUCKETS):
-                for m in modes:
-                    est = att.policy.estimates.get(b, m, now)
-                    if est is not None:
-                        estimates[(bucket_label(b), m.label)] = est.p50
-            return ControlView(att.label, att.active.as_labels(), tuple(m.label for m in modes), estimates)
+        """What the control gauges show at a scrape: the active table (read now) and the policy's estimates."""
+        att = self.attached
+        if att is None:
+            return None
+        try:
+            active = att.client.snapshot().active_table
+        except ControlFormatError as exc:
+            self._give_up(att, exc)
+            return None
+        estimates = {(bucket_label(b), m.label): est.p50 for b, m, est in _estimates(att.policy)}
+        return ControlView(att.engine.label, active.as_labels(), tuple(m.label for m in att.policy.modes), estimates)
 
-    def stats(self) -> tuple[Attached | None, list[tuple[int, Mode, Any]]]:
-        with self.lock:
-            att = self.attached
-            if att is None:
-                return None, []
-            now = time.monotonic()
-            rows = []
-            for b in range(NUM_BUCKETS):
-                for m in att.policy.modes:
-                    est = att.policy.estimates.get(b, m, now)
-                    if est is not None:
-                        rows.append((b, m, est))
-            return att, rows
-
+    @on_loop
     def learned_table(self) -> tuple[ModeTable, dict[str, Any]]:
-        with self.lock:
-            att = self.require()
-            eng = self.ingest.engine
-            meta = {"tp": att.client.tp_size, "source": f"gatherwise sidecar auto policy, engine {att.label}",
-                    "policy": att.policy.policy_label}
-            if eng is not None and eng.engine_id == att.engine_id:
-                meta.update(vocab=eng.vocab, dtype=eng.dtype)
-            return att.policy.learned_table(), meta
+        att = self._require()
+        eng = att.engine
+        meta = {"tp": att.client.tp_size, "source": f"gatherwise sidecar auto policy, engine {att.engine.label}",
+                "policy": att.policy.policy_label, "vocab": eng.vocab, "dtype": eng.dtype}
+        return att.policy.learned_table(), meta
 
+
+def _estimates(policy: AutoPolicy) -> list[tuple[int, Mode, Estimate]]:
+    """(bucket, mode, estimate) of every window of the policy that has samples."""
+    now = time.monotonic()
+    return [(b, m, est) for b in range(NUM_BUCKETS) for m in policy.modes
+            if (est := policy.estimates.get(b, m, now)) is not None]

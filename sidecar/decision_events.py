@@ -1,18 +1,28 @@
 """Where decisions and the control state become visible: Prometheus families and trace span events.
 
-The switch counter is defined in sidecar.metrics (gatherwise_mode_switches_total); the control gauges are
-computed at scrape time from the controller's view (sidecar.control_gauges); the span event is
-sidecar.traces.CallTracer.mode_switch_event.
+The switch counter is defined in sidecar.metrics (gatherwise_mode_switches_total); the span event is
+sidecar.traces.CallTracer.mode_switch_event. gatherwise_active_mode and gatherwise_policy_estimate_seconds are
+computed when /metrics is scraped, from the controller's view (ControlGaugesCollector): setting prometheus_client
+Gauges for every bucket x mode at every policy step cost the sidecar several % of a core next to an idle engine,
+for values read once per scrape. Their modes are the policy's (every implemented mode).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from gatherwise.modes import IMPLEMENTED
-from sidecar.metrics import SidecarMetrics
-from sidecar.policy import Decision
+
+if TYPE_CHECKING:  # sidecar.metrics registers the collector below (and the GPU check imports sidecar.metrics
+    # without pydantic, which sidecar.policy needs): import these for type checks only
+    from sidecar.metrics import SidecarMetrics
+    from sidecar.policy import Decision
 
 log = logging.getLogger("gatherwise.sidecar.control")
 
@@ -62,3 +72,34 @@ def flatten(evidence: dict[str, Any], into: dict[str, Any], prefix: str = "") ->
         else:
             into[name] = value
     return into
+
+
+ACTIVE_MODE = "gatherwise_active_mode"
+POLICY_ESTIMATE_SECONDS = "gatherwise_policy_estimate_seconds"
+
+
+@dataclass
+class ControlView:
+    engine: str  # engine id, 16 hex digits
+    active: dict[str, str]  # bucket label -> mode label the engine runs now
+    modes: tuple[str, ...]  # every mode label the policy chooses among
+    estimates: dict[tuple[str, str], float] = field(default_factory=dict)  # (bucket, mode) -> p50 seconds
+
+
+class ControlGaugesCollector(Collector):
+    def __init__(self, view: Callable[[], ControlView | None] = lambda: None) -> None:
+        self.view = view
+
+    def collect(self) -> Iterable[Metric]:
+        active = GaugeMetricFamily(ACTIVE_MODE, "1 for the mode each bucket runs now (control block status), else 0.",
+                                   labels=["engine", "bucket", "mode"])
+        estimate = GaugeMetricFamily(POLICY_ESTIMATE_SECONDS, "The auto policy's windowed median critical path "
+                                     "per bucket and mode.", labels=["engine", "bucket", "mode"], unit="seconds")
+        v = self.view()
+        if v is not None:
+            for bucket, running in v.active.items():
+                for mode in v.modes:
+                    active.add_metric([v.engine, bucket, mode], 1.0 if running == mode else 0.0)
+            for (bucket, mode), p50 in v.estimates.items():
+                estimate.add_metric([v.engine, bucket, mode], p50)
+        yield from (active, estimate)

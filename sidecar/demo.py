@@ -21,11 +21,9 @@ import time
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from dashboards.local_stack import LocalStack, start_local_stack
-from gatherwise.modes import IMPLEMENTED, IMPLEMENTED_LABELS
-from gatherwise.shm_format.ring import MODE_OPS
+from gatherwise.modes import IMPLEMENTED_LABELS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "config" / "demo.yaml"
@@ -45,35 +43,6 @@ def _ms(seconds: float | None) -> str:
 
 
 MODES = IMPLEMENTED_LABELS
-OP_NAMES = (*dict.fromkeys(op for m in IMPLEMENTED for op in MODE_OPS[int(m)] if op), "sample")
-FAMILIES = ("gatherwise_collective_seconds", "gatherwise_sample_seconds")
-
-
-def op_totals(exposition: str) -> dict[tuple[str, str, str], float]:
-    """(op, mode, "sum"|"count") -> value summed over ranks and buckets, from the sidecar's /metrics."""
-    totals: dict[tuple[str, str, str], float] = {}
-    for family in text_string_to_metric_families(exposition):
-        if family.name not in FAMILIES:
-            continue
-        for sample in family.samples:
-            kind = sample.name.rsplit("_", 1)[-1]
-            if kind in ("sum", "count"):
-                key = (sample.labels.get("op", "sample"), sample.labels["mode"], kind)
-                totals[key] = totals.get(key, 0.0) + sample.value
-    return totals
-
-
-def op_lines(now: dict, before: dict) -> list[str]:
-    """Per-op mean latency by mode since the previous screen, from deltas of histogram sums and counts."""
-    lines = [f"{'per-op mean since the last screen, ms (over ranks):':<52}" + "".join(f"{m:>12}" for m in MODES)]
-    for op in OP_NAMES:
-        cells = []
-        for mode in MODES:
-            calls = now.get((op, mode, "count"), 0) - before.get((op, mode, "count"), 0)
-            spent = now.get((op, mode, "sum"), 0) - before.get((op, mode, "sum"), 0)
-            cells.append(f"{spent / calls * 1e3:12.3f}" if calls > 0 else f"{'-':>12}")
-        lines.append(f"  {op:<50}{''.join(cells)}")
-    return lines
 
 
 def fastest(stats: dict, bucket: str) -> str:
@@ -85,7 +54,7 @@ def fastest(stats: dict, bucket: str) -> str:
     return f"{mode} {second / best:.2f}x"
 
 
-def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None, ops: list[str]) -> str:
+def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None) -> str:
     mode = api.get("/v1/mode")
     engine = api.get("/v1/engine").json()
     lines = [f"gatherwise demo — {time.strftime('%H:%M:%S')}"]
@@ -108,7 +77,6 @@ def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None,
         cell = lambda s: f"{_ms(s and s['p50_seconds'])} ({s['samples'] if s else 0:>4})"  # noqa: E731
         lines.append(f"{bucket:>6}  {active:<10}  " + "".join(f"{cell(s):>22}" for s in per_mode)
                      + f"   {fastest(stats, bucket)}")
-    lines += ["", *ops]
     lines += ["", f"recent switches (and {probes} probe decisions, not shown):"]
     for d in decisions or []:
         when = time.strftime("%H:%M:%S", time.localtime(d["time"]))
@@ -119,7 +87,8 @@ def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None,
     url = stack.sidecar_url
     lines += ["", f"sidecar {url}   API docs {url}/docs   metrics {url}/metrics"]
     if stack.prometheus is not None:
-        lines.append(f"prometheus {stack.prometheus.url}  (try: gatherwise_step_critical_path_seconds_count)")
+        lines.append(f"prometheus {stack.prometheus.url}  (per-op latency by rank: "
+                     f"rate(gatherwise_collective_seconds_sum[1m]) / rate(gatherwise_collective_seconds_count[1m]))")
     lines.append(f"flip by hand: GATHERWISE_API_TOKEN={token} gatherwise mode set gather --buckets 1,2 "
                  f"--wait 5 --url {url}")
     return "\n".join(lines)
@@ -177,7 +146,6 @@ def _view(args: argparse.Namespace, stack: LocalStack, token: str) -> int:
     stop_at = time.monotonic() + args.duration if args.duration else None
     engine = stack.processes[0]
     last: tuple[float, int] | None = None
-    before: dict = {}
     with httpx.Client(base_url=stack.sidecar_url, timeout=5) as api:
         while stop_at is None or time.monotonic() < stop_at:
             if engine.poll() is not None:
@@ -188,9 +156,7 @@ def _view(args: argparse.Namespace, stack: LocalStack, token: str) -> int:
                 now, call = time.monotonic(), api.get("/v1/mode").json().get("call_index", 0)
                 rate = (call - last[1]) / (now - last[0]) if last else None
                 last = (now, call)
-                totals = op_totals(api.get("/metrics").text)
-                screen = render(api, stack, token, rate, op_lines(totals, before))
-                before = totals
+                screen = render(api, stack, token, rate)
             except (httpx.HTTPError, KeyError, ValueError) as exc:
                 screen = f"sidecar not answering yet ({exc.__class__.__name__})"
             print(("\033[H\033[J" if tty else "\n") + screen, flush=True)

@@ -12,7 +12,6 @@ loop and every scrape ask for every (bucket, mode), and sorting the windows each
 from __future__ import annotations
 
 import math
-import statistics
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable
@@ -32,12 +31,6 @@ class Estimate:
     @property
     def value(self) -> float:
         return self.p50
-
-
-def summarize(values: list[float], age_seconds: float) -> Estimate:
-    ordered = sorted(values)
-    n = len(ordered)
-    return Estimate(n, statistics.fmean(ordered), _quantile(ordered, 0.5), _quantile(ordered, 0.9), age_seconds)
 
 
 def _quantile(ordered: list[float], q: float) -> float:

@@ -2,7 +2,7 @@
 
 prometheus_client's Histogram.observe costs ~1 µs (a lock, a linear bucket scan, two value objects); a call
 at TP=2 makes ~9 observations, which capped the sidecar near 100k records/s. Here an observation is a bisect
-and two list updates. Only the ingest thread writes; a scrape reads the lists under the GIL. The `_count` and
+and two list updates. Only the sidecar's loop thread writes; a scrape reads the lists under the GIL. The `_count` and
 `+Inf` bucket are both derived from the same per-bucket counts at scrape time, so they always agree; `_sum`
 may be one observation ahead or behind, which Prometheus tolerates.
 

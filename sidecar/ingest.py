@@ -1,10 +1,12 @@
-"""The ingest loop: shared-memory rings of the newest engine instance -> metrics and traces.
+"""Ingest: shared-memory rings of the newest engine instance -> metrics, traces and the policy's samples.
 
-Every poll interval it reads the new records of every rank (read-only mmaps: the engine never waits for
-it), joins them across ranks by call index, and turns each call into histogram observations and, when
-sampled, a trace. A call is joined when every rank's record has arrived, or after a bounded delay (then it
-counts as incomplete and only its per-rank parts are observed). A new engine instance id in shm_dir is an
-engine restart: the loop switches to it and drops the old instance's series, so series never mix.
+The sidecar's loop (sidecar.controller) calls `poll_once()` when it expects a batch of records while an
+engine is attached, and at each discovery deadline (`next_discovery_ns`) while none is. Each poll reads the new
+records of every rank (read-only mmaps: the engine never waits for it), joins them across ranks by call index,
+and turns each call into histogram observations and, when sampled, a trace; every joined call goes to
+`on_call` (the policy's input). A call is joined when every rank's record has arrived, or after a bounded delay
+(then it counts as incomplete and only its per-rank parts are observed). A new engine instance id in shm_dir is
+an engine restart: ingest switches to it and drops the old instance's series, so series never mix.
 
 Discovery is built for a directory other processes may litter: it tries engine directories newest first until
 one attaches (an empty or half-built directory never hides a live engine), skips what is not a real directory
@@ -28,22 +30,17 @@ from typing import Any
 from gatherwise.modes import Mode, bucket_label, bucket_of
 from gatherwise.shm_format.liveness import Liveness, is_removable, liveness
 from gatherwise.shm_format.private_files import check_private_dir
-from sidecar.header_counters import rank_counters
 from sidecar.histograms import Series
-from sidecar.metrics import CallSeries, EngineCounters, SidecarMetrics
-from sidecar.periodic import PeriodicThread
+from sidecar.metrics import CallSeries, EngineCounters, SidecarMetrics, rank_counters
 from sidecar.ring_reader import EngineFiles, RingFormatError, RingReader, discover_engines
 from sidecar.traces import CallTracer
 
 log = logging.getLogger("gatherwise.sidecar.ingest")
 
 _MODE_LABEL = {int(m): m.label for m in Mode}
-_BUCKET_LABEL = [bucket_label(bucket_of(rows)) for rows in range(1, 1 << 15)]
 DEFAULT_MAX_RECORDS_PER_POLL = 16384  # sidecar.max_records_per_poll
-
-
-def rows_bucket_label(rows: int) -> str:
-    return _BUCKET_LABEL[rows - 1] if 0 < rows < len(_BUCKET_LABEL) else bucket_label(bucket_of(max(rows, 1)))
+# A joined call: (engine, call index, mode code, bucket, critical-path seconds).
+CallSink = Callable[["AttachedEngine", int, int, int, float], None]
 
 
 @dataclass
@@ -54,7 +51,8 @@ class _Pending:
 
 @dataclass
 class AttachedEngine:
-    """The engine instance being ingested and what has been read from it so far."""
+    """The engine instance being ingested and what has been read from it so far: the sidecar's one record of the
+    attached engine (its control side, sidecar.controller.EngineControl, refers to it)."""
 
     engine_id: int
     label: str  # engine id as 16 hex digits: the `engine` label of every series
@@ -71,7 +69,7 @@ class AttachedEngine:
     last_record_end_ns: int = 0
     pending: dict[int, _Pending] = field(default_factory=dict)
     rank_paths: dict[tuple[int, int], Series] = field(default_factory=dict)  # (rank, mode)
-    call_series: dict[tuple[int, int], CallSeries] = field(default_factory=dict)  # (mode, rows)
+    call_series: dict[tuple[int, int], CallSeries] = field(default_factory=dict)  # (mode, bucket)
     records: int = 0
     calls_joined: int = 0
     calls_incomplete: int = 0
@@ -121,26 +119,16 @@ class Ingest:
         self.clock = clock
         self.engine: AttachedEngine | None = None
         self.engines_seen = 0
-        self.listeners: list[Callable[[AttachedEngine | None, AttachedEngine], None]] = []  # on engine switch
-        # per joined call: (engine, call_index, mode, rows, critical-path seconds); the control policy's input
-        self.call_listeners: list[Callable[[AttachedEngine, int, int, int, float], None]] = []
-        self._next_discover_ns = 0
-        self._loop = PeriodicThread("gatherwise-ingest", self.poll_once, poll_interval, log)
+        self.on_call: CallSink | None = None  # the policy's input (sidecar.controller)
+        self.next_discovery_ns = 0  # clock() value from which the next poll looks for engines
         metrics.header_collector._snapshot = self.counters
 
-    # -- thread -----------------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._loop.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._loop.stop(timeout)
-
-    # -- one iteration ----------------------------------------------------------------------------------
+    # -- one iteration (on the sidecar's loop) -----------------------------------------------------------
     def poll_once(self) -> int:
-        """Discover (rate-limited), read every rank's new records, join and emit. Returns records read."""
+        """Discover (when due), read every rank's new records, join and emit. Returns records read."""
         now = self.clock()
-        if now >= self._next_discover_ns or self.engine is None:
-            self._next_discover_ns = now + self.discover_interval_ns
+        if now >= self.next_discovery_ns:
+            self.next_discovery_ns = now + self.discover_interval_ns
             self._discover(now)
         eng = self.engine
         if eng is None:
@@ -176,7 +164,7 @@ class Ingest:
 
     def _emit(self, eng: AttachedEngine, call_index: int, by_rank: dict[int, Any], complete: bool) -> None:
         first = next(iter(by_rank.values()))
-        mode, rows = first.mode, first.rows
+        mode, bucket = first.mode, bucket_of(max(first.rows, 1))  # the bucket of the call, for every consumer
         label = _MODE_LABEL.get(mode)
         if label is None:  # a mode code no engine writes (the format allows 3): nothing sensible to show
             eng.calls_incomplete += 1
@@ -185,9 +173,9 @@ class Ingest:
         tracer = self.tracer
         if tracer is not None and tracer.should_sample(call_index):
             exemplar = {"trace_id": tracer.trace_call(eng.label, eng.tp_size, call_index, by_rank, complete)}
-        calls = eng.call_series.get((mode, rows))
+        calls = eng.call_series.get((mode, bucket))
         if calls is None:
-            calls = eng.call_series[(mode, rows)] = self.metrics.call_series(eng.label, mode, rows_bucket_label(rows))
+            calls = eng.call_series[(mode, bucket)] = self.metrics.call_series(eng.label, mode, bucket_label(bucket))
         paths = eng.rank_paths
         max_start = max_end = 0
         min_start = None
@@ -198,7 +186,7 @@ class Ingest:
             calls.first_op.observe(rec.collective_ns * 1e-9, exemplar)
             if rec.second_op is not None:
                 series = calls.second_ops.get(rec.second_op) or self.metrics.second_op(
-                    eng.label, calls, rec.second_op, label, rows_bucket_label(rows))
+                    eng.label, calls, rec.second_op, label, bucket_label(bucket))
                 series.observe(rec.broadcast_ns * 1e-9, exemplar)
             if rec.sample_ns or rank == 0:  # ranks that did not sample (gather mode, rank > 0) record 0
                 calls.sample.observe(rec.sample_ns * 1e-9, exemplar)
@@ -219,8 +207,8 @@ class Ingest:
         critical = (max_end - max_start) * 1e-9
         calls.critical_path.observe(critical, exemplar)
         calls.skew.observe((max_start - min_start) * 1e-9, exemplar)
-        for listener in self.call_listeners:
-            listener(eng, call_index, mode, rows, critical)
+        if self.on_call is not None:
+            self.on_call(eng, call_index, mode, bucket, critical)
 
     # -- discovery and engine restarts ------------------------------------------------------------------
     def _discover(self, now: int) -> None:
@@ -305,8 +293,6 @@ class Ingest:
                 reader.close()
         else:
             log.info("attached engine %s (tp=%d)", attached.label, attached.tp_size)
-        for listener in self.listeners:
-            listener(old, attached)
 
     def _warn_dir(self, key: str, message: str) -> None:
         if key not in self._warned_dirs:
@@ -352,7 +338,7 @@ class Ingest:
         return AttachedEngine(files.engine_id, f"{files.engine_id:016x}", Path(files.dir), tp, h0.vocab, h0.dtype,
                               readers, now, headers, [0] * tp)
 
-    # -- views for the collector and the API (called from other threads; read-only) --------------------
+    # -- views for the header collector and GET /v1/engine (other threads; read-only, no policy state) -------
     def heartbeat_age_seconds(self, eng: AttachedEngine) -> float:
         """Seconds since the engine last finished a call (its newest record), or since attach if none yet."""
         return max(0.0, (self.clock() - (eng.last_record_end_ns or eng.attached_ns)) * 1e-9)

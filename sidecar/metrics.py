@@ -2,8 +2,9 @@
 
 The sidecar owns its own CollectorRegistry (not prometheus_client's multiprocess mode: that has no
 exemplars). Histograms are fed from ring records by the ingest loop; the `*_total` counters and the engine
-gauges are read at scrape time from the latest ring-header snapshot (sidecar.header_counters), so they are exact
-even when records were overwritten before the sidecar read them, and they continue across sidecar restarts.
+gauges are read at scrape time from the latest ring-header snapshot (`rank_counters`): the engine writes them on
+every call (calls and bytes at the time of the call, times once known), so they are exact even when records were
+overwritten before the sidecar read them, and they continue across sidecar restarts.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from gatherwise.modes import Mode
-from gatherwise.shm_format.ring import MODE_OPS
-from sidecar.control_gauges import ControlGaugesCollector
+from gatherwise.modes import IMPLEMENTED, Mode
+from gatherwise.shm_format.ring import MODE_OPS, RingHeader
+from sidecar.decision_events import ControlGaugesCollector
 from sidecar.histograms import HistogramFamily, Series
 
 # -- family names (the dashboards, alerts and checks use exactly these) ------------------------------------
@@ -38,7 +39,7 @@ ENGINE_UP = "gatherwise_engine_up"
 ENGINE_HEARTBEAT_AGE_SECONDS = "gatherwise_engine_heartbeat_age_seconds"
 # Control families, fed by sidecar.controller:
 MODE_SWITCHES = "gatherwise_mode_switches"  # exposed as ..._total
-# gatherwise_active_mode and gatherwise_policy_estimate_seconds: sidecar.control_gauges (computed at scrape time)
+# gatherwise_active_mode and gatherwise_policy_estimate_seconds: sidecar.decision_events (computed at scrape time)
 
 OPS = tuple(op for pair in MODE_OPS.values() for op in pair if op)  # every collective op label, by mode
 # 10 µs .. 1.3 s: collectives on one host are tens of µs (GPU) to tens of ms (gloo, big vocab).
@@ -57,6 +58,35 @@ class RankCounters:
     path_bytes: dict[str, int] = field(default_factory=dict)  # mode label -> bytes of every op of the path
     topp_rows: int = 0  # top-p rows sampled in sharded mode (every rank counts the same rows)
     topp_fallback_rows: int = 0  # of those, rows that took the full-row fallback
+
+
+def bytes_series(modes: tuple[Mode, ...] = IMPLEMENTED) -> tuple[tuple[str, Mode], ...]:
+    """(op, mode) pairs that move bytes: each mode's operations (MODE_OPS), e.g. gather runs gather + broadcast."""
+    return tuple((op, m) for m in modes for op in MODE_OPS[int(m)] if op)
+
+
+def seconds_series(modes: tuple[Mode, ...] = IMPLEMENTED) -> tuple[tuple[str, Mode], ...]:
+    """(op, mode) pairs that take time: the mode's collectives, sampling and the whole path."""
+    return bytes_series(modes) + tuple((op, m) for m in modes for op in ("sample", "path"))
+
+
+OP_LABELS = {"path": "logits_path"}  # header op name -> the `op` label (the path is labelled like its histogram)
+
+
+def rank_counters(header: RingHeader, rank: int, reader_dropped: dict[str, int]) -> RankCounters:
+    """One rank's counters. `reader_dropped`: this sidecar's own losses by reason (overwritten, torn); the
+    engine's (timings given up) come from the header."""
+    rows = header.counters
+    calls = {m.label: rows[int(m)].calls for m in IMPLEMENTED}
+    nbytes = {(op, m.label): rows[int(m)].ops[op].bytes for op, m in bytes_series()}
+    seconds = {(OP_LABELS.get(op, op), m.label): rows[int(m)].ops[op].ns / 1e9 for op, m in seconds_series()}
+    path_bytes = {m.label: rows[int(m)].ops["path"].bytes for m in IMPLEMENTED}
+    return RankCounters(rank, calls, nbytes, {**reader_dropped, **header.drops}, seconds, path_bytes,
+                        header.topp_rows, header.topp_fallback_rows)
+
+
+def total_calls(header: RingHeader) -> int:
+    return sum(c.calls for c in header.counters.values())
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The auto policy: per bucket, run the mode with the lowest critical path; pins override it.
 
-Pure decision logic, no I/O and no clock of its own: the controller feeds it samples (`observe`) and the time
-(`step(now)`), and writes whatever `desired_table()` says into the control block. It chooses among any number
+Pure decision logic, no I/O: the sidecar's loop feeds it samples (`observe`) and the monotonic time of every
+call (`now`), and writes whatever `desired_table()` says into the control block. The only clock it reads is
+`wall_clock` (unix seconds), to stamp its decisions. It chooses among any number
 of modes (`modes`, default every implemented one). Rules:
 - compare modes on costs measured at the same time, never on windows from different periods: the running mode
   of a busy bucket fills its window in a second or two while another mode is only measured by probes spread
@@ -24,7 +25,8 @@ of modes (`modes`, default every implemented one). Rules:
   moves by more than `probe_backoff_margin` from what it was when the bucket backed off (the load changed), or
   the bucket switches, every factor of the bucket resets and the bucket is probed again soon. So a mode that
   loses everywhere costs a few probes per `probe_backoff_max` intervals, not `probe_budget` of all calls;
-- a pinned bucket (manual `PUT /v1/mode <mode>`) is never touched; `auto` releases the pin.
+- a pinned bucket (manual `PUT /v1/mode <mode>`) is never touched; `auto` releases the pin (back to the policy's
+  own choice when its fresh probes had found the pinned mode slower, else from the pinned mode).
 Every decision is returned with its evidence, and kept in a bounded log.
 """
 
@@ -32,16 +34,17 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as validated_dataclass
 
 from gatherwise.config import ModeOrAuto, PolicyParams
-from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable, bucket_label, bucket_of
+from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable, bucket_label
 from sidecar.estimates import Estimate, WindowEstimates
 
 DECISION_LOG = 256
@@ -55,7 +58,7 @@ class Decision:
     """One decision of the policy's log, with its evidence."""
 
     id: int
-    time: Annotated[float, Field(description="unix seconds (the controller's wall clock)")]
+    time: Annotated[float, Field(description="unix seconds (the policy's wall clock)")]
     reason: Reason
     mode: Annotated[ModeOrAuto, Field(description="the mode the buckets go to")]
     buckets: Annotated[list[str], Field(description='bucket labels ("1", "2", "4", ...)')]
@@ -83,12 +86,6 @@ class Probe:
     calls: int = 0
 
 
-def estimate_json(est: Estimate | None) -> dict[str, Any] | None:
-    if est is None:
-        return None
-    return {"samples": est.samples, "p50": est.p50, "mean": est.mean, "p90": est.p90, "age_seconds": est.age_seconds}
-
-
 def should_switch(active: Estimate | None, challenger: Estimate | None, params: PolicyParams) -> bool:
     """True when the challenger is faster by the margin, with enough samples on both sides."""
     if active is None or challenger is None:
@@ -100,7 +97,7 @@ def should_switch(active: Estimate | None, challenger: Estimate | None, params: 
 
 class AutoPolicy:
     def __init__(self, params: PolicyParams, table: ModeTable, *, auto: bool,
-                 modes: Sequence[Mode] | None = None) -> None:
+                 modes: Sequence[Mode] | None = None, wall_clock: Callable[[], float] = time.time) -> None:
         self.params = params
         self.modes: tuple[Mode, ...] = tuple(IMPLEMENTED if modes is None else modes)
         self.choice: list[Mode] = list(table.modes)  # the policy's mode per bucket (probes aside)
@@ -117,7 +114,7 @@ class AutoPolicy:
         self.probe_calls_used = 0
         self.decisions: deque[Decision] = deque(maxlen=DECISION_LOG)
         self.next_decision_id = 1
-        self.clock_wall = 0.0  # set by the controller before each call that can decide
+        self.wall_clock = wall_clock  # stamps decisions (Decision.time)
         self.restored_extra: dict[str, Any] = {}  # what the controller saved with the state (policy_state)
 
     # -- views ---------------------------------------------------------------------------------------------
@@ -171,12 +168,11 @@ class AutoPolicy:
         return len(ratios), statistics.median(ratios)
 
     # -- input ---------------------------------------------------------------------------------------------
-    def observe(self, mode: Mode, rows: int, seconds: float, now: float) -> bool:
-        """One joined call. True when it completed the running probe (the caller may step at once, so a probe
-        lasts `probe_calls` calls however long the control loop sleeps)."""
+    def observe(self, mode: Mode, bucket: int, seconds: float, now: float) -> bool:
+        """One joined call of `bucket`. True when it completed the running probe (the caller may step at once, so
+        a probe lasts `probe_calls` calls however long the loop waits between steps)."""
         if not math.isfinite(seconds) or seconds < 0:
             return False
-        bucket = bucket_of(rows)
         self.estimates.add(bucket, mode, seconds, now)
         self.calls_total += 1
         if bucket not in self.pins and mode != self.choice[bucket]:
@@ -188,10 +184,11 @@ class AutoPolicy:
         return False
 
     # -- decisions -----------------------------------------------------------------------------------------
-    def _decide(self, reason: str, mode: Mode, buckets: Iterable[int], previous: dict[int, Mode],
+    def _decide(self, reason: Reason, mode: str, buckets: Iterable[int], previous: dict[int, Mode],
                 evidence: dict[str, Any]) -> Decision:
+        """Log a decision: `buckets` go to `mode` (a mode label, or "auto" when pins are released)."""
         labels = [bucket_label(b) for b in buckets]
-        decision = Decision(self.next_decision_id, self.clock_wall, reason, mode.label, labels,
+        decision = Decision(self.next_decision_id, self.wall_clock(), reason, mode, labels,
                             {bucket_label(b): m.label for b, m in previous.items()}, evidence)
         self.next_decision_id += 1
         self.decisions.append(decision)
@@ -205,7 +202,8 @@ class AutoPolicy:
                 paired[m.label] = {"probes": found[0], "ratio": found[1]}
         return {"bucket": bucket_label(bucket), "margin": self.params.margin,
                 "min_samples": self.params.min_samples, "probes_needed": self.pairs_needed,
-                "estimates": {m.label: estimate_json(self.estimates.get(bucket, m, now)) for m in self.modes},
+                "estimates": {m.label: asdict(e) if (e := self.estimates.get(bucket, m, now)) else None
+                              for m in self.modes},
                 "paired": paired}
 
     def pin(self, mode: Mode, buckets: list[int] | None, now: float) -> Decision:
@@ -216,20 +214,31 @@ class AutoPolicy:
             self.pins[b] = mode
         if self.probe is not None and self.probe.bucket in self.pins:
             self.probe = None
-        return self._decide("manual", mode, chosen, previous, {"pinned": [bucket_label(b) for b in chosen]})
+        return self._decide("manual", mode.label, chosen, previous, {"pinned": [bucket_label(b) for b in chosen]})
 
     def release(self, buckets: list[int] | None, now: float) -> Decision:
-        """`auto` for these buckets: drop their pins; the policy continues from the mode they run now."""
+        """`auto` for these buckets: drop their pins. A bucket goes back to the mode the policy ran there before
+        the pin when its paired probes had already found the pinned mode slower than that one (the evidence of
+        the switch it made, still fresh: learning it again would cost probes at the pinned mode's price);
+        otherwise the policy continues from the pinned mode."""
         chosen = list(range(NUM_BUCKETS)) if buckets is None else sorted(set(buckets))
-        previous = {}
+        previous, returned = {}, {}
         for b in chosen:
-            if b in self.pins:
-                self.choice[b] = previous[b] = self.pins.pop(b)
-                self._reset_backoff(b)
-        decision = self._decide("manual", self.modes[0], chosen, previous,
-                                {"released": [bucket_label(b) for b in chosen]})
-        decision.mode = "auto"
-        return decision
+            if b not in self.pins:
+                continue
+            pinned = previous[b] = self.pins.pop(b)
+            if pinned != self.choice[b] and self._beaten(b, pinned, now):
+                returned[bucket_label(b)] = self.choice[b].label
+            else:
+                self.choice[b] = pinned
+            self._reset_backoff(b)
+        return self._decide("manual", "auto", chosen, previous,
+                            {"released": [bucket_label(b) for b in chosen], "returned": returned})
+
+    def _beaten(self, bucket: int, mode: Mode, now: float) -> bool:
+        """Enough fresh paired probes say `mode` is slower than the bucket's choice by more than the margin."""
+        found = self.paired_ratio(bucket, mode, now)
+        return found is not None and found[0] >= self.pairs_needed and found[1] > 1.0 + self.params.margin
 
     def adopt_table(self, table: ModeTable, now: float, source: str) -> Decision | None:
         """Start auto buckets from a learned table (policy.table_file)."""
@@ -242,7 +251,7 @@ class AutoPolicy:
                 for b in bs:
                     self.choice[b] = mode
                     self._reset_backoff(b)
-                decision = self._decide("table_file", mode, bs, previous, {"source": source})
+                decision = self._decide("table_file", mode.label, bs, previous, {"source": source})
         return decision
 
     def step(self, now: float) -> list[Decision]:
@@ -253,7 +262,8 @@ class AutoPolicy:
                                        or now - self.probe.started >= p.probe_timeout_seconds):
             probe, self.probe = self.probe, None
             backoff = self._after_probe(probe, now)
-            out.append(self._decide("probe", self.choice[probe.bucket], [probe.bucket], {probe.bucket: probe.mode},
+            out.append(self._decide("probe", self.choice[probe.bucket].label, [probe.bucket],
+                                    {probe.bucket: probe.mode},
                                     {"phase": "end", "probe_calls": probe.calls, "backoff": backoff,
                                      **self.evidence(probe.bucket, now)}))
         for b in range(NUM_BUCKETS):
@@ -270,7 +280,7 @@ class AutoPolicy:
                 self.choice[b] = best
                 self.last_switch[b] = now
                 self._reset_backoff(b)
-                out.append(self._decide("auto", best, [b], {b: active}, evidence))
+                out.append(self._decide("auto", best.label, [b], {b: active}, evidence))
         if self.probe is None:
             started = self._maybe_probe(now)
             if started is not None:
@@ -378,7 +388,7 @@ class AutoPolicy:
         mode = Mode(code)
         self.probe = Probe(b, mode, now)
         self.last_probe[(b, mode)] = now
-        return self._decide("probe", mode, [b], {b: self.choice[b]},
+        return self._decide("probe", mode.label, [b], {b: self.choice[b]},
                             {"phase": "start", "probe_calls": p.probe_calls, "probe_share": self.probe_share,
                              "backoff": self.backoff.get((b, mode), 1.0), **self.evidence(b, now)})
 

@@ -19,11 +19,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from gatherwise.modes import bucket_label, parse_buckets
+from gatherwise.modes import parse_buckets
 from gatherwise.shm_format.control import ControlFormatError
 from sidecar.control_client import ControlSnapshot
 from sidecar.control_models import (
-    BucketModeStats,
     DecisionsResponse,
     ErrorResponse,
     ModeState,
@@ -34,8 +33,7 @@ from sidecar.control_models import (
     StatsResponse,
     TableFileModel,
 )
-from sidecar.controller import Attached, Controller, NotAttached
-from sidecar.policy import AutoPolicy
+from sidecar.controller import Controller, NotAttached, PolicyView
 from sidecar.state import StateDep
 
 router = APIRouter(tags=["control"])
@@ -73,18 +71,11 @@ def conflict(exc: Exception) -> HTTPException:
     return HTTPException(409, str(exc))
 
 
-def pinned(policy: AutoPolicy) -> dict[str, str]:
-    return {bucket_label(b): m.label for b, m in sorted(policy.pins.items())}
-
-
-def mode_state(att: Attached, snap: ControlSnapshot, now_ns: int | None = None) -> ModeState:
-    hb = snap.heartbeat
-    age = None if hb.monotonic_ns == 0 else max(0.0, ((now_ns or time.monotonic_ns()) - hb.monotonic_ns) * 1e-9)
+def mode_state(view: PolicyView, snap: ControlSnapshot) -> ModeState:
     return ModeState(
-        engine=att.label, policy=att.policy.policy_label, active=snap.active_table.as_labels(),
-        requested=snap.requested_table.as_labels(),
-        pinned=pinned(att.policy),
-        epoch=snap.status.epoch, call_index=hb.call_index, heartbeat_age_seconds=age,
+        engine=view.engine, policy=view.policy, active=snap.active_table.as_labels(),
+        requested=snap.requested_table.as_labels(), pinned=view.pinned, epoch=snap.status.epoch,
+        call_index=snap.heartbeat.call_index, heartbeat_age_seconds=snap.heartbeat_age_seconds(),
         requested_seq=snap.command.seq, applied_seq=snap.status.applied_seq, apply_call=snap.status.apply_call,
         pending=snap.command.seq > snap.status.applied_seq)
 
@@ -108,7 +99,7 @@ async def put_mode(body: SetModeRequest, ctl: ControllerDep,
         seq, decision = ctl.set_mode(body.mode, buckets)
         deadline = time.monotonic() + wait
         while True:
-            att, snap = ctl.snapshot()
+            view, snap = ctl.snapshot()
             if snap.status.applied_seq >= seq or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(WAIT_STEP_S)
@@ -116,41 +107,26 @@ async def put_mode(body: SetModeRequest, ctl: ControllerDep,
         raise conflict(exc) from None
     applied = snap.status.applied_seq >= seq
     result = SetModeResult(applied=applied, seq=seq, apply_call=snap.status.apply_call if applied else None,
-                           decision=decision.id, state=mode_state(att, snap))
+                           decision=decision.id, state=mode_state(view, snap))
     return result if applied else JSONResponse(result.model_dump(), status_code=202)
 
 
 @router.get("/stats", response_model=StatsResponse, summary="Per bucket x mode critical-path estimates")
 def get_stats(ctl: ControllerDep) -> StatsResponse:
-    att, rows = ctl.stats()
-    stats = [BucketModeStats(bucket=str(1 << b), mode=m.label, samples=e.samples, mean_seconds=e.mean,
-                             p50_seconds=e.p50, p90_seconds=e.p90, age_seconds=e.age_seconds) for b, m, e in rows]
-    if att is None:
-        return StatsResponse(engine=None, stats=[], calls_observed=0, probe_calls=0, probe_share=0.0)
-    p = att.policy
-    return StatsResponse(engine=att.label, stats=stats, calls_observed=p.calls_total, probe_calls=p.probe_calls_used,
-                         probe_share=p.probe_share)
+    return ctl.stats()
 
 
 @router.get("/decisions", response_model=DecisionsResponse, summary="Recent decisions with their evidence")
 def get_decisions(ctl: ControllerDep,
                   limit: Annotated[int, Query(ge=1, le=256, description="newest N decisions")] = 50
                   ) -> DecisionsResponse:
-    with ctl.lock:
-        att = ctl.attached
-        if att is None:
-            return DecisionsResponse(engine=None, decisions=[])
-        recent = list(att.policy.decisions)[-limit:]
-        return DecisionsResponse(engine=att.label, decisions=recent)
+    engine, recent = ctl.decisions(limit)
+    return DecisionsResponse(engine=engine, decisions=recent)
 
 
 def policy_response(ctl: Controller) -> PolicyResponse:
-    with ctl.lock:
-        att = ctl.attached
-        params = ctl.current_params()
-        if att is None:
-            return PolicyResponse(policy=None, pinned={}, params=params)
-        return PolicyResponse(policy=att.policy.policy_label, pinned=pinned(att.policy), params=params)
+    view = ctl.policy_view()
+    return PolicyResponse(policy=view.policy, pinned=view.pinned, params=view.params)
 
 
 @router.get("/policy", response_model=PolicyResponse, summary="Auto policy parameters")

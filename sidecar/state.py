@@ -1,4 +1,4 @@
-"""Everything the sidecar's routes share, in one dataclass (the control issue adds its fields here)."""
+"""Everything the sidecar's routes share, in one dataclass."""
 
 from __future__ import annotations
 
@@ -6,22 +6,16 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Protocol
+from typing import Annotated
 
 from fastapi import Depends, Request
 
 from gatherwise.config import GatherwiseConfig
+from sidecar.controller import Controller
+from sidecar.decision_events import DecisionEvents
 from sidecar.ingest import Ingest
 from sidecar.metrics import SidecarMetrics
 from sidecar.traces import CallTracer, build_tracer
-
-
-class Service(Protocol):
-    """A background part started and stopped with the app (the ingest loop, a policy loop, ...)."""
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
 
 
 @dataclass
@@ -29,15 +23,14 @@ class SidecarState:
     config: GatherwiseConfig
     metrics: SidecarMetrics
     ingest: Ingest
+    control: Controller  # the sidecar's loop and the control API; started and stopped with the app
     tracer: CallTracer | None = None
-    services: list[Service] = field(default_factory=list)  # started after ingest, stopped before it
     started_at: float = field(default_factory=time.time)
-    control: Any = None  # sidecar.controller.Controller: the control API and the auto policy
 
 
 def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = None,
                 span_processor=None) -> SidecarState:
-    """Registry, tracer and ingest loop for `config` (engine.shm_dir, sidecar.*, traces.*). Nothing started."""
+    """Registry, tracer, ingest and the loop that drives them for `config`. Nothing started."""
     env = os.environ if env is None else env
     metrics = SidecarMetrics()
     tracer = build_tracer(config.traces, env=env, processor=span_processor)
@@ -45,11 +38,8 @@ def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = Non
     ingest = Ingest(config.engine.shm_dir, metrics, tracer, poll_interval=poll, join_timeout=max(0.25, 10 * poll),
                     heartbeat_stale=config.sidecar.heartbeat_stale_seconds,
                     max_records_per_poll=config.sidecar.max_records_per_poll)
-    from sidecar.controller import Controller
-    from sidecar.decision_events import DecisionEvents
-
     control = Controller(config, ingest, DecisionEvents(metrics, tracer), env=env)
-    return SidecarState(config, metrics, ingest, tracer, services=[control], control=control)
+    return SidecarState(config, metrics, ingest, control, tracer)
 
 
 def get_state(request: Request) -> SidecarState:

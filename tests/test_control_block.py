@@ -41,22 +41,23 @@ def test_fresh_block_has_header_initial_status_and_no_command(block):
     assert (snap.header.engine_id, snap.header.tp_size, snap.header.writer_pid) == (ENGINE, 2, os.getpid())
     assert snap.command.seq == 0 and snap.status.applied_seq == 0
     assert snap.active_table == ALL_GATHER == snap.requested_table
-    assert client.heartbeat_age_seconds() is None
+    assert snap.heartbeat_age_seconds() is None
 
 
 def test_command_round_trip_and_status(block):
     _, source, client = block
     assert source.poll(0) is None
-    seq = client.write_command(GATHER.with_buckets(Mode.ALL_GATHER, [0]), flags=fmt.FLAG_AUTO)
+    seq = client.write_command(GATHER.with_buckets(Mode.ALL_GATHER, [0]))
     request = source.poll(1)
-    assert (request.seq, request.flags) == (seq, fmt.FLAG_AUTO)
+    assert request.seq == seq
     assert request.table == GATHER.with_buckets(Mode.ALL_GATHER, [0])
     assert source.poll(2) is request  # unchanged seq: the cached request, no re-read
     source.report(AppliedStatus(seq, 3, request.table, 1))
     snap = client.snapshot()
-    assert (snap.status.applied_seq, snap.status.apply_call, snap.status.epoch, snap.status.flags) == (seq, 3, 1, 1)
+    assert (snap.status.applied_seq, snap.status.apply_call, snap.status.epoch, snap.status.reserved) == (seq, 3, 1, 0)
+    assert snap.command.reserved == 0
     assert snap.active_table == request.table
-    assert snap.heartbeat.call_index == 2 and client.heartbeat_age_seconds() >= 0
+    assert snap.heartbeat.call_index == 2 and snap.heartbeat_age_seconds() >= 0
     assert client.next_seq() == seq + 1
 
 
@@ -138,8 +139,11 @@ def test_seqlock_odd_lock_reads_none_and_next_write_repairs_it():
     assert words[0] % 2 == 0 and fmt.seqlock_read(words, 0, 2) == (5, 6)
 
 
-def test_client_write_rejects_bad_flags(block):
-    _, _, client = block
-    with pytest.raises(ValueError, match="4 bits"):
-        client.write_command(GATHER, flags=16)
-    assert client.command().seq == 0
+def test_reserved_command_word_below_the_limit_is_ignored_above_it_invalid(block):
+    """An earlier sidecar wrote 1 there (its unread 'auto' flag): still applied. A larger value is from a newer
+    format: the command is ignored and the engine keeps its table."""
+    _, source, client = block
+    fmt.fd_seqlock_write(client._fd, fmt.CMD_LOCK, (1, GATHER.encode(), 1, 0))
+    assert source.poll(0).table == GATHER
+    fmt.fd_seqlock_write(client._fd, fmt.CMD_LOCK, (2, ALL_GATHER.encode(), fmt.RESERVED_LIMIT, 0))
+    assert source.poll(1).table == GATHER and source.ignored_commands == 1

@@ -39,6 +39,7 @@ def test_flips_under_load_switch_every_rank_at_one_call_and_keep_tokens(tmp_path
         assert r.status_code == 200, r.text
         first = r.json()
         assert first["applied"] and set(first["state"]["active"].values()) == {"gather"}
+        assert first["state"]["call_index"] >= first["apply_call"]  # "applied" once the call that runs it began
         # a per-bucket flip: only bucket 8 (rows 5..8) back to all_gather
         r = client.put("/v1/mode", json={"mode": "all_gather", "buckets": [8]}, params={"wait": 20}, headers=AUTH)
         assert r.status_code == 200, r.text

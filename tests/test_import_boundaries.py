@@ -87,7 +87,7 @@ def test_the_gpu_check_needs_only_torch_pyyaml_and_prometheus_client():
     (no network, nothing installed): nothing it imports may need another third-party package."""
     modules = ["gatherwise_bench.gpu_check", "engine_hooks.table_source", "engine_hooks.comm", "engine_hooks.graphs",
                "engine_hooks.sampling", "engine_hooks.cuda_timing", "engine_hooks.logits_path",
-               "engine_hooks.recorder", "sidecar.ring_reader", "sidecar.header_counters", "sidecar.metrics"]
+               "engine_hooks.recorder", "sidecar.ring_reader", "sidecar.metrics"]
     result = _check(modules, {"pydantic", "fastapi", "starlette", "uvicorn", "opentelemetry", "httpx", "jinja2",
                               "tokenizers", "safetensors", "transformers"})
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr

@@ -40,13 +40,17 @@ def _run_path(rank, world, vocab, mode, dtype_name, switch_at=None):
                       table_source=source, keep_log=True)
     gen = torch.Generator().manual_seed(5)
     tokens = []
+    reported_during: list[int] = []  # the call during which each report arrived
     for step, batch in enumerate(BATCHES):
         if switch_at == step and rank == 0:
             source.request(ModeTable.uniform(Mode.GATHER if mode == "all_gather" else Mode.ALL_GATHER))
         _fill(path, rank, torch.randn(batch, vocab, generator=gen))
         tokens.append(path.run(_rows(step, batch)).tolist())
-    applied = [(s.seq, s.apply_call, s.epoch) for s in source.applied] if isinstance(source, InProcessTableSource) \
-        else []
+        if isinstance(source, InProcessTableSource):
+            reported_during += [step] * (len(source.applied) - len(reported_during))
+    applied = [(s.seq, s.apply_call, s.epoch, during) for s, during in zip(source.applied, reported_during,
+                                                                           strict=True)] \
+        if isinstance(source, InProcessTableSource) else []
     return tokens, [m.label for m in path.mode_log], path.collective_log, path.epoch, applied
 
 
@@ -98,8 +102,9 @@ def test_requested_switch_applies_on_every_rank_at_the_reported_call(first):
     from engine_hooks.deferred_word import ADOPT_LAG
 
     assert ADOPT_LAG == 2  # part of the protocol: docs/architecture.md and docs/api.md say "two calls later"
-    (seq, apply_call, epoch), = results[0][4]
+    (seq, apply_call, epoch, reported_during), = results[0][4]
     assert (seq, apply_call, epoch) == (1, 6, 1)  # requested during call 4, carried by call 4, in force from 6
+    assert reported_during == apply_call  # reported applied when it is: not while call 4's collective is pending
     other = "gather" if first == "all_gather" else "all_gather"
     for _, modes, _, final_epoch, _ in results:
         assert modes == [first] * 6 + [other] * (len(BATCHES) - 6)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
-from sidecar.estimates import Estimate, WindowEstimates, summarize
+from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_of
+from sidecar.estimates import Estimate, WindowEstimates
 from sidecar.policy import AutoPolicy, PolicyParams, should_switch
 from sidecar.policy_state import policy_from_json, policy_to_json
 
@@ -33,7 +33,10 @@ def test_should_switch_needs_margin_and_samples_on_both_sides():
 
 
 def test_summarize_and_window_age_out():
-    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0], 0.5)
+    five = WindowEstimates(window=8, max_age_seconds=10.0)
+    for v in (5.0, 1.0, 3.0, 2.0, 4.0):
+        five.add(0, A, v, now=0.0)
+    s = five.get(0, A, now=0.5)
     assert (s.samples, s.p50, s.mean, s.age_seconds) == (5, 3.0, 3.0, 0.5)
     assert math.isclose(s.p90, 4.6)
     w = WindowEstimates(window=4, max_age_seconds=10.0)
@@ -52,7 +55,7 @@ def simulate(policy: AutoPolicy, cost, seconds: float, now: float, rows=(1,), ca
     for i in range(int(seconds * calls_per_second)):
         r = rows[i % len(rows)]
         mode = policy.desired_table().mode_for_rows(r)
-        policy.observe(mode, r, cost(r, mode, now), now)
+        policy.observe(mode, bucket_of(r), cost(r, mode, now), now)
         if i % step_every == 0:
             decisions += policy.step(now)
         now += dt
@@ -104,16 +107,35 @@ def test_dwell_blocks_a_second_switch():
 
 
 def test_pins_override_auto_and_release_resumes():
-    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO)
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO, wall_clock=lambda: 1234.5)
     d = policy.pin(G, [0], now=0.0)
     assert (d.reason, d.mode, d.buckets, d.previous) == ("manual", "gather", ["1"], {"1": "all_gather"})
+    assert d.time == 1234.5  # decisions are stamped by the policy's own wall clock
     assert policy.policy_label == "mixed" and policy.desired_table().modes[0] == G
     now, decisions = simulate(policy, delay_on(G), 3.0, 0.0)
     assert policy.desired_table().modes[0] == G and not [x for x in decisions if "1" in x.buckets]
-    policy.release([0], now)
+    d = policy.release([0], now)
+    assert (d.reason, d.mode, d.buckets, d.previous) == ("manual", "auto", ["1"], {"1": "gather"})
     assert policy.policy_label == "auto"
     simulate(policy, delay_on(G), 3.0, now)
     assert policy.desired_table().modes[0] == A
+
+
+def test_release_returns_to_the_policys_choice_when_probes_found_the_pin_slower():
+    """Pinned to a mode the policy had measured as slower, `auto` goes straight back to its own choice; pinned to
+    a mode it has no paired evidence against, it continues from the pin and learns."""
+    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO)
+    now, _ = simulate(policy, delay_on(G), 3.0, 0.0)  # probes of gather while all_gather runs: gather 2x slower
+    found = policy.paired_ratio(0, G, now)
+    assert policy.choice[0] == A and found is not None and found[0] >= policy.pairs_needed and found[1] > 1.5
+    policy.pin(G, None, now)
+    d = policy.release(None, now + 0.5)
+    assert policy.desired_table().modes[0] == A and d.evidence["returned"] == {"1": "all_gather"}
+    assert policy.desired_table().modes[5] == G  # bucket 32 never ran: no evidence, it continues from the pin
+    policy.pin(G, [0], now + 1.0)
+    later = now + 1.0 + FAST["max_sample_age_seconds"] + 1
+    d = policy.release([0], later)  # the evidence has aged out meanwhile: continue from the pin
+    assert policy.desired_table().modes[0] == G and d.evidence["returned"] == {}
 
 
 def test_manual_policy_pins_everything():

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from gatherwise.shm_format.ring import engine_dir, engine_dir_name, ring_path
-from sidecar.header_counters import total_calls
+from sidecar.metrics import total_calls
 from sidecar.ring_reader import RingReader
 from tests._sidecar import samples, scrape, start_engine, start_sidecar, total, wait_for
 

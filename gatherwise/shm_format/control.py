@@ -9,8 +9,8 @@ on its own 64-byte line and has exactly one writer:
     header          0  rank 0   magic(8 bytes) | version u32, block size u32 | engine id | tp size u32, pid u32
                                 | created (wall ns)
     heartbeat      64  rank 0   lock | last call index | monotonic ns (time.monotonic_ns)
-    command       128  sidecar  lock | seq | table word | flags | written (monotonic ns)
-    status        192  rank 0   lock | applied seq | apply call | table word | epoch | flags | written (mono ns)
+    command       128  sidecar  lock | seq | table word | reserved | written (monotonic ns)
+    status        192  rank 0   lock | applied seq | apply call | table word | epoch | reserved | written (mono ns)
 
 Every area but the header is seqlock-protected: the writer makes `lock` odd, writes the fields, makes it even
 again; a reader copies the fields between two reads of `lock` and retries unless both reads are the same even
@@ -33,14 +33,17 @@ FORMAT_VERSION = 1
 BLOCK_SIZE = 512
 SIDECAR_STATE_NAME = "sidecar-state.json"
 
-# Command flags (low 4 bits travel in the control word, gatherwise.modes.ControlWord.flags).
-FLAG_AUTO = 1  # the policy is auto for at least one bucket (the sidecar's durable state has the details)
+# The `reserved` words of the command and status areas are written 0. Earlier releases put a flag there (whether
+# the sidecar's policy was auto) that nothing read; rank 0 still accepts a command whose reserved word is below
+# RESERVED_LIMIT and ignores it, so such a sidecar keeps working. A larger value makes the command invalid: a
+# meaning given to these bits later comes with a new FORMAT_VERSION.
+RESERVED_LIMIT = 16
 
 HEADER = struct.Struct("<8sIIQIIQ")
 # Word indices into the block viewed as u64 (memoryview.cast("Q")).
 HB_LOCK, HB_CALL, HB_NS = 8, 9, 10
-CMD_LOCK, CMD_SEQ, CMD_TABLE, CMD_FLAGS, CMD_NS = 16, 17, 18, 19, 20
-ST_LOCK, ST_SEQ, ST_CALL, ST_TABLE, ST_EPOCH, ST_FLAGS, ST_NS = 24, 25, 26, 27, 28, 29, 30
+CMD_LOCK, CMD_SEQ, CMD_TABLE, CMD_RESERVED, CMD_NS = 16, 17, 18, 19, 20
+ST_LOCK, ST_SEQ, ST_CALL, ST_TABLE, ST_EPOCH, ST_RESERVED, ST_NS = 24, 25, 26, 27, 28, 29, 30
 HEARTBEAT_FIELDS, COMMAND_FIELDS, STATUS_FIELDS = 2, 4, 6
 U64_MASK = (1 << 64) - 1
 U32_MASK = (1 << 32) - 1
@@ -79,17 +82,17 @@ class Heartbeat:
 class Command:
     seq: int  # 0: nothing requested yet
     table_word: int
-    flags: int
+    reserved: int
     written_ns: int
 
 
 @dataclass(frozen=True)
 class Status:
-    applied_seq: int  # command seq rank 0 put on the wire (0: the initial table)
-    apply_call: int  # first call index that runs with `table_word` on every rank
+    applied_seq: int  # newest command every rank runs (0: the initial table)
+    apply_call: int  # call index from which every rank runs `table_word` (written when rank 0 starts that call)
     table_word: int
     epoch: int
-    flags: int
+    reserved: int
     written_ns: int
 
 

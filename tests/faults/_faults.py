@@ -8,7 +8,7 @@ import time
 import httpx
 
 from gatherwise.shm_format.ring import ring_path
-from sidecar.header_counters import total_calls
+from sidecar.metrics import total_calls
 from sidecar.ring_reader import RingReader
 from tests._sidecar import Proc, start_engine, start_sidecar, wait_for
 
