@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 
 from gatherwise import HOOKS_VERSION
 from sidecar import routes_control, routes_status
@@ -39,6 +40,6 @@ def create_app(state: SidecarState) -> FastAPI:
     app.state.gatherwise = state
     for router, prefix in ROUTERS:
         app.include_router(router, prefix=prefix)
-    routes_control.install_validation_errors(app)
+    app.add_exception_handler(RequestValidationError, routes_control.validation_error)
     app.add_middleware(BodySizeLimit)  # outermost: a too-large body is refused before anything reads it
     return app

@@ -335,7 +335,7 @@ class Ingest:
                 r.close()
             raise RingFormatError(f"rings in {files.dir} disagree on engine id or rank")
         h0 = headers[0]
-        return AttachedEngine(files.engine_id, f"{files.engine_id:016x}", Path(files.dir), tp, h0.vocab, h0.dtype,
+        return AttachedEngine(files.engine_id, files.dir.name, Path(files.dir), tp, h0.vocab, h0.dtype,
                               readers, now, headers, [0] * tp)
 
     # -- views for the header collector and GET /v1/engine (other threads; read-only, no policy state) -------

@@ -227,18 +227,14 @@ class AutoPolicy:
             if b not in self.pins:
                 continue
             pinned = previous[b] = self.pins.pop(b)
-            if pinned != self.choice[b] and self._beaten(b, pinned, now):
-                returned[bucket_label(b)] = self.choice[b].label
+            found = self.paired_ratio(b, pinned, now) if pinned != self.choice[b] else None
+            if found is not None and found[0] >= self.pairs_needed and found[1] > 1.0 + self.params.margin:
+                returned[bucket_label(b)] = self.choice[b].label  # enough fresh probes found the pin slower
             else:
                 self.choice[b] = pinned
             self._reset_backoff(b)
         return self._decide("manual", "auto", chosen, previous,
                             {"released": [bucket_label(b) for b in chosen], "returned": returned})
-
-    def _beaten(self, bucket: int, mode: Mode, now: float) -> bool:
-        """Enough fresh paired probes say `mode` is slower than the bucket's choice by more than the margin."""
-        found = self.paired_ratio(bucket, mode, now)
-        return found is not None and found[0] >= self.pairs_needed and found[1] > 1.0 + self.params.margin
 
     def adopt_table(self, table: ModeTable, now: float, source: str) -> Decision | None:
         """Start auto buckets from a learned table (policy.table_file)."""

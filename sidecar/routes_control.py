@@ -3,7 +3,7 @@
 Mutations need `Authorization: Bearer <token>` (sidecar.api_token or env GATHERWISE_API_TOKEN). Secure by
 default: with no token configured, every mutation answers 403 saying how to set one. Invalid input is a 4xx
 and changes nothing: bodies are validated completely before any state is touched. Its 422 responses can always
-be serialized (install_validation_errors): FastAPI's default echoes the offending input back, and an input like
+be serialized (`validation_error`): FastAPI's default echoes the offending input back, and an input like
 NaN (which Python's json accepts in a request body) then fails to encode and turns a 422 into a 500.
 """
 
@@ -14,7 +14,7 @@ import hmac
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -124,21 +124,17 @@ def get_decisions(ctl: ControllerDep,
     return DecisionsResponse(engine=engine, decisions=recent)
 
 
-def policy_response(ctl: Controller) -> PolicyResponse:
-    view = ctl.policy_view()
-    return PolicyResponse(policy=view.policy, pinned=view.pinned, params=view.params)
-
-
 @router.get("/policy", response_model=PolicyResponse, summary="Auto policy parameters")
 def get_policy(ctl: ControllerDep) -> PolicyResponse:
-    return policy_response(ctl)
+    view = ctl.policy_view()
+    return PolicyResponse(policy=view.policy, pinned=view.pinned, params=view.params)
 
 
 @router.put("/policy", response_model=PolicyResponse, dependencies=[Authorized], responses=AUTH,
             summary="Change auto policy parameters (any subset)")
 def put_policy(body: PolicyUpdate, ctl: ControllerDep) -> PolicyResponse:
     ctl.set_params(body.model_dump(exclude_none=True))
-    return policy_response(ctl)
+    return get_policy(ctl)
 
 
 @router.get("/policy/table", response_model=TableFileModel, responses=NO_ENGINE,
@@ -155,7 +151,3 @@ async def validation_error(request: Request, exc: RequestValidationError) -> JSO
     detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
               for e in exc.errors()]
     return JSONResponse({"detail": detail}, status_code=422)
-
-
-def install_validation_errors(app: FastAPI) -> None:
-    app.add_exception_handler(RequestValidationError, validation_error)
