@@ -26,6 +26,7 @@ from engine_hooks.deferred_word import ADOPT_LAG, DeferredWords
 from engine_hooks.sampling import SamplingRow, sample
 from engine_hooks.sharded_exchange import ShardedCall, ShardedSampler
 from engine_hooks.table_source import AppliedStatus, TableSource
+from engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 from gatherwise.modes import EPOCH_BITS, ControlWord, Mode, ModeTable
 
 _ALIGN = 4  # shard widths are padded to a multiple of 4 so the control word slot is 8-byte aligned
@@ -57,8 +58,8 @@ class LogitsPath:
                  clock: Callable[[], int] = time.perf_counter_ns, keep_log: bool = False) -> None:
         if vocab < 1:
             raise ValueError(f"vocab must be >= 1, got {vocab}")
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"logits dtype must be float32, bfloat16 or float16, got {dtype}")
+        if dtype not in TORCH_LOGITS_DTYPES.values():
+            raise ValueError(f"logits dtype must be one of {', '.join(TORCH_LOGITS_DTYPES)}, got {dtype}")
         self.comm = comm
         self.rank, self.world_size = comm.rank, comm.world_size
         self.vocab = vocab

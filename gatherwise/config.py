@@ -12,7 +12,6 @@ variable it came from. pydantic + pyyaml only: the engine side imports this modu
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -25,7 +24,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic.fields import FieldInfo
 from typing_extensions import Self
 
+from gatherwise.logits_dtypes import LOGITS_DTYPES
 from gatherwise.modes import IMPLEMENTED_LABELS
+from gatherwise.stable_hash import stable_hash
 
 DEFAULT_SHM_DIR = "/dev/shm/gatherwise"
 ENV_PREFIX = "GATHERWISE_"
@@ -78,7 +79,7 @@ class EngineSection(Schema):
     shm_dir: str = DEFAULT_SHM_DIR
     initial_mode: ModeLabel = "all_gather"
     initial_table_file: str | None = None
-    logits_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    logits_dtype: Literal[LOGITS_DTYPES] = "float32"  # type: ignore[valid-type]
     # modes SGLang captures a decode CUDA graph for (graph memory x each)
     graph_modes: Annotated[str, AfterValidator(_mode_labels)] = "all_gather,gather"
 
@@ -287,4 +288,4 @@ def _problem(error: Any, holder: Any, field: FieldInfo | None) -> str:
 def config_hash(cfg: GatherwiseConfig) -> int:
     """Hash of what every rank must agree on (engine and control sections), for the install handshake."""
     blob = json.dumps({"engine": cfg.engine.model_dump(), "control": cfg.control.model_dump()}, sort_keys=True)
-    return int.from_bytes(hashlib.blake2b(blob.encode(), digest_size=8).digest(), "little") >> 1
+    return stable_hash(blob)
