@@ -146,14 +146,19 @@ def test_dropped_records_counted_and_calls_exact(tmp_path: Path) -> None:
     assert info.records_ingested + info.records_dropped == 2 * 40
 
 
-def test_engine_restart_switches_without_mixing_series(tmp_path: Path) -> None:
+def attached(tmp_path: Path, engine_id: int, discover_interval: float) -> tuple[FakeClock, SidecarMetrics, Ingest]:
+    """An ingest that has attached a TP=2 engine which ran one all_gather call."""
     clock = FakeClock()
     metrics = SidecarMetrics()
-    ingest = Ingest(tmp_path, metrics, clock=clock, discover_interval=0.0)
-    old = make_engine(tmp_path, 0x10)
-    for r in old:
+    ingest = Ingest(tmp_path, metrics, clock=clock, discover_interval=discover_interval)
+    for r in make_engine(tmp_path, engine_id):
         write_call(r, 0, Mode.ALL_GATHER, 1, clock.now)
     ingest.poll_once()
+    return clock, metrics, ingest
+
+
+def test_engine_restart_switches_without_mixing_series(tmp_path: Path) -> None:
+    clock, metrics, ingest = attached(tmp_path, 0x10, discover_interval=0.0)
     assert ingest.info().engine_id == "0000000000000010"
     new = make_engine(tmp_path, 0x20)  # created later: newest
     for r in new:
@@ -170,13 +175,7 @@ def test_engine_is_down_as_soon_as_its_directory_is_removed(tmp_path: Path) -> N
     the very next scrape or API call says the engine is down, without waiting for a discovery pass."""
     import shutil
 
-    clock = FakeClock()
-    metrics = SidecarMetrics()
-    ingest = Ingest(tmp_path, metrics, clock=clock, discover_interval=3600.0)
-    rings = make_engine(tmp_path, 0x30)
-    for r in rings:
-        write_call(r, 0, Mode.ALL_GATHER, 1, clock.now)
-    ingest.poll_once()
+    _, metrics, ingest = attached(tmp_path, 0x30, discover_interval=3600.0)
     assert ingest.info().up
     shutil.rmtree(engine_dir(tmp_path, 0x30))  # the readers keep their open files
     info = ingest.info()
