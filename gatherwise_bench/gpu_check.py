@@ -234,7 +234,7 @@ def _tp2_rank(rank: int, world: int, device: str, vocab: int, batch: int) -> dic
                 tokens.append(path.run(_rows("greedy", batch, i)).tolist())
             out[mode.label] = {"tokens": tokens, "modes": [m.label for m in path.mode_log],
                                "reference": [full.argmax(-1).tolist() for full in logits]}
-        except Exception as exc:  # noqa: BLE001 - recorded per mode: gloo may not take CUDA tensors
+        except Exception as exc:  # recorded per mode: gloo may not take CUDA tensors
             out[mode.label] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
     return out
 
@@ -245,7 +245,7 @@ def check_tp2_gloo_cuda(ctx: dict) -> dict:
     device, vocab, batch = ctx["device"], 1001, 3
     try:
         results = launch(_tp2_rank, 2, device, vocab, batch, device="cpu", timeout=min(120, ctx["left"]() - 10))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # reported in the result, never raised
         return {"status": "fail", "error": str(exc)[:600]}
     out: dict[str, Any] = {"device": device, "backend": "gloo", "modes": {}}
     ok = True
@@ -524,7 +524,7 @@ def check_event_costs(ctx: dict) -> dict:
         resolver.record(1, 0, 1, 0, 64, t0, c0, c1, 0, 0, c1, s1, t1)
 
     costs["EventClock() mark"] = _host_us(clock, 500)
-    clock.release_through(clock._next)  # noqa: SLF001 - the marks above were never recorded as calls
+    clock.release_through(clock._next)  # the marks above were never recorded as calls
     costs["all_gather call: 5 marks + record + poll"] = _host_us(one_call, 1000)
     torch.cuda.synchronize(device)
     resolver.close()
@@ -667,7 +667,7 @@ def run(outdir: Path, *, cpu: bool, only: list[str] | None = None, budget_s: flo
                 result = check(ctx)
             except Skip as why:
                 result = {"status": "skip", "reason": str(why)}
-            except Exception as exc:  # noqa: BLE001 - one check's failure must not hide the others
+            except Exception as exc:  # one check's failure must not hide the others
                 result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:600],
                           "traceback": traceback.format_exc()[-3000:]}
             result["seconds"] = round(time.monotonic() - started, 2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -53,10 +54,8 @@ class QuietServer(uvicorn.Server):
         self._wake = lambda: loop.call_soon_threadsafe(stop.set)
         counter = 0  # on_tick refreshes the Date header when counter % TICKS_PER_SECOND == 0
         while not await self.on_tick(counter):
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
-            except TimeoutError:
-                pass
             counter += TICKS_PER_SECOND
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -83,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gatherwise sidecar: {exc}", file=sys.stderr)
         return 2
-    state = build_state(cfg)
-    app = create_app(state)
+    app = create_app(build_state(cfg))
     try:
         sock = bind(cfg.sidecar.host, cfg.sidecar.port)
     except OSError as exc:

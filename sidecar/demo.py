@@ -42,6 +42,11 @@ def _ms(seconds: float | None) -> str:
     return "      -" if seconds is None else f"{seconds * 1e3:7.3f}"
 
 
+def _cell(stats: dict | None) -> str:
+    """A (bucket, mode) cell: its p50 critical path and how many samples it rests on."""
+    return f"{_ms(stats and stats['p50_seconds'])} ({stats['samples'] if stats else 0:>4})"
+
+
 MODES = IMPLEMENTED_LABELS
 
 
@@ -59,7 +64,7 @@ def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None)
     engine = api.get("/v1/engine").json()
     lines = [f"gatherwise demo — {time.strftime('%H:%M:%S')}"]
     if mode.status_code != 200 or not engine.get("attached"):
-        return "\n".join(lines + ["waiting for the engine to start (loading torch, building the model) ..."])
+        return "\n".join([*lines, "waiting for the engine to start (loading torch, building the model) ..."])
     m = mode.json()
     stats = {(s["bucket"], s["mode"]): s for s in api.get("/v1/stats").json()["stats"]}
     history = api.get("/v1/decisions").json()["decisions"]
@@ -74,8 +79,7 @@ def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None)
         per_mode = [stats.get((bucket, mode)) for mode in MODES]
         if not any(per_mode):
             continue
-        cell = lambda s: f"{_ms(s and s['p50_seconds'])} ({s['samples'] if s else 0:>4})"  # noqa: E731
-        lines.append(f"{bucket:>6}  {active:<10}  " + "".join(f"{cell(s):>22}" for s in per_mode)
+        lines.append(f"{bucket:>6}  {active:<10}  " + "".join(f"{_cell(s):>22}" for s in per_mode)
                      + f"   {fastest(stats, bucket)}")
     lines += ["", f"recent switches (and {probes} probe decisions, not shown):"]
     for d in decisions or []:

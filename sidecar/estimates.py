@@ -45,7 +45,7 @@ class _Window:
     """The newest `size` (time, seconds) samples in arrival order, and their values kept sorted (insort on add,
     bisect-remove on evict), so a median or p90 costs an index instead of a sort of the whole window."""
 
-    __slots__ = ("size", "samples", "ordered")
+    __slots__ = ("ordered", "samples", "size")
 
     def __init__(self, size: int, samples: Iterable[tuple[float, float]] = ()) -> None:
         self.size = size

@@ -26,7 +26,7 @@ from prometheus_client.utils import floatToGoString
 class Series:
     """One label set: counts per bucket (last slot: above every bound), sum, latest exemplar per bucket."""
 
-    __slots__ = ("bounds", "counts", "sum", "exemplars")
+    __slots__ = ("bounds", "counts", "exemplars", "sum")
 
     def __init__(self, bounds: list[float]) -> None:
         self.bounds = bounds
