@@ -4,26 +4,36 @@ FastAPI reads and parses a JSON body before any dependency (the bearer token che
 limit anyone who can reach the port makes the sidecar buffer an arbitrarily large body. A declared
 Content-Length above the limit is answered 413 at once, without reading the body; a chunked body is counted as
 it arrives and cut off with 413 as soon as it passes the limit.
+
+Closing a socket whose peer is still sending makes the kernel answer with a reset, and a reset can destroy the
+413 before the client reads it. So a refusal lingers as web servers do: the whole 413 goes out first (its
+Content-Length tells the client it is complete), then the rest of the body is read and dropped chunk by chunk —
+never held — for at most LINGER_SECONDS, and only then is the connection closed. A client that sent
+`Expect: 100-continue` has sent nothing yet and is never asked to.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 # The largest legitimate body (PUT /v1/mode with all 16 buckets, PUT /v1/policy) is a few hundred bytes.
 MAX_BODY_BYTES = 64 * 1024
+LINGER_SECONDS = 10.0
 
 
 class BodySizeLimit:
-    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES, linger_s: float = LINGER_SECONDS) -> None:
+        self.app, self.max_bytes, self.linger_s = app, max_bytes, linger_s
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        headers = dict(scope.get("headers") or ())
+        declared = headers.get(b"content-length")
         if declared is not None:
             try:
                 size = int(declared)
@@ -31,7 +41,11 @@ class BodySizeLimit:
                 await _reply(send, 400, "invalid Content-Length header")
                 return
             if size > self.max_bytes:
-                await _reply(send, 413, f"request body of {size} bytes is above the limit of {self.max_bytes}")
+                await _reply(send, 413, f"request body of {size} bytes is above the limit of {self.max_bytes}",
+                             more_body=True)
+                if headers.get(b"expect", b"").lower() != b"100-continue":
+                    await _drain(receive, self.linger_s)
+                await send({"type": "http.response.body", "body": b""})
                 return
         received = 0
         started = refused = False
@@ -48,7 +62,11 @@ class BodySizeLimit:
                     # sends is dropped below
                     refused = True
                     if not started:
-                        await _reply(send, 413, f"request body is above the limit of {self.max_bytes} bytes")
+                        await _reply(send, 413, f"request body is above the limit of {self.max_bytes} bytes",
+                                     more_body=True)
+                        if message.get("more_body", False):
+                            await _drain(receive, self.linger_s)
+                        await send({"type": "http.response.body", "body": b""})
                     return {"type": "http.disconnect"}
             return message
 
@@ -66,9 +84,21 @@ class BodySizeLimit:
                 raise
 
 
-async def _reply(send: Any, status: int, detail: str) -> None:
+async def _reply(send: Any, status: int, detail: str, *, more_body: bool = False) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.body", "body": body, "more_body": more_body})
+
+
+async def _drain(receive: Any, linger_s: float) -> None:
+    """Read and drop the rest of a refused body until it ends, the client leaves, or linger_s has passed."""
+    deadline = time.monotonic() + linger_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            message = await asyncio.wait_for(receive(), left)
+        except TimeoutError:
+            return
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return

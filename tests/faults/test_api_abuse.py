@@ -8,6 +8,9 @@ answer 200 and say `null` where there is no engine.
 
 from __future__ import annotations
 
+import socket
+from urllib.parse import urlsplit
+
 import httpx
 import pytest
 
@@ -43,6 +46,22 @@ def test_oversized_bodies_are_refused_before_they_are_read(idle_sidecar):
     except httpx.HTTPError:
         pass
     assert vm_kib(proc.popen.pid, "VmRSS") - before < 32 * 1024  # never buffered: far below 100 MiB
+    assert_sidecar_serves(proc, api)
+
+
+def test_a_client_waiting_for_100_continue_is_refused_without_sending_the_body(idle_sidecar):
+    proc, api = idle_sidecar
+    url = urlsplit(str(api.base_url))
+    with socket.create_connection((url.hostname, url.port), timeout=60) as sock:
+        sock.sendall(b"PUT /v1/mode HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer fault-token\r\nExpect: 100-continue\r\n"
+                     b"Content-Length: %d\r\n\r\n" % BIG)
+        answer = b""
+        while chunk := sock.recv(4096):  # the sidecar answers and closes; no 100 Continue, no body sent
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in answer, answer
+    assert b"limit" in body
     assert_sidecar_serves(proc, api)
 
 
