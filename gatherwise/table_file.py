@@ -1,7 +1,8 @@
 """Starting-table files: a mode per batch-size bucket, like an NCCL tuner table.
 
-`gatherwise bench` writes them; the auto policy loads one as its starting table. Stdlib + yaml only, no
-torch: the sidecar's policy imports this module.
+`gatherwise bench` writes them, the sidecar's GET /v1/policy/table answers one, and the auto policy (or an
+engine's `initial_table_file`) loads one as its starting table. TableDocument is the format, defined once here;
+pydantic + pyyaml only, no torch: the sidecar's policy imports this module.
 
 Format (YAML; JSON is valid YAML too):
 
@@ -16,21 +17,58 @@ rule the bench uses for buckets beyond the rows it measured. Any other key is ke
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_from_upper_bound
-
-_INT_META = ("tp", "vocab")
+from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_from_upper_bound, bucket_label
 
 
-@dataclass(frozen=True)
-class TableFile:
-    table: ModeTable
-    meta: dict[str, Any] = field(default_factory=dict)
+def _bucket_modes(labels: Any) -> dict[str, str]:
+    """{bucket upper bound: mode} as written (YAML makes an unquoted 1 an int) -> {"1": "gather", ...}."""
+    if not isinstance(labels, dict) or not labels:
+        raise ValueError("key 'table' must be a non-empty mapping of bucket -> mode")
+    modes = {}
+    for key, value in labels.items():
+        try:
+            bucket = bucket_label(bucket_from_upper_bound(_as_int(key)))
+        except ValueError as exc:
+            raise ValueError(f"table key {key!r}: {exc}") from None
+        if not isinstance(value, str):
+            raise ValueError(f"table[{key!r}]: mode must be a string, got {value!r}")
+        try:
+            modes[bucket] = Mode.parse(value).label
+        except ValueError as exc:
+            raise ValueError(f"table[{key!r}]: {exc}") from None
+    return modes
+
+
+def _count(value: Any) -> int | None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"must be an integer >= 1, got {value!r}")
+    return value
+
+
+class TableDocument(BaseModel):
+    """One table file: the listed buckets' modes plus metadata (tp, vocab, dtype, provenance: any key)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    tp: Annotated[int | None, BeforeValidator(_count)] = Field(None, description="tensor-parallel size")
+    vocab: Annotated[int | None, BeforeValidator(_count)] = Field(None, description="vocabulary size")
+    dtype: str | None = Field(None, description="logits dtype the table was measured with")
+    table: Annotated[dict[str, str], BeforeValidator(_bucket_modes)] = Field(
+        description="bucket upper bound (\"1\", \"2\", ... \"32768\") -> mode; a missing bucket takes the nearest")
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Everything but the table, as written (unset tp/vocab/dtype left out)."""
+        return self.model_dump(exclude={"table"}, exclude_none=True)
+
+    def mode_table(self) -> ModeTable:
+        return fill_nearest({bucket_from_upper_bound(int(b)): Mode.parse(m) for b, m in self.table.items()})
 
 
 def fill_nearest(known: dict[int, Mode]) -> ModeTable:
@@ -49,13 +87,13 @@ def save_table_file(path: str | Path, table: ModeTable, meta: dict[str, Any] | N
     meta = dict(meta or {})
     if "table" in meta:
         raise ValueError("meta must not contain the key 'table'")
+    doc = TableDocument(**meta, table=table.as_labels())
     path = Path(path)
-    doc = {**meta, "table": table.as_labels()}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
+    path.write_text(yaml.safe_dump({**doc.meta, "table": doc.table}, sort_keys=False, default_flow_style=False))
     return path
 
 
-def read_table_file(path: str | Path) -> TableFile:
+def read_table_file(path: str | Path) -> TableDocument:
     """Parse and validate a table file; every error is a ValueError that names the file and the key."""
     path = Path(path)
     try:
@@ -64,31 +102,21 @@ def read_table_file(path: str | Path) -> TableFile:
         raise ValueError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: expected a mapping with a 'table' key, got {type(doc).__name__}")
-    labels = doc.get("table")
-    if not isinstance(labels, dict) or not labels:
-        raise ValueError(f"{path}: key 'table' must be a non-empty mapping of bucket -> mode")
-    known: dict[int, Mode] = {}
-    for key, value in labels.items():
-        try:
-            bucket = bucket_from_upper_bound(_as_int(key))
-        except ValueError as exc:
-            raise ValueError(f"{path}: table key {key!r}: {exc}") from None
-        if not isinstance(value, str):
-            raise ValueError(f"{path}: table[{key!r}]: mode must be a string, got {value!r}")
-        try:
-            known[bucket] = Mode.parse(value)
-        except ValueError as exc:
-            raise ValueError(f"{path}: table[{key!r}]: {exc}") from None
-    meta = {k: v for k, v in doc.items() if k != "table"}
-    for key in _INT_META:
-        if key in meta and (not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] < 1):
-            raise ValueError(f"{path}: key {key!r} must be an integer >= 1, got {meta[key]!r}")
-    return TableFile(fill_nearest(known), meta)
+    try:
+        return TableDocument.model_validate({"table": None, **doc})  # a missing table gets the table's message
+    except ValidationError as exc:
+        raise ValueError(f"{path}: " + "; ".join(_explain(e) for e in exc.errors())) from None
 
 
 def load_table_file(path: str | Path) -> ModeTable:
     """The starting table stored in `path` (see read_table_file for validation)."""
-    return read_table_file(path).table
+    return read_table_file(path).mode_table()
+
+
+def _explain(error: Any) -> str:
+    message = str(error["msg"]).removeprefix("Value error, ")
+    key = error["loc"][0] if error["loc"] else None
+    return message if key in (None, "table") else f"key {key!r} {message}"
 
 
 def _as_int(key: Any) -> int:

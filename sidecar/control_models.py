@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from gatherwise.config import ModeLabel, ModeOrAuto, PolicyParams
 from gatherwise.modes import NUM_BUCKETS, bucket_from_upper_bound
+from gatherwise.table_file import TableDocument
 from sidecar.policy import Decision
 
 BucketTable = dict[str, ModeLabel]  # bucket upper bound ("1", "2", "4", ... "32768") -> mode
@@ -107,12 +108,10 @@ class PolicyResponse(BaseModel):
     params: PolicyParams
 
 
-class TableFileModel(BaseModel):
-    """The learned table in the format of gatherwise/table_file.py (JSON is valid YAML: save and load it)."""
+class LearnedTable(TableDocument):
+    """The learned table as a table file (gatherwise.table_file): save the JSON and load it as a starting table."""
 
     tp: int
-    vocab: int | None = None
-    dtype: str | None = None
     source: str
     policy: PolicyLabel
     table: BucketTable

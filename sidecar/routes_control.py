@@ -25,13 +25,13 @@ from sidecar.control_client import ControlSnapshot
 from sidecar.control_models import (
     DecisionsResponse,
     ErrorResponse,
+    LearnedTable,
     ModeState,
     PolicyResponse,
     PolicyUpdate,
     SetModeRequest,
     SetModeResult,
     StatsResponse,
-    TableFileModel,
 )
 from sidecar.controller import Controller, NotAttached, PolicyView
 from sidecar.state import StateDep
@@ -137,14 +137,14 @@ def put_policy(body: PolicyUpdate, ctl: ControllerDep) -> PolicyResponse:
     return get_policy(ctl)
 
 
-@router.get("/policy/table", response_model=TableFileModel, responses=NO_ENGINE,
+@router.get("/policy/table", response_model=LearnedTable, responses=NO_ENGINE,
             summary="The learned table, in the table-file format (load it with policy.table_file)")
-def get_policy_table(ctl: ControllerDep) -> TableFileModel:
+def get_policy_table(ctl: ControllerDep) -> LearnedTable:
     try:
         table, meta = ctl.learned_table()
     except NotAttached as exc:
         raise conflict(exc) from None
-    return TableFileModel(table=table.as_labels(), **meta)
+    return LearnedTable(table=table.as_labels(), **meta)
 
 
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

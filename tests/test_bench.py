@@ -103,13 +103,14 @@ def test_tiny_sweep_end_to_end(tmp_path, capsys):
     for dtype in ("float32", "bfloat16"):
         name = doc["table_files"][f"1000/{dtype}"]
         loaded = read_table_file(out / name)
+        table = loaded.mode_table()
         assert loaded.meta["tp"] == 2 and loaded.meta["vocab"] == 1000 and loaded.meta["dtype"] == dtype
         clear = {s["rows"]: s["winner"] for s in doc["results"]
                  if s["dtype"] == dtype and s["clear"] and s["sampling"] == "greedy"}
-        beyond = {loaded.table.mode_for_rows(r).label for r in (2, 3, 256, 100_000)}
+        beyond = {table.mode_for_rows(r).label for r in (2, 3, 256, 100_000)}
         assert len(beyond) == 1  # everything past the last measured bucket copies it
         for rows, winner in clear.items():  # clear winners are kept (ties take a decided neighbour)
-            assert loaded.table.mode_for_rows(rows).label == winner
+            assert table.mode_for_rows(rows).label == winner
 
     # re-rendering from results.json measures nothing and reproduces the same outputs
     again = tmp_path / "again"
@@ -151,6 +152,8 @@ def test_table_file_missing_buckets_take_the_nearest_listed_one(tmp_path):
         ("tp: 2\n", "key 'table' must be a non-empty mapping"),
         ("- 1\n- 2\n", "expected a mapping"),
         ("tp: 0\ntable: {'1': gather}\n", "key 'tp' must be an integer >= 1"),
+        ("tp: true\ntable: {'1': gather}\n", "key 'tp' must be an integer >= 1"),
+        ("vocab: 2.5\ntable: {'1': gather}\n", "key 'vocab' must be an integer >= 1"),
         ("table: [unclosed\n", "not valid YAML"),
     ],
 )
@@ -214,7 +217,7 @@ def test_crossovers_skip_ties_and_interpolate_log_log():
 
 def test_bench_table_file_round_trips_through_the_auto_policy(tmp_path):
     """bench table file -> policy.table_file load -> AutoPolicy starts from it -> exported -> loads back equal."""
-    from sidecar.control_models import TableFileModel
+    from sidecar.control_models import LearnedTable
     from sidecar.policy import AutoPolicy, PolicyParams
 
     measured = ModeTable.uniform(Mode.GATHER).with_buckets(Mode.ALL_GATHER, [0, 1])
@@ -226,8 +229,8 @@ def test_bench_table_file_round_trips_through_the_auto_policy(tmp_path):
     assert policy.learned_table() == measured and policy.desired_table() == measured
 
     # GET /v1/policy/table returns this model; saved as JSON it is a valid table file again
-    exported = TableFileModel(tp=2, vocab=32000, dtype="float32", source="sidecar", policy=policy.policy_label,
-                              table=policy.learned_table().as_labels())
+    exported = LearnedTable(tp=2, vocab=32000, dtype="float32", source="sidecar", policy=policy.policy_label,
+                            table=policy.learned_table().as_labels())
     again = tmp_path / "exported.json"
     again.write_text(exported.model_dump_json())
     assert load_table_file(again) == measured
@@ -235,7 +238,7 @@ def test_bench_table_file_round_trips_through_the_auto_policy(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_table_file_module_never_imports_torch():
-    """The sidecar's policy loads table files: gatherwise.table_file must stay stdlib + yaml."""
+    """The sidecar's policy loads table files: gatherwise.table_file must stay pydantic + yaml."""
     import subprocess
     import sys
 
