@@ -8,8 +8,9 @@ it arrives and cut off with 413 as soon as it passes the limit.
 Closing a socket whose peer is still sending makes the kernel answer with a reset, and a reset can destroy the
 413 before the client reads it. So a refusal lingers as web servers do: the whole 413 goes out first (its
 Content-Length tells the client it is complete), then the rest of the body is read and dropped chunk by chunk —
-never held — for at most LINGER_SECONDS, and only then is the connection closed. A client that sent
-`Expect: 100-continue` has sent nothing yet and is never asked to.
+never held — for at most LINGER_SECONDS in all and LINGER_IDLE_SECONDS without data (nginx's lingering_time and
+lingering_timeout), and only then is the connection closed. A client that sent `Expect: 100-continue` has
+sent nothing yet and is never asked to.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 
 # The largest legitimate body (PUT /v1/mode with all 16 buckets, PUT /v1/policy) is a few hundred bytes.
 MAX_BODY_BYTES = 64 * 1024
-LINGER_SECONDS = 10.0
+LINGER_SECONDS = 30.0
+LINGER_IDLE_SECONDS = 5.0
 
 
 class BodySizeLimit:
@@ -93,11 +95,11 @@ async def _reply(send: Any, status: int, detail: str, *, more_body: bool = False
 
 
 async def _drain(receive: Any, linger_s: float) -> None:
-    """Read and drop the rest of a refused body until it ends, the client leaves, or linger_s has passed."""
+    """Read and drop the rest of a refused body until it ends, the client leaves or stalls, or linger_s passed."""
     deadline = time.monotonic() + linger_s
     while (left := deadline - time.monotonic()) > 0:
         try:
-            message = await asyncio.wait_for(receive(), left)
+            message = await asyncio.wait_for(receive(), min(left, LINGER_IDLE_SECONDS))
         except TimeoutError:
             return
         if message["type"] != "http.request" or not message.get("more_body", False):

@@ -49,19 +49,33 @@ def test_oversized_bodies_are_refused_before_they_are_read(idle_sidecar):
     assert_sidecar_serves(proc, api)
 
 
-def test_a_client_waiting_for_100_continue_is_refused_without_sending_the_body(idle_sidecar):
-    proc, api = idle_sidecar
+def raw_put(api: httpx.Client, extra_headers: bytes, body_part: bytes) -> bytes:
+    """PUT /v1/mode declaring a BIG body, send `body_part` of it, then read until the sidecar closes."""
     url = urlsplit(str(api.base_url))
     with socket.create_connection((url.hostname, url.port), timeout=60) as sock:
         sock.sendall(b"PUT /v1/mode HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Authorization: Bearer fault-token\r\nExpect: 100-continue\r\n"
-                     b"Content-Length: %d\r\n\r\n" % BIG)
+                     b"Authorization: Bearer fault-token\r\n" + extra_headers +
+                     b"Content-Length: %d\r\n\r\n" % BIG + body_part)
         answer = b""
-        while chunk := sock.recv(4096):  # the sidecar answers and closes; no 100 Continue, no body sent
+        while chunk := sock.recv(4096):
             answer += chunk
+    return answer
+
+
+def test_a_client_waiting_for_100_continue_is_refused_without_sending_the_body(idle_sidecar):
+    proc, api = idle_sidecar
+    answer = raw_put(api, b"Expect: 100-continue\r\n", b"")  # answered and closed: no 100 Continue
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in answer, answer
     assert b"limit" in body
+    assert_sidecar_serves(proc, api)
+
+
+def test_a_client_that_stalls_mid_body_gets_the_whole_413_and_is_let_go(idle_sidecar):
+    proc, api = idle_sidecar
+    answer = raw_put(api, b"", b"x" * (1 << 20))  # then silence: the sidecar lingers, then closes
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 ") and b"limit" in body, answer
     assert_sidecar_serves(proc, api)
 
 
