@@ -43,11 +43,9 @@ class BodySizeLimit:
                 await _reply(send, 400, "invalid Content-Length header")
                 return
             if size > self.max_bytes:
-                await _reply(send, 413, f"request body of {size} bytes is above the limit of {self.max_bytes}",
-                             more_body=True)
-                if headers.get(b"expect", b"").lower() != b"100-continue":
-                    await _drain(receive, self.linger_s)
-                await send({"type": "http.response.body", "body": b""})
+                waiting = headers.get(b"expect", b"").lower() == b"100-continue"  # has sent no body yet
+                await self._refuse(send, receive, f"request body of {size} bytes is above the limit of "
+                                   f"{self.max_bytes}", drain=not waiting)
                 return
         received = 0
         started = refused = False
@@ -64,11 +62,8 @@ class BodySizeLimit:
                     # sends is dropped below
                     refused = True
                     if not started:
-                        await _reply(send, 413, f"request body is above the limit of {self.max_bytes} bytes",
-                                     more_body=True)
-                        if message.get("more_body", False):
-                            await _drain(receive, self.linger_s)
-                        await send({"type": "http.response.body", "body": b""})
+                        await self._refuse(send, receive, f"request body is above the limit of {self.max_bytes} "
+                                           "bytes", drain=message.get("more_body", False))
                     return {"type": "http.disconnect"}
             return message
 
@@ -84,6 +79,13 @@ class BodySizeLimit:
         except Exception:
             if not refused:
                 raise
+
+    async def _refuse(self, send: Any, receive: Any, detail: str, *, drain: bool) -> None:
+        """413: the whole answer first, then (drain) the rest of the body dropped, then the connection closed."""
+        await _reply(send, 413, detail, more_body=True)
+        if drain:
+            await _drain(receive, self.linger_s)
+        await send({"type": "http.response.body", "body": b""})
 
 
 async def _reply(send: Any, status: int, detail: str, *, more_body: bool = False) -> None:
