@@ -80,23 +80,37 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
     engine_id = share_engine_id(comm, device)
     closables: list[Any] = []
     recorder = source = engine_dir = liveness = None
+    # gatherwise never ends a rank: a rank whose files cannot be made (a full or read-only filesystem, a
+    # directory made unusable since the launcher checked it) runs without them and says so once.
     if cfg.telemetry.enabled or cfg.control.enabled:
-        engine_dir, liveness = _create_engine_dir(cfg.engine.shm_dir, engine_id, comm.rank)
-    if cfg.telemetry.enabled:
+        try:
+            engine_dir, liveness = _create_engine_dir(cfg.engine.shm_dir, engine_id, comm.rank)
+        except OSError as exc:
+            _runs_without("telemetry and control", comm.rank, f"engine.shm_dir {cfg.engine.shm_dir}: {exc}")
+    if cfg.telemetry.enabled and engine_dir is not None:
         from engine_hooks.recorder import RingRecorder
-        from gatherwise.shm_format.ring import ring_path
+        from gatherwise.shm_format.ring import ring_file_size, ring_path
 
-        recorder = RingRecorder(ring_path(cfg.engine.shm_dir, engine_id, comm.rank), engine_id=engine_id,
-                                rank=comm.rank, tp_size=comm.world_size, vocab=vocab, dtype=dtype,
-                                capacity=cfg.telemetry.ring_capacity)
-        closables.append(recorder)
-    if cfg.control.enabled and comm.rank == 0:
+        try:
+            recorder = RingRecorder(ring_path(cfg.engine.shm_dir, engine_id, comm.rank), engine_id=engine_id,
+                                    rank=comm.rank, tp_size=comm.world_size, vocab=vocab, dtype=dtype,
+                                    capacity=cfg.telemetry.ring_capacity)
+            closables.append(recorder)
+        except OSError as exc:
+            _runs_without("telemetry", comm.rank, f"cannot reserve the "
+                          f"{ring_file_size(cfg.telemetry.ring_capacity)} bytes of its ring in {engine_dir}: "
+                          f"{exc.strerror or exc}")
+    if cfg.control.enabled and comm.rank == 0 and engine_dir is not None:
         from engine_hooks.control_block import ControlBlockSource
         from gatherwise.shm_format.control import control_path
 
-        source = ControlBlockSource(control_path(cfg.engine.shm_dir, engine_id), engine_id=engine_id,
-                                    tp_size=comm.world_size, table=table)
-        closables.append(source)
+        try:
+            source = ControlBlockSource(control_path(cfg.engine.shm_dir, engine_id), engine_id=engine_id,
+                                        tp_size=comm.world_size, table=table)
+            closables.append(source)
+        except OSError as exc:
+            _runs_without("control", comm.rank, f"cannot create its control block in {engine_dir}: "
+                          f"{exc.strerror or exc}")
     clock = time.perf_counter_ns
     if recorder is not None and torch.device(device).type == "cuda":
         from engine_hooks.cuda_timing import cuda_recording
@@ -110,6 +124,10 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
     path = LogitsPath(comm, vocab, dtype=dtype, device=device, initial_table=table, table_source=source,
                       recorder=recorder, clock=clock, keep_log=keep_log)
     return InstalledHooks(path, engine_id, engine_dir, cfg, closables, liveness)
+
+
+def _runs_without(what: str, rank: int, why: str) -> None:
+    log.warning("gatherwise: TP rank %d runs with %s off (the engine itself is unaffected): %s", rank, what, why)
 
 
 def _create_engine_dir(shm_dir: str, engine_id: int, rank: int) -> tuple[Path, Any]:

@@ -91,10 +91,16 @@ class RingRecorder:
         tmp = temporary_name(self.path)
         fd = create_private_file(tmp)  # 0600, never through a planted file or link
         try:
-            os.ftruncate(fd, size)
+            # Reserve every page now: a mapped page of tmpfs is allocated at its first store, and a store the
+            # filesystem has no room for raises SIGBUS, which would end this rank. posix_fallocate fails with
+            # ENOSPC instead, here, where the caller can run without telemetry.
+            os.posix_fallocate(fd, 0, size)
             self._mm = mmap.mmap(fd, size)
-        finally:
+        except BaseException:
             os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
         fmt.HEADER_FIXED.pack_into(self._mm, 0, fmt.MAGIC, fmt.FORMAT_VERSION, fmt.HEADER_SIZE, fmt.RECORD_SIZE,
                                    capacity, engine_id, rank, tp_size, vocab, self.dtype_code, time.time_ns(),
                                    0, os.getpid(), fmt.STATE_OPEN, time.perf_counter_ns())
