@@ -15,15 +15,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-import yaml
 from annotated_types import Ge, Le
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 from typing_extensions import Self
 
+from gatherwise.bounded_yaml import NotUTF8Error, YAMLInputError, parse_yaml, read_yaml_file, short, short_message
 from gatherwise.logits_dtypes import LOGITS_DTYPES
 from gatherwise.modes import IMPLEMENTED_LABELS
 from gatherwise.stable_hash import stable_hash
@@ -191,11 +190,13 @@ def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | 
 
 def _read_yaml(path: str | os.PathLike, source: str) -> dict[Any, Any]:
     try:
-        raw = yaml.safe_load(Path(path).read_bytes().decode("utf-8")) or {}
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start}): a config file must be UTF-8") from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{source}: cannot read config: {exc}") from None
+        raw = read_yaml_file(path) or {}
+    except NotUTF8Error as exc:
+        raise ConfigError(f"{source}: {exc.reason}") from None
+    except YAMLInputError as exc:
+        raise ConfigError(f"{source}: cannot read config: {exc.reason}") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read config: {exc.strerror or exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: top level must be a mapping of sections")
     return raw
@@ -218,10 +219,9 @@ def _env_value(name: str, value: str, field: FieldInfo | None) -> Any:
     if _is_text(field):
         return value
     try:
-        return yaml.safe_load(value)
-    except yaml.YAMLError as exc:
-        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"environment variable {name}: {value!r} is not a valid value ({problem})") from None
+        return parse_yaml(value)
+    except YAMLInputError as exc:
+        raise ConfigError(f"environment variable {name}: {short(value)} is not a valid value ({exc.reason})") from None
 
 
 def _explain(error: Any, source: str, origins: Mapping[tuple[str, str], str]) -> str:
@@ -272,17 +272,18 @@ def _problem(error: Any, holder: Any, field: FieldInfo | None) -> str:
     if value is None and kind != "literal_error":
         return "must not be empty"
     if kind in _TYPE_NAMES:
-        return f"must be {_TYPE_NAMES[kind]}, got {type(value).__name__} {value!r}"
+        return f"must be {_TYPE_NAMES[kind]}, got {type(value).__name__} {short(value)}"
     if kind == "literal_error" and field is not None:
         choices = [a for a in get_args(field.annotation) if a is not None and a is not type(None)]
-        return f"must be one of {', '.join(map(str, choices))}, got {value!r}"
+        return f"must be one of {', '.join(map(str, choices))}, got {short(value)}"
     if kind in ("greater_than_equal", "less_than_equal") and field is not None:
         lo = next((m.ge for m in field.metadata if isinstance(m, Ge)), None)
         hi = next((m.le for m in field.metadata if isinstance(m, Le)), None)
-        return f"must be in [{lo}, {hi}], got {value!r}" if hi is not None else f"must be >= {lo}, got {value!r}"
+        return f"must be in [{lo}, {hi}], got {short(value)}" if hi is not None else \
+            f"must be >= {lo}, got {short(value)}"
     if kind == "finite_number":
-        return f"must be a finite number, got {value!r}"
-    return str(error["msg"]).removeprefix("Value error, ")
+        return f"must be a finite number, got {short(value)}"
+    return short_message(str(error["msg"]).removeprefix("Value error, "))
 
 
 def config_hash(cfg: GatherwiseConfig) -> int:

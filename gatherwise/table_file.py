@@ -23,6 +23,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from gatherwise.bounded_yaml import read_yaml_file, short_message
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_from_upper_bound, bucket_label
 
 
@@ -96,16 +97,13 @@ def save_table_file(path: str | Path, table: ModeTable, meta: dict[str, Any] | N
 def read_table_file(path: str | Path) -> TableDocument:
     """Parse and validate a table file; every error is a ValueError that names the file and the key."""
     path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    doc = read_yaml_file(path)  # YAMLInputError (a ValueError) names the file; bounded, no aliases
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: expected a mapping with a 'table' key, got {type(doc).__name__}")
     try:
         return TableDocument.model_validate({"table": None, **doc})  # a missing table gets the table's message
     except ValidationError as exc:
-        raise ValueError(f"{path}: " + "; ".join(_explain(e) for e in exc.errors())) from None
+        raise ValueError(f"{path}: " + short_message("; ".join(_explain(e) for e in exc.errors()))) from None
 
 
 def load_table_file(path: str | Path) -> ModeTable:
