@@ -81,7 +81,7 @@ class ControlBlockSource:
         seq, table_word, reserved, _written = values
         self._seen_seq = seq
         try:
-            if seq <= (self._request.seq if self._request else 0):
+            if not fmt.seq_is_newer(seq, self._request.seq if self._request else 0):
                 raise ValueError(f"command seq {seq} is not newer than the last one applied")
             table = ModeTable.decode(table_word)
             if reserved >= fmt.RESERVED_LIMIT:

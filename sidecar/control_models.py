@@ -34,6 +34,8 @@ class ModeState(BaseModel):
     applied_seq: int = Field(description="sequence number of the command rank 0 applied last")
     apply_call: int = Field(description="first call index that ran the active table on every rank")
     pending: bool = Field(description="true while the last command is not applied yet")
+    read_only: bool = Field(False, description="true when another sidecar holds this engine's control lock: this "
+                                               "one shows the engine and refuses mutations (409)")
 
 
 # Request bodies are strict: JSON true or 8.0 is not the integer 1 or 8, and "8" is not a number.

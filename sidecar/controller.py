@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
 from gatherwise.shm_format.control import CONTROL_NAME, ControlFormatError, sidecar_state_path
-from sidecar.control_client import ControlClient, ControlSnapshot
+from sidecar.control_client import AreaMidWriteError, ControlClient, ControlSnapshot, InvalidTableWordError
 from sidecar.control_models import BucketModeStats, StatsResponse
 from sidecar.decision_events import ControlView, DecisionEvents
 from sidecar.estimates import Estimate
@@ -53,12 +53,18 @@ IDLE_TICK_S = 1.0
 # calls/s; batched, they are a handful.
 BATCH_RECORDS = 32
 MAX_POLL_WAIT_S = 0.25
+# Distinct unreadable table words warned about (a block written over and over must not flood the log).
+MAX_WORD_WARNINGS = 16
 # An engine without a control block (control disabled, or rank 0 still starting) is looked at again this often.
 ATTACH_RETRY_S = 0.5
 
 
 class NotAttached(RuntimeError):
     """No engine with a control block is attached."""
+
+
+class ReadOnly(NotAttached):
+    """Another sidecar holds the attached engine's control lock: this one only shows the engine."""
 
 
 @dataclass
@@ -72,6 +78,7 @@ class EngineControl:
     requested: ModeTable | None  # table last written (or found) in the command area
     last_call_index: int = -1  # newest call fed to the policy (ring records re-read after a restart are skipped)
     switch_counts: dict[str, int] = field(default_factory=dict)  # "from|to|reason" -> n, survives restarts
+    read_only: bool = False  # another sidecar owns this engine's control (ControlClient.try_own)
     dirty: bool = False  # new samples since the last save
     decided: bool = False  # a policy decision since the last save
     saved_at: float = 0.0
@@ -85,6 +92,7 @@ class PolicyView:
     policy: str | None  # manual | auto | mixed
     pinned: dict[str, str]  # bucket label -> mode label
     params: PolicyParams
+    read_only: bool = False  # another sidecar controls the engine
 
 
 class Controller:
@@ -97,6 +105,8 @@ class Controller:
         self.interval = max(config.sidecar.poll_interval_seconds, STEP_INTERVAL_S)
         self.attached: EngineControl | None = None
         self._warned: set[int] = set()
+        self._unsaved: set[str] = set()  # state files a save failed for (warned once)
+        self._unreadable_words: set[str] = set()  # messages of table words already warned about
         self._next_poll = self._next_attach = self._last_tick = self._polled_at = 0.0
         self._called = False  # calls fed to the policy since its last step
         self.loop = Loop("gatherwise-sidecar", self._step, log)
@@ -152,6 +162,12 @@ class Controller:
 
     def _tick(self, att: EngineControl, now: float) -> None:
         self._called = False
+        if att.read_only:  # no policy here; take over once the owner is gone (its state is in the file)
+            if att.client.try_own():
+                log.info("engine %s: the sidecar that controlled it is gone; this one takes over", att.engine.label)
+                self._detach(att)
+                self._attach(att.engine)
+            return
         try:
             self._publish(att, att.policy.step(now))
         except ControlFormatError as exc:
@@ -163,7 +179,7 @@ class Controller:
 
     def _on_call(self, eng: AttachedEngine, call_index: int, mode: int, bucket: int, seconds: float) -> None:
         att = self.attached
-        if att is None or eng is not att.engine or call_index <= att.last_call_index:
+        if att is None or att.read_only or eng is not att.engine or call_index <= att.last_call_index:
             return
         att.last_call_index = call_index
         policy = att.policy
@@ -219,18 +235,23 @@ class Controller:
         if snap.header.engine_id != engine_id:
             client.close()
             return
+        read_only = not client.try_own()
         state_path = sidecar_state_path(path)
         policy, extra = self._recover(state_path, snap)
-        requested = snap.requested_table if snap.command.seq else None
+        requested = _valid(lambda: snap.requested_table) if snap.command.seq else None
         att = EngineControl(eng, client, policy, state_path, requested, int(extra.get("last_call_index", -1)),
-                            dict(extra.get("switch_counts", {})))
+                            dict(extra.get("switch_counts", {})), read_only)
         self.attached = att
+        if read_only:  # the owner counts the decisions and keeps the state: nothing of it is written here
+            log.warning("engine %s: another sidecar holds its control lock (%s); this sidecar serves it read-only "
+                        "and refuses mutations until that one is gone", eng.label, path)
+            return
         self.events.restore_switch_counts(eng.label, att.switch_counts)
         if not extra and policy.policy_label != "manual" and self.config.policy.table_file and not snap.command.seq:
             self._adopt_table_file(att)
         self._sync(att)
         log.info("control attached to engine %s (policy %s, active %s)", eng.label, policy.policy_label,
-                 snap.active_table)
+                 _valid(lambda: snap.active_table) or "not readable")
 
     def _recover(self, state_path: str, snap: ControlSnapshot) -> tuple[AutoPolicy, dict[str, Any]]:
         try:
@@ -246,7 +267,9 @@ class Controller:
             except ValueError as exc:
                 log.warning("%s: %s; starting from the control block alone", state_path, exc)
         # No saved state (a sidecar before us could not write it): start from what the engine was last asked to run
-        return AutoPolicy(self.params, snap.requested_table, auto=self.config.policy.mode == "auto"), {}
+        start = _valid(lambda: snap.requested_table) or _valid(lambda: snap.active_table) or \
+            ModeTable.uniform(Mode.parse(self.config.engine.initial_mode))
+        return AutoPolicy(self.params, start, auto=self.config.policy.mode == "auto"), {}
 
     def _adopt_table_file(self, att: EngineControl) -> None:
         from gatherwise.table_file import load_table_file
@@ -287,13 +310,20 @@ class Controller:
             att.decided = True
 
     def _save(self, att: EngineControl) -> None:
+        if att.read_only:
+            return
         try:
             save_state(att.state_path, policy_to_json(att.policy, {"last_call_index": att.last_call_index,
                                                                     "switch_counts": att.switch_counts}))
             att.dirty = att.decided = False
             att.saved_at = time.monotonic()
-        except OSError as exc:  # the engine directory vanished (engine exited): nothing to keep
+        except FileNotFoundError as exc:  # the engine directory vanished (engine exited): nothing to keep
             log.debug("sidecar state not saved: %s", exc)
+        except OSError as exc:  # a full filesystem: decisions go on, the restart point is older (said once)
+            if att.state_path not in self._unsaved:
+                self._unsaved.add(att.state_path)
+                log.warning("sidecar state not saved to %s (a restarted sidecar resumes from the last save): %s",
+                            att.state_path, exc)
 
     # -- API: each public method runs on the loop thread (on_loop) ------------------------------------------
     def _require(self) -> EngineControl:
@@ -303,9 +333,17 @@ class Controller:
                               f"with control.enabled and engine.shm_dir={self.config.engine.shm_dir}?)")
         return att
 
+    def _require_owner(self) -> EngineControl:
+        """The attached engine, if this sidecar controls it; else NotAttached or ReadOnly (409)."""
+        att = self._require()
+        if att.read_only:
+            raise ReadOnly(f"engine {att.engine.label} is controlled by another sidecar (it holds the control lock "
+                           f"on {att.client.path}); this sidecar serves it read-only: send mutations to that one")
+        return att
+
     def _require_running(self) -> EngineControl:
         """The attached engine, if a command written now can still be applied; else NotAttached (409)."""
-        att = self._require()
+        att = self._require_owner()
         reason = (self.ingest.stopped_reason(att.engine) if att.engine is self.ingest.engine
                   else "the sidecar no longer follows it")
         if reason:
@@ -319,7 +357,7 @@ class Controller:
             return PolicyView(None, None, {}, self.params)
         policy = att.policy
         pinned = {bucket_label(b): m.label for b, m in sorted(policy.pins.items())}
-        return PolicyView(att.engine.label, policy.policy_label, pinned, policy.params)
+        return PolicyView(att.engine.label, policy.policy_label, pinned, policy.params, att.read_only)
 
     @on_loop
     def snapshot(self) -> tuple[PolicyView, ControlSnapshot]:
@@ -328,6 +366,8 @@ class Controller:
         att = self._require()
         try:
             snap = att.client.snapshot()
+        except AreaMidWriteError:  # a writer stopped between its writes: the block is still the engine's
+            raise
         except ControlFormatError as exc:
             self._give_up(att, exc)
             raise
@@ -345,8 +385,11 @@ class Controller:
 
     @on_loop
     def set_params(self, changes: dict[str, Any]) -> PolicyParams:
-        """Apply a validated PolicyUpdate's changes; raises ValidationError (changing nothing) for bad ones."""
+        """Apply a validated PolicyUpdate's changes; raises ValidationError (changing nothing) for bad ones, and
+        ReadOnly while another sidecar controls the attached engine (its parameters are that one's)."""
         att = self.attached
+        if att is not None:
+            self._require_owner()
         base = att.policy.params if att else self.params
         self.params = params = PolicyParams.model_validate({**base.model_dump(), **changes})
         if att is not None:
@@ -379,12 +422,20 @@ class Controller:
         if att is None:
             return None
         try:
-            active = att.client.snapshot().active_table
+            active = att.client.snapshot().active_table.as_labels()
+        except (InvalidTableWordError, AreaMidWriteError) as exc:  # no gauge until the area is readable again
+            self._warn_unreadable(str(exc))
+            active = {}
         except ControlFormatError as exc:
             self._give_up(att, exc)
             return None
         estimates = {(bucket_label(b), m.label): est.p50 for b, m, est in _estimates(att.policy)}
-        return ControlView(att.engine.label, active.as_labels(), tuple(m.label for m in att.policy.modes), estimates)
+        return ControlView(att.engine.label, active, tuple(m.label for m in att.policy.modes), estimates)
+
+    def _warn_unreadable(self, message: str) -> None:
+        if message not in self._unreadable_words and len(self._unreadable_words) < MAX_WORD_WARNINGS:
+            self._unreadable_words.add(message)
+            log.warning("%s; gatherwise_active_mode is left out until it is readable", message)
 
     @on_loop
     def learned_table(self) -> tuple[ModeTable, dict[str, Any]]:
@@ -393,6 +444,14 @@ class Controller:
         meta = {"tp": att.client.tp_size, "source": f"gatherwise sidecar auto policy, engine {att.engine.label}",
                 "policy": att.policy.policy_label, "vocab": eng.vocab, "dtype": eng.dtype}
         return att.policy.learned_table(), meta
+
+
+def _valid(table: Callable[[], ModeTable]) -> ModeTable | None:
+    """The table, or None when the block holds a word that is no table."""
+    try:
+        return table()
+    except InvalidTableWordError:
+        return None
 
 
 def _estimates(policy: AutoPolicy) -> list[tuple[int, Mode, Estimate]]:

@@ -20,8 +20,8 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gatherwise.modes import parse_buckets
-from gatherwise.shm_format.control import ControlFormatError
-from sidecar.control_client import ControlSnapshot
+from gatherwise.shm_format.control import ControlFormatError, seq_reached
+from sidecar.control_client import ControlSnapshot, InvalidTableWordError
 from sidecar.control_models import (
     DecisionsResponse,
     ErrorResponse,
@@ -77,14 +77,14 @@ def mode_state(view: PolicyView, snap: ControlSnapshot) -> ModeState:
         requested=snap.requested_table.as_labels(), pinned=view.pinned, epoch=snap.status.epoch,
         call_index=snap.heartbeat.call_index, heartbeat_age_seconds=snap.heartbeat_age_seconds(),
         requested_seq=snap.command.seq, applied_seq=snap.status.applied_seq, apply_call=snap.status.apply_call,
-        pending=snap.command.seq > snap.status.applied_seq)
+        pending=snap.pending, read_only=view.read_only)
 
 
 @router.get("/mode", response_model=ModeState, responses=NO_ENGINE, summary="Active and requested mode table")
 def get_mode(ctl: ControllerDep) -> ModeState:
     try:
         return mode_state(*ctl.snapshot())
-    except (NotAttached, ControlFormatError) as exc:
+    except (NotAttached, ControlFormatError, InvalidTableWordError) as exc:
         raise conflict(exc) from None
 
 
@@ -100,14 +100,15 @@ async def put_mode(body: SetModeRequest, ctl: ControllerDep,
         deadline = time.monotonic() + wait
         while True:
             view, snap = ctl.snapshot()
-            if snap.status.applied_seq >= seq or time.monotonic() >= deadline:
+            if seq_reached(snap.status.applied_seq, seq) or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(WAIT_STEP_S)
-    except (NotAttached, ControlFormatError) as exc:
+        state = mode_state(view, snap)
+    except (NotAttached, ControlFormatError, InvalidTableWordError) as exc:
         raise conflict(exc) from None
-    applied = snap.status.applied_seq >= seq
+    applied = seq_reached(snap.status.applied_seq, seq)
     result = SetModeResult(applied=applied, seq=seq, apply_call=snap.status.apply_call if applied else None,
-                           decision=decision.id, state=mode_state(view, snap))
+                           decision=decision.id, state=state)
     return result if applied else JSONResponse(result.model_dump(), status_code=202)
 
 
@@ -130,10 +131,14 @@ def get_policy(ctl: ControllerDep) -> PolicyResponse:
     return PolicyResponse(policy=view.policy, pinned=view.pinned, params=view.params)
 
 
-@router.put("/policy", response_model=PolicyResponse, dependencies=[Authorized], responses=AUTH,
-            summary="Change auto policy parameters (any subset)")
+@router.put("/policy", response_model=PolicyResponse, dependencies=[Authorized],
+            responses={409: {"model": ErrorResponse, "description": "another sidecar controls the engine"},
+                       **AUTH}, summary="Change auto policy parameters (any subset)")
 def put_policy(body: PolicyUpdate, ctl: ControllerDep) -> PolicyResponse:
-    ctl.set_params(body.model_dump(exclude_none=True))
+    try:
+        ctl.set_params(body.model_dump(exclude_none=True))
+    except NotAttached as exc:
+        raise conflict(exc) from None
     return get_policy(ctl)
 
 

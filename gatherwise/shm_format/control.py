@@ -50,6 +50,33 @@ U32_MASK = (1 << 32) - 1
 SEQLOCK_TRIES = 64  # copies a reader attempts before it reports the area as inconsistent
 
 
+# Command seqs are u64 serial numbers (RFC 1982): `a` is newer than `b` when a - b, modulo 2^64, is in
+# [1, 2^63). So the seq wraps from 2^64 - 1 to 1 (0 means "nothing requested yet" and is skipped), and a seq
+# someone wrote far ahead (2^64 - 1 into a fresh block) is not newer than what runs: it is ignored, and the next
+# command follows the applied one instead of wedging control.
+SEQ_HALF = 1 << 63
+
+
+def seq_is_newer(seq: int, than: int) -> bool:
+    return 0 < (seq - than) & U64_MASK < SEQ_HALF
+
+
+def seq_after(seq: int) -> int:
+    """The seq that follows `seq` (wrapping past 2^64 - 1 to 1)."""
+    return ((seq + 1) & U64_MASK) or 1
+
+
+def seq_reached(applied_seq: int, seq: int) -> bool:
+    """Whether a status that applied `applied_seq` runs command `seq` (or a newer one)."""
+    return applied_seq == seq or seq_is_newer(applied_seq, seq)
+
+
+def next_command_seq(command_seq: int, applied_seq: int) -> int:
+    """The seq of the next command: after the last command when that one is newer than the applied one (it may
+    still be on its way to the ranks), else after the applied one."""
+    return seq_after(command_seq if seq_is_newer(command_seq, applied_seq) else applied_seq)
+
+
 class ControlFormatError(ValueError):
     """The file is not a control block this code understands (foreign, corrupt, other version)."""
 
@@ -178,6 +205,12 @@ def fd_seqlock_read(fd: int, lock_index: int, count: int, tries: int = SEQLOCK_T
         if _U64.unpack(_pread(fd, WORD_BYTES, offset))[0] == words[0]:
             return words[1:]
     return None
+
+
+def fd_read_fields(fd: int, lock_index: int, count: int) -> tuple[int, ...]:
+    """The `count` fields after `lock_index` as they are, whatever the lock says (to repair an area whose only
+    writer died mid-write)."""
+    return struct.unpack(f"<{count}Q", _pread(fd, WORD_BYTES * count, WORD_BYTES * (lock_index + 1)))
 
 
 def fd_seqlock_write(fd: int, lock_index: int, values: tuple[int, ...]) -> None:
