@@ -9,7 +9,8 @@ and turns each call into histogram observations and, when sampled, a trace; ever
 an engine restart: ingest switches to it and drops the old instance's series, so series never mix.
 
 Discovery is built for a directory other processes may litter: it tries engine directories newest first until
-one attaches (an empty or half-built directory never hides a live engine), skips what is not a real directory
+one attaches (an empty or half-built directory never hides a live engine; a directory without liveness locks,
+however new, is tried only when no directory with a held lock attaches), skips what is not a real directory
 or regular file (a FIFO never blocks the loop, a symlink is never followed), does not re-read directories that
 did not change, and removes the directories of engines whose processes are gone (their liveness locks are free,
 gatherwise/shm_format/liveness.py). One poll reads at most `max_records_per_poll` records per rank, and a
@@ -28,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from gatherwise.modes import Mode, bucket_label, bucket_of
+from gatherwise.shm_format.hooks_off import HooksOffNotice
 from gatherwise.shm_format.liveness import Liveness, is_removable, liveness
-from gatherwise.shm_format.private_files import check_private_dir
+from gatherwise.shm_format.private_files import check_shm_dir_for_reading
 from sidecar.histograms import Series
+from sidecar.hooks_off import HooksOffWatch
 from sidecar.metrics import CallSeries, EngineCounters, SidecarMetrics, rank_counters
 from sidecar.ring_reader import EngineFiles, RingFormatError, RingReader, discover_engines
 from sidecar.traces import CallTracer
@@ -94,16 +97,19 @@ class EngineInfo:
     calls_pending: int = 0
     traces_started: int = 0
     engines_seen: int = 0
+    hooks_off: tuple[HooksOffNotice, ...] = ()  # engine processes whose hooks refused or never engaged
 
 
 class Ingest:
     def __init__(self, shm_dir: str | Path, metrics: SidecarMetrics, tracer: CallTracer | None = None, *,
                  poll_interval: float = 0.02, join_timeout: float = 0.5, heartbeat_stale: float = 5.0,
                  discover_interval: float = 0.5, clock: Callable[[], int] = time.monotonic_ns,
-                 max_records_per_poll: int = DEFAULT_MAX_RECORDS_PER_POLL, remove_dead_dirs: bool = True) -> None:
+                 max_records_per_poll: int = DEFAULT_MAX_RECORDS_PER_POLL, remove_dead_dirs: bool = True,
+                 hooks_off: HooksOffWatch | None = None) -> None:
         if max_records_per_poll < 1:
             raise ValueError(f"max_records_per_poll must be >= 1, got {max_records_per_poll}")
         self.shm_dir = Path(shm_dir)
+        self.hooks_off = hooks_off if hooks_off is not None else HooksOffWatch(shm_dir, remove_dead_dirs)
         self.max_records_per_poll = max_records_per_poll
         self.remove_dead_dirs = remove_dead_dirs
         self._dir_cache: dict = {}  # discover_engines' per-directory cache
@@ -139,7 +145,7 @@ class Ingest:
             if rank in eng.unreadable:
                 continue
             try:
-                records, missed = reader.read_new(self.max_records_per_poll)
+                records, missed = reader.read_new(self.max_records_per_poll, now)
             except (RingFormatError, OSError) as exc:  # truncated or replaced under us: stop reading this rank
                 eng.unreadable[rank] = str(exc)
                 log.warning("engine %s rank %d: ring no longer readable, its telemetry stops here: %s", eng.label,
@@ -213,12 +219,13 @@ class Ingest:
     # -- discovery and engine restarts ------------------------------------------------------------------
     def _discover(self, now: int) -> None:
         try:
-            check_private_dir(self.shm_dir)
+            check_shm_dir_for_reading(self.shm_dir)
         except FileNotFoundError:
             return  # no engine has started yet
         except OSError as exc:  # another user's (or a world-writable) directory: its files could be anyone's
             self._warn_dir(str(self.shm_dir), f"not reading engines from {self.shm_dir}: {exc}")
             return
+        self.hooks_off.scan()
         try:
             found = discover_engines(self.shm_dir, self._dir_cache)
         except OSError as exc:  # shm_dir unreadable (not ours): say so once, keep what is attached
@@ -230,32 +237,47 @@ class Ingest:
             for name in set(cache) - names:
                 del cache[name]
         current = self.engine
+        without_locks = []  # directories with no liveness locks: tried after every one whose lock is held
         for files in found:  # newest first
-            if self._gone(files):
+            state = self._state(files)
+            if state is Liveness.DEAD:
                 continue
-            if current is not None and files.engine_id == current.engine_id:
-                return  # the attached engine is still the newest one running
-            attached = self._try_attach(files, now)
-            if attached is not None:
-                self._switch(attached)
+            if state is Liveness.UNKNOWN:
+                without_locks.append(files)
+                continue
+            if self._attach_or_keep(files, current, now):
+                return
+        for files in without_locks:
+            if self._attach_or_keep(files, current, now):
                 return
 
-    def _gone(self, files: EngineFiles) -> bool:
-        """Whether the directory's engine has exited (its liveness locks are all free); removes such directories
-        when they are ours. The attached engine's readers keep their open files, so its last numbers remain."""
+    def _attach_or_keep(self, files: EngineFiles, current: AttachedEngine | None, now: int) -> bool:
+        """True when `files` is the attached engine (kept) or attaches now (switched to)."""
+        if current is not None and files.engine_id == current.engine_id:
+            return True  # the attached engine is still the newest one running
+        attached = self._try_attach(files, now)
+        if attached is not None:
+            self._switch(attached)
+            return True
+        return False
+
+    def _state(self, files: EngineFiles) -> Liveness:
+        """Whether the directory's engine runs (a liveness lock held), has exited (every lock free) or has no
+        locks; removes the directories of exited engines when they are ours. The attached engine's readers keep
+        their open files, so its last numbers remain."""
         name = files.dir.name
         if name in self._dead:
-            return True
+            return Liveness.DEAD
         if self._no_locks.get(name) is files:
-            return False  # no lock files in this very listing: a lock file appearing changes the listing
+            return Liveness.UNKNOWN  # no lock files in this very listing: a lock file appearing changes it
         try:
             state = liveness(files.dir)
         except OSError:
-            return True  # removed meanwhile
+            return Liveness.DEAD  # removed meanwhile
         if state is Liveness.UNKNOWN:
             self._no_locks[name] = files
         if state is not Liveness.DEAD:
-            return False
+            return state
         self._dead.add(name)
         if self.engine is not None and self.engine.engine_id == files.engine_id:
             self.engine.exited = True
@@ -266,7 +288,7 @@ class Ingest:
                     log.info("removed %s: its engine exited without removing it", files.dir)
             except OSError as exc:
                 log.debug("cannot remove %s: %s", files.dir, exc)
-        return True
+        return Liveness.DEAD
 
     def _try_attach(self, files: EngineFiles, now: int) -> AttachedEngine | None:
         name = files.dir.name
@@ -367,17 +389,19 @@ class Ingest:
             return None
         self._refresh_headers(eng)
         age = self.heartbeat_age_seconds(eng)
-        ranks = [rank_counters(h, rank, {"overwritten": r.overwritten, "torn": r.torn})
+        ranks = [rank_counters(h, rank, {"overwritten": r.overwritten, "torn": r.torn, "invalid": r.invalid})
                  for rank, (h, r) in enumerate(zip(eng.headers, eng.readers, strict=True))]
         return EngineCounters(eng.label, self.is_up(eng, age), age, ranks)
 
     def info(self) -> EngineInfo:
         eng = self.engine
         if eng is None:
-            return EngineInfo(attached=False, shm_dir=str(self.shm_dir), engines_seen=self.engines_seen)
+            return EngineInfo(attached=False, shm_dir=str(self.shm_dir), engines_seen=self.engines_seen,
+                              hooks_off=self.hooks_off.notices)
         self._refresh_headers(eng)
         age = self.heartbeat_age_seconds(eng)
         return EngineInfo(True, str(self.shm_dir), eng.label, eng.tp_size, eng.vocab, eng.dtype, self.is_up(eng, age),
                           age, eng.records, sum(eng.dropped), eng.calls_joined, eng.calls_incomplete,
-                          len(eng.pending), self.tracer.traces_started if self.tracer else 0, self.engines_seen)
+                          len(eng.pending), self.tracer.traces_started if self.tracer else 0, self.engines_seen,
+                          self.hooks_off.notices)
 

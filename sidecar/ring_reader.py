@@ -4,11 +4,19 @@ Stdlib only — never torch. A reader opens the file read-only and copies what i
 neither block nor disturb the writer, and a file that someone truncates under it gives a RingTruncatedError,
 never a SIGBUS (a read through a mapping beyond a file's end kills the reading process). It detects records
 that were overwritten before it got to them or torn while it copied them, and counts them.
+
+The file is trusted as much as its writer's user (who can write any byte of it), so nothing read from it may
+make the sidecar lie: a record with a field out of its range (a mode no engine writes, no rows, another rank's or
+vocab's record, a call index far beyond every call the header counted, an end in the future) is counted as
+`invalid` and never exported, and a write index that jumps further than the header's call counters moved counts
+as overwritten only what could have been written (the rest is reported once, not counted).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +25,17 @@ from gatherwise.shm_format.liveness import is_engine_dir_name
 from gatherwise.shm_format.private_files import open_regular_file
 from gatherwise.shm_format.ring import CallRecord, RingHeader
 
+log = logging.getLogger("gatherwise.sidecar.ingest")
 _SNAPSHOT_TRIES = 4
+# A record's end may lie this far past the reader's clock (CUDA timings are mapped onto the host clock, with a
+# small error); later than that it comes from the future, i.e. it was not written by the engine.
+FUTURE_TOLERANCE_NS = 1_000_000_000
+# A record's call index lies below the calls its header counted (engines count calls from 0, and count a call
+# before its record). This many beyond is still taken (writers that number their calls from elsewhere); further
+# ahead a record would hold back everything that joins calls by index.
+CALL_INDEX_LEAD = 1024
+_MODES = frozenset(fmt.MODE_OPS)
+_CALLS = slice(0, None, 1 + 2 * len(fmt.OPS))  # the calls word of every counter row
 
 
 class RingFormatError(ValueError):
@@ -36,7 +54,8 @@ class RingReader:
         if start not in ("oldest", "now"):
             raise ValueError(f"start must be 'oldest' or 'now', got {start!r}")
         self.path = os.fspath(path)
-        self._fd: int | None = open_regular_file(self.path)  # no symlink, no FIFO: UnsafePathError
+        # no symlink, no FIFO, no file of another owner than its directory's: UnsafePathError
+        self._fd: int | None = open_regular_file(self.path, owner_of_dir=True)
         try:
             size = os.fstat(self._fd).st_size
             if size < fmt.HEADER_SIZE:
@@ -54,8 +73,14 @@ class RingReader:
         self.cursor = w if start == "now" else max(0, w - self.capacity + 1)  # last seq consumed
         if max_backlog is not None:
             self.cursor = max(self.cursor, w - max_backlog)
+        self.vocab = first.vocab
         self.overwritten = 0  # records lost because the writer lapped this reader
         self.torn = 0  # records whose two sequence numbers disagreed with their slot
+        self.invalid = 0  # records with a field out of its range (see the module docstring)
+        self._calls_seen = sum(c.calls for c in first.counters.values())  # calls counted at the last read
+        self._unread = min(w - self.cursor, self._calls_seen)  # records that exist and were not consumed yet
+        self._last_call_index = -1  # call index of the newest valid record
+        self._warned_jump = False
 
     def _pread(self, size: int, offset: int) -> bytes:
         if self._fd is None:
@@ -84,6 +109,10 @@ class RingReader:
     def _write_index(self) -> int:
         return fmt.WRITE_INDEX.unpack(self._pread(fmt.WRITE_INDEX.size, fmt.WRITE_INDEX_OFFSET))[0]
 
+    def _calls_counted(self) -> int:
+        """Calls the header counts, every mode: the writer counts a call before it publishes its record."""
+        return sum(fmt.COUNTERS.unpack(self._pread(fmt.COUNTERS.size, fmt.COUNTERS_OFFSET))[_CALLS])
+
     def header(self) -> RingHeader:
         """A consistent snapshot of the header and counters (read twice until both copies agree)."""
         raw = self._pread(fmt.HEADER_SIZE, 0)
@@ -101,20 +130,30 @@ class RingReader:
                           created_ns, created_mono_ns, write_index, pid, state == fmt.STATE_CLOSED, counters, drops,
                           topp_rows, topp_fallback_rows)
 
-    def read_new(self, max_records: int | None = None) -> tuple[list[CallRecord], int]:
-        """Records written since the last call (at most max_records), and how many were missed meanwhile."""
+    def read_new(self, max_records: int | None = None, now_ns: int | None = None) -> tuple[list[CallRecord], int]:
+        """Records written since the last call (at most max_records), and how many were missed meanwhile.
+        `now_ns`: the reader's monotonic clock now (records ending later are invalid); time.monotonic_ns()."""
         cap = self.capacity
         w = self._write_index()
+        calls = self._calls_counted()  # after the index: it counts at least every record up to w
         if w < self.cursor:  # cannot happen with one writer per file; resynchronise rather than loop
             self.cursor = max(0, w - cap)
+            self._unread = w - self.cursor
+        # records that exist and this reader has not consumed: at most the unread ones plus every call since
+        available = self._unread + max(0, calls - self._calls_seen)
+        self._calls_seen = calls
         first = self.cursor + 1
         # Readable: seqs w - cap + 2 .. w. The slot of w - cap + 1 is the one the writer fills next (seq w + 1).
-        missed = max(0, (w - cap + 2) - first)
-        first += missed
+        skipped = max(0, (w - cap + 2) - first)
+        missed = min(skipped, available)
+        if skipped > missed:
+            self._report_jump(skipped - missed)
+        first += skipped
         last = w if max_records is None else min(w, first + max_records - 1)
         if first > last:
             self.overwritten += missed
             self.cursor = max(self.cursor, first - 1)
+            self._unread = max(0, min(w - self.cursor, available - missed))
             return [], missed
         n = last - first + 1
         slot = (first - 1) % cap
@@ -130,8 +169,34 @@ class RingReader:
         self.overwritten += missed + stale
         records, torn = _decode(data, first, stale)
         self.torn += torn
+        records, invalid = self._valid(records, calls, time.monotonic_ns() if now_ns is None else now_ns)
+        self.invalid += invalid
         self.cursor = last
-        return records, missed + stale + torn
+        self._unread = max(0, min(w - last, available - missed - n))
+        return records, missed + stale + torn + invalid
+
+    def _valid(self, records: list[CallRecord], calls: int, now_ns: int) -> tuple[list[CallRecord], int]:
+        """The records whose every field is in its range, and how many were not."""
+        horizon = now_ns + FUTURE_TOLERANCE_NS
+        lead = calls + CALL_INDEX_LEAD
+        rank, vocab = self.rank, self.vocab
+        prev = self._last_call_index
+        kept = []
+        for rec in records:
+            ci = rec.call_index
+            if (rec.mode in _MODES and rec.rows >= 1 and rec.rank == rank and rec.vocab == vocab
+                    and rec.end_ns <= horizon and (ci == prev + 1 or ci < lead)):
+                kept.append(rec)
+                prev = max(prev, ci)
+        self._last_call_index = prev
+        return kept, len(records) - len(kept)
+
+    def _report_jump(self, excess: int) -> None:
+        if not self._warned_jump:
+            self._warned_jump = True
+            log.warning("%s: write index jumped %d records further than its writer counted calls (written by "
+                        "another process?); only what could have been written counts as overwritten", self.path,
+                        excess)
 
     def close(self) -> None:
         if self._fd is not None:
