@@ -48,8 +48,9 @@ def _rank_main(fn: Callable, rank: int, world: int, port: int, backend: str, thr
             torch.set_num_threads(threads)
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group(backend, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout))
+        wait = datetime.timedelta(seconds=timeout)
+        dist.init_process_group(backend, store=_loopback_store(rank, world, port, wait), rank=rank,
+                                world_size=world, timeout=wait)
         # plain pickle, not the pipe's: torch would pass tensors as shared-memory handles that die with this process
         results.send((rank, "ok", pickle.dumps(fn(rank, world, *args))))
     except BaseException as exc:
@@ -58,6 +59,24 @@ def _rank_main(fn: Callable, rank: int, world: int, port: int, backend: str, thr
         results.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _loopback_store(rank: int, world: int, port: int, timeout: datetime.timedelta) -> Any:
+    """The rendezvous store, its server (rank 0) listening on 127.0.0.1 only: by default TCPStore listens on every
+    interface for the engine's whole life, although every rank of a local launch is on this host."""
+    import torch.distributed as dist
+
+    if rank != 0:
+        return dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(world)
+    try:
+        return dist.TCPStore("127.0.0.1", port, world, is_master=True, timeout=timeout, wait_for_workers=False,
+                             master_listen_fd=listener.fileno())
+    finally:
+        listener.detach()  # the store owns the descriptor now
 
 
 def launch(fn: Callable, world: int, *args: Any, device: str = "cpu", timeout: float = 300.0,
