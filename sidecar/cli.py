@@ -19,6 +19,7 @@ import uvicorn
 
 from gatherwise.config import ConfigError, GatherwiseConfig, load_config
 from sidecar.app import create_app
+from sidecar.header_timeout import header_timeout_protocol
 from sidecar.state import build_state
 
 TICKS_PER_SECOND = 10  # uvicorn.Server.on_tick's counter unit: it expects to run every 0.1 s
@@ -91,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
     print(f"gatherwise sidecar listening on http://{url_host}:{port} (engines in {cfg.engine.shm_dir})", flush=True)
-    server = QuietServer(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    server = QuietServer(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                        http=header_timeout_protocol(cfg.sidecar.header_timeout_seconds)))
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal into the handler it found:
     # make that a no-op so a requested stop exits 0 instead of dying by the signal.
     for sig in (signal.SIGINT, signal.SIGTERM):

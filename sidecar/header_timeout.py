@@ -1,0 +1,57 @@
+"""uvicorn's h11 protocol with a header timeout: a connection that has not sent a request's complete headers
+within the timeout is closed.
+
+uvicorn arms its keep-alive timer only after a response, and cancels it as soon as any byte arrives; a client
+that connects and sends nothing, or half a request line, holds its connection (and a file descriptor) forever.
+Here the timer starts when the connection opens and again after every response, and stops once a request's
+headers are complete (the body is BodySizeLimit's business). nginx does the same (client_header_timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+def header_timeout_protocol(seconds: float) -> type[H11Protocol]:
+    """The protocol class to give uvicorn.Config(http=...), closing header-less connections after `seconds`."""
+
+    class HeaderTimeoutProtocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:  # a request's headers are complete
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()  # the next request's headers get the same time
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(seconds, self._headers_timed_out)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_timed_out(self) -> None:
+            self._header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutProtocol
