@@ -35,8 +35,9 @@ from sidecar.control_models import (
 )
 from sidecar.controller import Controller, NotAttached, PolicyView
 from sidecar.state import StateDep
+from sidecar.strict_json import StrictJSONRoute
 
-router = APIRouter(tags=["control"])
+router = APIRouter(tags=["control"], route_class=StrictJSONRoute)  # a repeated JSON key is a 422
 bearer = HTTPBearer(auto_error=False, description="the sidecar's API token (sidecar.api_token or "
                                                   "GATHERWISE_API_TOKEN)")
 NO_ENGINE = {409: {"model": ErrorResponse, "description": "no engine with a control block is attached"}}
@@ -153,6 +154,13 @@ def get_policy_table(ctl: ControllerDep) -> LearnedTable:
 
 
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+    detail = [{"loc": list(e.get("loc", ())), "msg": _message(e), "type": str(e.get("type", ""))}
               for e in exc.errors()]
     return JSONResponse({"detail": detail}, status_code=422)
+
+
+def _message(error: dict) -> str:
+    """pydantic's message; for a body that is no JSON, with the decoder's reason (e.g. the repeated key)."""
+    message = str(error.get("msg", ""))
+    reason = (error.get("ctx") or {}).get("error") if error.get("type") == "json_invalid" else None
+    return f"{message}: {str(reason)[:200]}" if reason else message
