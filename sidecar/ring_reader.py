@@ -8,8 +8,8 @@ that were overwritten before it got to them or torn while it copied them, and co
 The file is trusted as much as its writer's user (who can write any byte of it), so nothing read from it may
 make the sidecar lie: a record with a field out of its range (a mode no engine writes, no rows, another rank's or
 vocab's record, a call index far beyond every call the header counted, an end in the future) is counted as
-`invalid` and never exported, and a write index that jumps further than the header's call counters moved counts
-as overwritten only what could have been written (the rest is reported once, not counted).
+`invalid` and never exported, and a write index beyond the calls the header counted (a jump no writer makes)
+skips the seqs it jumped over without counting them as overwritten (reported once).
 """
 
 from __future__ import annotations
@@ -77,9 +77,11 @@ class RingReader:
         self.overwritten = 0  # records lost because the writer lapped this reader
         self.torn = 0  # records whose two sequence numbers disagreed with their slot
         self.invalid = 0  # records with a field out of its range (see the module docstring)
-        self._calls_seen = sum(c.calls for c in first.counters.values())  # calls counted at the last read
-        self._unread = min(w - self.cursor, self._calls_seen)  # records that exist and were not consumed yet
+        # A writer counts a call before it publishes the call's record, so its write index never exceeds the
+        # calls counted: what the index holds beyond them was written by something else (a jump).
+        self._excess = max(0, w - sum(c.calls for c in first.counters.values()))
         self._last_call_index = -1  # call index of the newest valid record
+        self.index_jumped = 0  # seqs the write index skipped that no record ever had (not a drop)
         self._warned_jump = False
 
     def _pread(self, size: int, offset: int) -> bytes:
@@ -138,22 +140,20 @@ class RingReader:
         calls = self._calls_counted()  # after the index: it counts at least every record up to w
         if w < self.cursor:  # cannot happen with one writer per file; resynchronise rather than loop
             self.cursor = max(0, w - cap)
-            self._unread = w - self.cursor
-        # records that exist and this reader has not consumed: at most the unread ones plus every call since
-        available = self._unread + max(0, calls - self._calls_seen)
-        self._calls_seen = calls
         first = self.cursor + 1
+        excess = max(0, w - calls)
+        if excess > self._excess:  # the index jumped since the last read: the seqs it skipped were never written
+            jump = min(excess - self._excess, max(0, w - self.cursor))
+            self._report_jump(jump)
+            first += jump
+        self._excess = excess
         # Readable: seqs w - cap + 2 .. w. The slot of w - cap + 1 is the one the writer fills next (seq w + 1).
-        skipped = max(0, (w - cap + 2) - first)
-        missed = min(skipped, available)
-        if skipped > missed:
-            self._report_jump(skipped - missed)
-        first += skipped
+        missed = max(0, (w - cap + 2) - first)
+        first += missed
         last = w if max_records is None else min(w, first + max_records - 1)
         if first > last:
             self.overwritten += missed
             self.cursor = max(self.cursor, first - 1)
-            self._unread = max(0, min(w - self.cursor, available - missed))
             return [], missed
         n = last - first + 1
         slot = (first - 1) % cap
@@ -172,7 +172,6 @@ class RingReader:
         records, invalid = self._valid(records, calls, time.monotonic_ns() if now_ns is None else now_ns)
         self.invalid += invalid
         self.cursor = last
-        self._unread = max(0, min(w - last, available - missed - n))
         return records, missed + stale + torn + invalid
 
     def _valid(self, records: list[CallRecord], calls: int, now_ns: int) -> tuple[list[CallRecord], int]:
@@ -191,12 +190,12 @@ class RingReader:
         self._last_call_index = prev
         return kept, len(records) - len(kept)
 
-    def _report_jump(self, excess: int) -> None:
+    def _report_jump(self, jump: int) -> None:
+        self.index_jumped += jump
         if not self._warned_jump:
             self._warned_jump = True
-            log.warning("%s: write index jumped %d records further than its writer counted calls (written by "
-                        "another process?); only what could have been written counts as overwritten", self.path,
-                        excess)
+            log.warning("%s: write index jumped %d records beyond the calls its header counted (written by another "
+                        "process?); those records never existed and are not counted as dropped", self.path, jump)
 
     def close(self) -> None:
         if self._fd is not None:
