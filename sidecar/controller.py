@@ -223,19 +223,25 @@ class Controller:
         if engine_id in self._warned:
             return
         path = Path(eng.dir) / CONTROL_NAME
+        client = None
         try:
             client = ControlClient(path)
+            read_only = not client.try_own()  # before the first read: the owner repairs what a dead owner left
             snap = client.snapshot()
         except FileNotFoundError:
             return  # control disabled, or rank 0 has not created it yet: the next poll looks again
+        except AreaMidWriteError:  # the owner died between two writes and is not replaced yet: look again
+            client.close()
+            return
         except (ControlFormatError, OSError) as exc:
+            if client is not None:
+                client.close()
             self._warned.add(engine_id)
             log.warning("engine %s: control block unusable, control API disabled for it: %s", eng.label, exc)
             return
         if snap.header.engine_id != engine_id:
             client.close()
             return
-        read_only = not client.try_own()
         state_path = sidecar_state_path(path)
         policy, extra = self._recover(state_path, snap)
         requested = _valid(lambda: snap.requested_table) if snap.command.seq else None

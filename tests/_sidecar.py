@@ -53,10 +53,12 @@ class Proc:
             raise AssertionError(f"process did not exit within {timeout}s of signal {sig}") from None
 
 
-def spawn(args: list[str], env_extra: dict[str, str] | None = None) -> Proc:
+def spawn(args: list[str], env_extra: dict[str, str] | None = None, user: tuple[int, int] | None = None) -> Proc:
+    """`gatherwise ARGS`, its output pumped into a queue; `user`: (uid, gid) to run it as (the caller is root)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    as_user = {"user": user[0], "group": user[1], "extra_groups": []} if user else {}
     popen = subprocess.Popen([*GATHERWISE, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+                             stderr=subprocess.STDOUT, text=True, **as_user)
     lines: queue.Queue = queue.Queue()
     output: list[str] = []
 

@@ -10,7 +10,7 @@ import httpx
 from gatherwise.shm_format.ring import ring_path
 from sidecar.metrics import total_calls
 from sidecar.ring_reader import RingReader
-from tests._sidecar import Proc, start_engine, start_sidecar, wait_for
+from tests._sidecar import Proc, spawn, start_engine, start_sidecar, wait_for
 
 NOBODY = 65534  # uid and gid of "another local user" in the tests that need one (they run as root)
 ENGINE_LINE = r"gatherwise engine ([0-9a-f]{16}): tp=(\d+)"
@@ -36,9 +36,19 @@ def assert_engine_progresses(engine: Proc, shm: str, engine_id: int, calls: int 
     assert engine.popen.poll() is None, "".join(engine.output)
 
 
-def sidecar_with_token(shm: str, token: str = "fault-token", **env: str) -> tuple[Proc, str, httpx.Client]:
-    proc, url = start_sidecar(shm, env_extra={"GATHERWISE_API_TOKEN": token, **env})
-    api = httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {token}"})
+def no_server_error(response: httpx.Response) -> None:
+    """httpx response hook of every fault test's client: whatever the fault, the sidecar never answers 5xx."""
+    if response.status_code >= 500:
+        response.read()
+        raise AssertionError(f"{response.request.method} {response.request.url}: {response.status_code} "
+                             f"{response.text[:500]}")
+
+
+def sidecar_with_token(shm: str, token: str = "fault-token", *, config: str | None = None,
+                       **env: str) -> tuple[Proc, str, httpx.Client]:
+    proc, url = start_sidecar(shm, config=config, env_extra={"GATHERWISE_API_TOKEN": token, **env})
+    api = httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {token}"},
+                       event_hooks={"response": [no_server_error]})
     # "listening" is printed once the socket is bound; uvicorn accepts connections a moment later
     wait_for(lambda: api.get("/healthz").status_code == 200, 60, "the sidecar to serve")
     return proc, url, api
@@ -59,3 +69,12 @@ def wait_gone(path: str, timeout: float = 60) -> None:
     while os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not os.path.exists(path), f"{path} still exists: {os.listdir(path) if os.path.isdir(path) else ''}"
+
+
+def engine_refuses(shm: str) -> str:
+    """`gatherwise engine` refuses `shm` as its shm_dir: exit status 2 and one line, no traceback."""
+    proc = spawn(["engine", "--tp", "1", "--duration", "5", "--shm-dir", shm])
+    assert proc.popen.wait(180) == 2, "".join(proc.output)
+    output = "".join(proc.output)
+    assert "Traceback" not in output and output.startswith("gatherwise engine: engine.shm_dir: "), output
+    return output

@@ -13,8 +13,14 @@ import pytest
 from gatherwise.shm_format.control import SIDECAR_STATE_NAME
 from gatherwise.shm_format.private_files import UnsafePathError, ensure_private_dir, write_private_file
 from gatherwise.shm_format.ring import engine_dir, engine_dir_name
-from tests._sidecar import spawn, wait_for
-from tests.faults._faults import NOBODY, assert_sidecar_serves, running_engine, sidecar_with_token
+from tests._sidecar import wait_for
+from tests.faults._faults import (
+    NOBODY,
+    assert_sidecar_serves,
+    engine_refuses,
+    running_engine,
+    sidecar_with_token,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -45,14 +51,6 @@ def test_everything_is_private_at_umask_000(tmp_path):
         engine.stop()
         if sidecar.popen.poll() is None:
             sidecar.popen.kill()
-
-
-def engine_refuses(shm: str) -> str:
-    proc = spawn(["engine", "--tp", "1", "--duration", "5", "--shm-dir", shm])
-    assert proc.popen.wait(180) == 2, "".join(proc.output)
-    output = "".join(proc.output)
-    assert "Traceback" not in output and output.startswith("gatherwise engine: engine.shm_dir: "), output
-    return output
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a directory another user owns")
