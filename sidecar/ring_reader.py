@@ -9,7 +9,7 @@ The file is trusted as much as its writer's user (who can write any byte of it),
 make the sidecar lie: a record with a field out of its range (a mode no engine writes, no rows, another rank's or
 vocab's record, a call index far beyond every call the header counted, an end in the future) is counted as
 `invalid` and never exported, and a write index beyond the calls the header counted (a jump no writer makes)
-skips the seqs it jumped over without counting them as overwritten (reported once).
+counts the seqs it jumped over neither as overwritten nor as torn (reported once).
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ class RingReader:
         self._excess = max(0, w - sum(c.calls for c in first.counters.values()))
         self._last_call_index = -1  # call index of the newest valid record
         self.index_jumped = 0  # seqs the write index skipped that no record ever had (not a drop)
+        self._never_written = 0  # of those, seqs not yet met (lapped over, or read as a stale slot)
         self._warned_jump = False
 
     def _pread(self, size: int, offset: int) -> bytes:
@@ -142,18 +143,20 @@ class RingReader:
             self.cursor = max(0, w - cap)
         first = self.cursor + 1
         excess = max(0, w - calls)
-        if excess > self._excess:  # the index jumped since the last read: the seqs it skipped were never written
+        if excess > self._excess:  # the index jumped since the last read: that many seqs were never written
             jump = min(excess - self._excess, max(0, w - self.cursor))
             self._report_jump(jump)
-            first += jump
+            self._never_written += jump
         self._excess = excess
         # Readable: seqs w - cap + 2 .. w. The slot of w - cap + 1 is the one the writer fills next (seq w + 1).
-        missed = max(0, (w - cap + 2) - first)
-        first += missed
+        lapped = max(0, (w - cap + 2) - first)
+        missed = lapped - self._explain(lapped)  # a seq never written was never overwritten either
+        first += lapped
         last = w if max_records is None else min(w, first + max_records - 1)
         if first > last:
             self.overwritten += missed
             self.cursor = max(self.cursor, first - 1)
+            self._never_written = 0
             return [], missed
         n = last - first + 1
         slot = (first - 1) % cap
@@ -168,10 +171,12 @@ class RingReader:
         stale = min(n, max(0, self._write_index() + 2 - cap - first))
         self.overwritten += missed + stale
         records, torn = _decode(data, first, stale)
+        torn -= self._explain(torn)  # a slot the jump skipped holds an older seq: no record of it was torn
         self.torn += torn
         records, invalid = self._valid(records, calls, time.monotonic_ns() if now_ns is None else now_ns)
         self.invalid += invalid
         self.cursor = last
+        self._never_written = 0  # met by now (a later read starts past them)
         return records, missed + stale + torn + invalid
 
     def _valid(self, records: list[CallRecord], calls: int, now_ns: int) -> tuple[list[CallRecord], int]:
@@ -189,6 +194,12 @@ class RingReader:
                 prev = max(prev, ci)
         self._last_call_index = prev
         return kept, len(records) - len(kept)
+
+    def _explain(self, seqs: int) -> int:
+        """How many of `seqs` unreadable seqs are ones the index jumped over (and are then accounted for)."""
+        explained = min(seqs, self._never_written)
+        self._never_written -= explained
+        return explained
 
     def _report_jump(self, jump: int) -> None:
         self.index_jumped += jump
