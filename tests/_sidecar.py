@@ -80,10 +80,11 @@ def start_sidecar(shm_dir: str, *, config: str | None = None, env_extra: dict[st
 
 
 def start_engine(shm_dir: str, *, tp: int = 2, duration: float, workload: str = "mixed",
-                 config: str | None = None) -> Proc:
+                 config: str | None = None, user: tuple[int, int] | None = None,
+                 env_extra: dict[str, str] | None = None) -> Proc:
     args = ["engine", "--tp", str(tp), "--duration", str(duration), "--workload", workload, "--shm-dir",
             str(shm_dir)] + (["--config", config] if config else [])
-    return spawn(args)
+    return spawn(args, env_extra, user)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:

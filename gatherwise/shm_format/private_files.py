@@ -152,8 +152,12 @@ def ensure_private_dir(path: str | os.PathLike) -> str:
             pass
         check_private_dir(path, os.stat(name, dir_fd=parent, follow_symlinks=False))
         if not os.access(name, os.W_OK | os.X_OK, dir_fd=parent, effective_ids=True):
-            problem = "is on a read-only filesystem" if os.fstatvfs(parent).f_flag & os.ST_RDONLY else \
-                "is not writable by this user"
+            target = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            try:
+                read_only = os.fstatvfs(target).f_flag & os.ST_RDONLY
+            finally:
+                os.close(target)
+            problem = "is on a read-only filesystem" if read_only else "is not writable by this user"
             raise UnwritableDirError(f"{path}: {problem}; gatherwise creates its files there: choose another "
                                      f"engine.shm_dir")
     finally:
