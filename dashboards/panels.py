@@ -314,4 +314,14 @@ def health_panels() -> list[object]:
         )
         .legend(legend_list())
     )
-    return [p.height(6).span(6) for p in (engine_up, sidecar_up, heartbeat, dropped)]
+    hooks_off = (
+        stat.Panel()
+        .title("Hooks off")
+        .description("Engine processes with the plugin enabled whose hooks refused or never engaged, by engine and "
+                     "reason (Model Runner V2, an unknown version, an unsupported feature, ...); the sidecar's "
+                     "GET /v1/engine has the full text. 0 is what you want.")
+        .unit("none")
+        .with_target(query("sum by (engine_kind, reason) (gatherwise_engine_hooks_off)",
+                           "{{engine_kind}} {{reason}}"))
+    )
+    return [*(p.height(6).span(6) for p in (engine_up, sidecar_up, heartbeat, dropped)), hooks_off.height(4).span(24)]

@@ -9,7 +9,8 @@ overwritten before the sidecar read them, and they continue across sidecar resta
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import collections
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
@@ -18,6 +19,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from gatherwise.modes import IMPLEMENTED, Mode
+from gatherwise.shm_format.hooks_off import HooksOffNotice
 from gatherwise.shm_format.ring import MODE_OPS, RingHeader
 from sidecar.decision_events import ControlGaugesCollector
 from sidecar.histograms import HistogramFamily, Series
@@ -37,6 +39,7 @@ OP_SECONDS = "gatherwise_op_seconds"  # exposed as ..._total: the ring header's 
 LOGITS_PATH_BYTES = "gatherwise_logits_path_bytes"  # exposed as ..._total: the header's per-call bytes in total
 ENGINE_UP = "gatherwise_engine_up"
 ENGINE_HEARTBEAT_AGE_SECONDS = "gatherwise_engine_heartbeat_age_seconds"
+ENGINE_HOOKS_OFF = "gatherwise_engine_hooks_off"  # engine processes whose hooks are off (their notices)
 # Control families, fed by sidecar.controller:
 MODE_SWITCHES = "gatherwise_mode_switches"  # exposed as ..._total
 # gatherwise_active_mode and gatherwise_policy_estimate_seconds: sidecar.decision_events (computed at scrape time)
@@ -151,6 +154,22 @@ class HeaderCountersCollector(Collector):
         yield from (calls, nbytes, seconds, path_bytes, dropped, topp, fallback, up, age)
 
 
+class HooksOffCollector(Collector):
+    """Yields how many live engine processes say their hooks are off, by engine and reason (sidecar.hooks_off)."""
+
+    def __init__(self, source: Callable[[], Sequence[HooksOffNotice]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(ENGINE_HOOKS_OFF, "Engine processes whose gatherwise hooks refused or never "
+                                   "engaged, by engine and reason (their hooks-off notices).",
+                                   labels=["engine_kind", "reason"])
+        counts = collections.Counter((n.engine, n.reason) for n in self._source())
+        for (engine, reason), count in sorted(counts.items()):
+            family.add_metric([engine, reason], count)
+        yield family
+
+
 @dataclass
 class CallSeries:
     """The series one (mode, bucket) feeds: per call (critical path, skew) and pooled over ranks (ops, sample).
@@ -170,7 +189,8 @@ class CallSeries:
 class SidecarMetrics:
     """The registry: record histograms (sidecar.histograms), header counters, and the control families."""
 
-    def __init__(self, snapshot: Callable[[], EngineCounters | None] = lambda: None) -> None:
+    def __init__(self, snapshot: Callable[[], EngineCounters | None] = lambda: None,
+                 hooks_off: Callable[[], Sequence[HooksOffNotice]] = tuple) -> None:
         disable_created_metrics()  # no *_created series: noise for dashboards (process-wide; the sidecar owns it)
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -190,6 +210,7 @@ class SidecarMetrics:
         self.histograms = (self.collective, self.sample, self.logits_path, self.critical_path, self.skew)
         self.header_collector = HeaderCountersCollector(snapshot)
         r.register(self.header_collector)
+        r.register(HooksOffCollector(hooks_off))
         self._register_control_metrics()
 
     # -- control metrics ---------------------------------------------------------------------------------

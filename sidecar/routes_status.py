@@ -38,6 +38,9 @@ def readyz(state: StateDep):
     info = state.ingest.info()
     if not info.attached:
         reason = f"no engine found in {info.shm_dir}"
+        hooks_off = state.ingest.hooks_off.summary()
+        if hooks_off:
+            reason = f"{reason}; {hooks_off}"
     elif not info.up:
         reason = f"engine heartbeat is {info.heartbeat_age_seconds:.1f} s old (stale after " \
                  f"{state.ingest.heartbeat_stale} s) or the engine closed its rings"

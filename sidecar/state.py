@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 from gatherwise.config import GatherwiseConfig
 from sidecar.controller import Controller
 from sidecar.decision_events import DecisionEvents
+from sidecar.hooks_off import HooksOffWatch
 from sidecar.ingest import Ingest
 from sidecar.metrics import SidecarMetrics
 from sidecar.traces import CallTracer, build_tracer
@@ -32,12 +33,13 @@ def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = Non
                 span_processor=None) -> SidecarState:
     """Registry, tracer, ingest and the loop that drives them for `config`. Nothing started."""
     env = os.environ if env is None else env
-    metrics = SidecarMetrics()
+    hooks_off = HooksOffWatch(config.engine.shm_dir)
+    metrics = SidecarMetrics(hooks_off=lambda: hooks_off.notices)
     tracer = build_tracer(config.traces, env=env, processor=span_processor)
     poll = config.sidecar.poll_interval_seconds
     ingest = Ingest(config.engine.shm_dir, metrics, tracer, poll_interval=poll, join_timeout=max(0.25, 10 * poll),
                     heartbeat_stale=config.sidecar.heartbeat_stale_seconds,
-                    max_records_per_poll=config.sidecar.max_records_per_poll)
+                    max_records_per_poll=config.sidecar.max_records_per_poll, hooks_off=hooks_off)
     control = Controller(config, ingest, DecisionEvents(metrics, tracer), env=env)
     return SidecarState(config, metrics, ingest, control, tracer)
 

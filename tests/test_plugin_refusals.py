@@ -7,6 +7,7 @@ Runs without either engine: the version lookup and the class shapes are faked, n
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,8 +15,9 @@ from types import ModuleType
 
 import pytest
 
-from engine_hooks.adapters import sglang_patches, sglang_plugin, vllm_patches, vllm_plugin
+from engine_hooks.adapters import hooks_off, sglang_patches, sglang_plugin, vllm_patches, vllm_plugin
 from engine_hooks.adapters.patch_targets import Target, target_problems, version_supported
+from gatherwise.shm_format.hooks_off import read_notices
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,11 @@ ENGINES = pytest.mark.parametrize("engine", [VLLM, SGLANG], ids=lambda e: e.pack
 
 
 @pytest.fixture
-def enabled(monkeypatch):
+def enabled(monkeypatch, tmp_path):
     monkeypatch.setenv("GATHERWISE_ENABLE", "1")
+    monkeypatch.setenv("GATHERWISE_ENGINE_SHM_DIR", str(tmp_path / "shm"))
+    monkeypatch.setattr(hooks_off, "_said", set())  # each test is a fresh engine process
+    return tmp_path / "shm"
 
 
 def _fresh(engine: Engine, monkeypatch) -> None:
@@ -71,6 +76,10 @@ def test_unknown_version_leaves_the_engine_untouched_with_one_warning(engine, en
     assert engine.supported_text in text and f"leaves {engine.name} untouched" in text
     assert not engine.patches.applied()
     assert (engine.package in sys.modules) == had_engine  # the check stopped before importing any engine module
+    # the sidecar learns it too: one notice, held by this (live) process
+    (notice,) = read_notices(enabled)
+    assert (notice.engine, notice.reason, notice.pid) == (engine.name, "unsupported_version", os.getpid())
+    assert f"{engine.name} {engine.unknown_version} is not a version this adapter knows" in notice.detail
 
 
 @ENGINES

@@ -1,7 +1,8 @@
 """What every engine plugin's register() does, once: stay off unless enabled, refuse with one warning what the
 adapter does not know (engine version, unusable shm_dir), else install the hooks and clean up at exit.
 
-A broken gatherwise config fails loudly instead: the operator asked for the hooks.
+A broken gatherwise config fails loudly instead: the operator asked for the hooks. A refusal is also published
+to the sidecar as a hooks-off notice (engine_hooks.adapters.hooks_off).
 
 Each engine's patches module provides the same three things: `compatibility_problems()` (empty when the engine
 is one the adapter knows), `install(config)` (wrap the engine around that engine's step hooks) and `applied()`.
@@ -16,6 +17,7 @@ from collections.abc import Callable
 
 from engine_hooks.adapters.enable import enabled
 from engine_hooks.adapters.engine_dirs import clean_at_exit, shm_dir_problem
+from engine_hooks.adapters.hooks_off import report_hooks_off
 
 
 class EnginePlugin:
@@ -36,17 +38,18 @@ class EnginePlugin:
             return False
         self.prepare_logging()
         untouched = f"the {self.engine} plugin leaves {self.engine} untouched (hooks off, logits path unchanged)"
-        patches = importlib.import_module(self.patches)
-        problems = patches.compatibility_problems()
-        if problems:
-            self.log.warning("gatherwise: %s; %s", "; ".join(problems), untouched)
-            return False
         from gatherwise.config import load_config
 
         config = load_config(os.environ.get("GATHERWISE_CONFIG"))
         problem = shm_dir_problem(config)
-        if problem:
+        if problem:  # nowhere to write: the engine's log is the only place to say it
             self.log.warning("gatherwise: %s; %s", problem, untouched)
+            return False
+        patches = importlib.import_module(self.patches)
+        problems = patches.compatibility_problems()
+        if problems:
+            report_hooks_off(self.log, self.engine, "unsupported_version", f"{'; '.join(problems)}; {untouched}",
+                             config)
             return False
         patches.install(config)
         clean_at_exit(config.engine.shm_dir)  # engines kill their workers: every process of the tree cleans up
