@@ -17,7 +17,10 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ engine_hooks/_ring_
   touch "$STAMP"
 fi
 MODEL_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gatherwise-tiny-llama.XXXXXX")
-trap 'rm -rf "$MODEL_DIR"' EXIT
+TOKENIZER_MODEL_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gatherwise-tiny-llama-tok.XXXXXX")
+trap 'rm -rf "$MODEL_DIR" "$TOKENIZER_MODEL_DIR"' EXIT
 "$VENV/bin/python" scripts/tiny_checkpoint.py "$MODEL_DIR" --for-engines >/dev/null
-export GATHERWISE_VLLM_MODEL=$MODEL_DIR VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
+"$VENV/bin/python" scripts/tiny_checkpoint.py "$TOKENIZER_MODEL_DIR" --for-engines --tokenizer >/dev/null
+export GATHERWISE_VLLM_MODEL=$MODEL_DIR GATHERWISE_VLLM_TOKENIZER_MODEL=$TOKENIZER_MODEL_DIR
+export VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs tests/vllm "$@"

@@ -5,6 +5,9 @@ Needs transformers (the `dev` extra). The weights are random, so any text is non
         with a small BPE tokenizer.json and a chat template: try `gatherwise generate --checkpoint DIR --prompt TEXT`
     python scripts/tiny_checkpoint.py /tmp/tiny-llama --for-engines
         no tokenizer, a 32000-token vocabulary: what the vLLM and SGLang tests load (token-id prompts)
+    python scripts/tiny_checkpoint.py /tmp/tiny-llama --for-engines --tokenizer
+        the engines' shapes with the small BPE tokenizer: what the structured-output tests load (grammars need
+        the tokenizer's vocabulary)
 """
 
 from __future__ import annotations
@@ -33,10 +36,17 @@ def main() -> None:
     parser.add_argument("directory", type=Path)
     parser.add_argument("--for-engines", action="store_true",
                         help="no tokenizer, vocab 32000, shapes vLLM's and SGLang's CPU paths take")
+    parser.add_argument("--tokenizer", action="store_true",
+                        help="with --for-engines: the small BPE tokenizer and its vocabulary instead of 32000 ids")
     args = parser.parse_args()
     if args.directory.exists() and any(args.directory.iterdir()):
         parser.error(f"{args.directory} exists and is not empty")
-    config = FOR_ENGINES if args.for_engines else dict(WITH_TOKENIZER, vocab_size=write_tokenizer(args.directory))
+    if args.tokenizer and not args.for_engines:
+        parser.error("--tokenizer goes with --for-engines (the default checkpoint has a tokenizer already)")
+    if args.for_engines:
+        config = dict(FOR_ENGINES, vocab_size=write_tokenizer(args.directory)) if args.tokenizer else FOR_ENGINES
+    else:
+        config = dict(WITH_TOKENIZER, vocab_size=write_tokenizer(args.directory))
     build(TinyCheckpoint("tiny", "llama", config), args.directory)
     print(f"wrote {args.directory}: " + ", ".join(sorted(p.name for p in args.directory.iterdir())))
 

@@ -28,17 +28,19 @@ SIDECAR_STOP_TIMEOUT_S = 20
 LOG_TAIL_CHARS = 8000  # of a failed engine run's output, in the assertion message
 
 
-def build_model(out_dir: str) -> str:
-    """The tiny random Llama the engine tests load (scripts/tiny_checkpoint.py --for-engines)."""
-    subprocess.run([sys.executable, str(REPO / "scripts" / "tiny_checkpoint.py"), out_dir, "--for-engines"],
-                   check=True, capture_output=True, timeout=CHECKPOINT_TIMEOUT_S)
+def build_model(out_dir: str, tokenizer: bool = False) -> str:
+    """The tiny random Llama the engine tests load (scripts/tiny_checkpoint.py --for-engines), with the small BPE
+    tokenizer and its vocabulary when asked (what structured outputs need)."""
+    subprocess.run([sys.executable, str(REPO / "scripts" / "tiny_checkpoint.py"), out_dir, "--for-engines",
+                    *(["--tokenizer"] if tokenizer else [])], check=True, capture_output=True,
+                   timeout=CHECKPOINT_TIMEOUT_S)
     return out_dir
 
 
-def tiny_model(env_variable: str, tmp_path_factory) -> str:
+def tiny_model(env_variable: str, tmp_path_factory, tokenizer: bool = False) -> str:
     """The checkpoint named by `env_variable` (the make targets build one per run), else one built here."""
     given = os.environ.get(env_variable)
-    return given if given else build_model(str(tmp_path_factory.mktemp("tiny-llama")))
+    return given if given else build_model(str(tmp_path_factory.mktemp("tiny-llama")), tokenizer)
 
 
 def engine_tests_required(ci_variable: str) -> bool:

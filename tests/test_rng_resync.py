@@ -71,3 +71,58 @@ def test_greedy_and_single_rank_never_hand_over():
     for all_ranks_sample, draws in SCHEDULE:
         sync.before_call(all_ranks_sample, draws)
     assert sync.handovers == 0 and not sync.stale
+
+
+# Seeded requests draw from generators of their own, built alike on every rank from the request's seed (vLLM).
+# (all_ranks_sample, {request: seed} of the batch's seeded rows) per call; request "b" joins late, "a" leaves.
+SEEDED = [(True, ("a",)), (False, ("a",)), (False, ("a", "b")), (True, ("a", "b")), (False, ("b",)),
+          (True, ("b",)), (False, ("a", "b")), (True, ("b",)), (True, ("a", "b"))]
+SEEDS = {"a": 11, "b": 22}
+
+
+def _run_seeded(rank, world, schedule):
+    import torch
+
+    from engine_hooks.comm import default_communicator
+    from engine_hooks.rng_resync import RandomStateResync
+
+    sync = RandomStateResync(default_communicator(), "cpu")
+    generators = {}
+    drawn = []
+    for step, (all_ranks_sample, requests) in enumerate(schedule):
+        for r in requests:
+            generators.setdefault(r, torch.Generator().manual_seed(SEEDS[r]))
+        sync.before_call(all_ranks_sample, False, {r: generators[r] for r in requests})
+        if all_ranks_sample or rank == 0:
+            drawn.append((step, [torch.randint(0, 2**31, (1,), generator=generators[r]).item() for r in requests]))
+    return {"drawn": drawn, "handed_over": sync.request_handovers, "stale": sorted(sync.stale_requests)}
+
+
+def _seeded_reference():
+    import torch
+
+    generators = {r: torch.Generator().manual_seed(s) for r, s in SEEDS.items()}
+    return {step: [torch.randint(0, 2**31, (1,), generator=generators[r]).item() for r in requests]
+            for step, (_, requests) in enumerate(SEEDED)}
+
+
+@pytest.mark.slow
+def test_seeded_requests_draw_what_they_would_have_drawn():
+    results = run_ranks(_run_seeded, 2, SEEDED)
+    reference = _seeded_reference()
+    for rank, result in enumerate(results):
+        assert result["drawn"] and all(draws == reference[step] for step, draws in result["drawn"]), rank
+    # each stale request's state travels once, right before the next call where every rank draws for it:
+    # step 3 (a, b), step 5 (b), step 7 (b, not a: it is not in that batch), step 8 (a)
+    assert [r["handed_over"] for r in results] == [5, 5]
+    assert [r["stale"] for r in results] == [[], []]
+
+
+def test_finished_requests_are_forgotten():
+    from engine_hooks.comm import SingleRankCommunicator
+    from engine_hooks.rng_resync import RandomStateResync
+
+    sync = RandomStateResync(SingleRankCommunicator(), "cpu")
+    sync.stale_requests.update({"a", "b"})
+    sync.finished(["a", "c"])
+    assert sync.stale_requests == {"b"}

@@ -1,9 +1,17 @@
 """Every place gatherwise touches vLLM, in one list, with the check that they are what the adapter expects.
 
-Three functions are wrapped (nothing else is replaced):
+Three functions carry the hooks:
 - `LogitsProcessor._gather_logits(self, logits)`: the TP logits collective -> engine_hooks' collective.
-- `GPUModelRunner.execute_model(self, scheduler_output, intermediate_tensors)`: marks the step's logits call.
+- `GPUModelRunner.execute_model(self, scheduler_output, intermediate_tensors)` (V1 runner): marks the step's
+  logits call, and tells the hooks whether the step has structured-output requests.
 - `Sampler.forward(self, logits, sampling_metadata, ...)`: in gather mode rank 0 samples, the others receive.
+
+Three more only watch, so that the hooks never go off silently:
+- V1 `GPUModelRunner._dummy_sampler_run` and `_get_prompt_logprobs_dict`: the logits calls vLLM makes outside
+  a step on purpose (warm-up, prompt logprobs); they keep vLLM's all_gather without a warning. Any other logits
+  call outside a hooked step is reported once (engine_hooks.adapters.vllm_step).
+- Model Runner V2's `GPUModelRunner.__init__` (`vllm.v1.worker.gpu.model_runner`, vLLM's default on GPUs): the
+  adapter does not hook V2, so building one refuses the hooks with one warning naming the way out.
 
 Before patching, the installed vLLM version must be one the adapter was written and tested against, and each
 target must exist with the expected parameters. Otherwise vLLM is left untouched and ONE warning says why.
@@ -27,7 +35,14 @@ GATHER_LOGITS = Target("vllm.model_executor.layers.logits_processor", "LogitsPro
 EXECUTE_MODEL = Target("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model",
                        ("self", "scheduler_output"))
 SAMPLER_FORWARD = Target("vllm.v1.sample.sampler", "Sampler", "forward", ("self", "logits", "sampling_metadata"))
-TARGETS = (GATHER_LOGITS, EXECUTE_MODEL, SAMPLER_FORWARD)
+DUMMY_SAMPLER_RUN = Target("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_dummy_sampler_run",
+                           ("self", "hidden_states"))
+PROMPT_LOGPROBS = Target("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_get_prompt_logprobs_dict",
+                         ("self", "hidden_states"))
+V2_RUNNER_INIT = Target("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "__init__",
+                        ("self", "vllm_config"))
+UNHOOKED_SCOPES = (DUMMY_SAMPLER_RUN, PROMPT_LOGPROBS)  # vLLM's own logits calls outside a step
+TARGETS = (GATHER_LOGITS, EXECUTE_MODEL, SAMPLER_FORWARD, *UNHOOKED_SCOPES, V2_RUNNER_INIT)
 # Other vLLM names the hooks use at run time (checked here too, so a missing one also refuses up front).
 USED_NAMES = (("vllm.distributed.parallel_state", "get_tp_group"), ("vllm.distributed.parallel_state", "get_pp_group"),
               ("vllm.v1.outputs", "SamplerOutput"))
@@ -58,7 +73,7 @@ def install(config: Any) -> None:
 
 
 def apply(hooks: Any) -> None:
-    """Wrap the three targets so they call into `hooks` (a VllmStepHooks). Idempotent."""
+    """Wrap the targets so they call into `hooks` (a VllmStepHooks). Idempotent."""
     if _originals:
         return
     owners = {t: t.owner() for t in TARGETS}
@@ -73,9 +88,9 @@ def apply(hooks: Any) -> None:
     execute_orig = originals[EXECUTE_MODEL]
 
     @functools.wraps(execute_orig)
-    def execute_model(self, *args, **kwargs):
-        with hooks.step(self):
-            return execute_orig(self, *args, **kwargs)
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        with hooks.step(self, scheduler_output):
+            return execute_orig(self, scheduler_output, *args, **kwargs)
 
     forward_orig = originals[SAMPLER_FORWARD]
 
@@ -83,10 +98,28 @@ def apply(hooks: Any) -> None:
     def forward(self, logits, *args, **kwargs):
         return hooks.sample(self, forward_orig, logits, *args, **kwargs)
 
-    for target, wrapper in ((GATHER_LOGITS, _gather_logits), (EXECUTE_MODEL, execute_model),
-                            (SAMPLER_FORWARD, forward)):
+    v2_init_orig = originals[V2_RUNNER_INIT]
+
+    @functools.wraps(v2_init_orig)
+    def v2_init(self, *args, **kwargs):
+        hooks.refuse_model_runner_v2(type(self))
+        return v2_init_orig(self, *args, **kwargs)
+
+    wrappers = {GATHER_LOGITS: _gather_logits, EXECUTE_MODEL: execute_model, SAMPLER_FORWARD: forward,
+                V2_RUNNER_INIT: v2_init}
+    wrappers.update({t: _unhooked_scope(hooks, originals[t]) for t in UNHOOKED_SCOPES})
+    for target, wrapper in wrappers.items():
         setattr(owners[target], target.attr, wrapper)
     _originals.update(originals)
+
+
+def _unhooked_scope(hooks: Any, original: Any) -> Any:
+    @functools.wraps(original)
+    def wrapper(self, *args, **kwargs):
+        with hooks.unhooked_scope():
+            return original(self, *args, **kwargs)
+
+    return wrapper
 
 
 def remove() -> None:

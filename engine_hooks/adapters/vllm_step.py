@@ -1,23 +1,30 @@
 """What the vLLM patches do inside one worker (one TP rank): the logits collective of a step, and its sampling.
 
-A step's logits call is the `compute_logits` inside `GPUModelRunner.execute_model` (CPUModelRunner inherits
-it); vLLM's sampler consumes it in the following `sample_tokens`. Only that call goes through gatherwise:
-other logits calls (warm-up sampler run, prompt logprobs) keep vLLM's own all_gather, so the sequence of
-hooked calls is the same on every rank and each one is followed by exactly one sampler call.
+A step's logits call is the `compute_logits` inside V1's `GPUModelRunner.execute_model` (CPUModelRunner
+inherits it); vLLM's sampler consumes it in the following `sample_tokens`, after the grammar bitmask of
+structured-output requests has been applied to the full logits. Only that call goes through gatherwise: the
+logits calls vLLM makes outside a step on purpose (the warm-up sampler run, prompt logprobs) keep vLLM's own
+all_gather, so the sequence of hooked calls is the same on every rank and each one is followed by exactly one
+sampler call. Any other logits call outside a hooked step means the hooks do not see the engine's steps: it is
+reported once, by name, in the log and to the sidecar (engine_hooks.adapters.hooks_off).
 
 - all_gather mode: the hooked collective returns the full logits to vLLM as usual; every rank samples with
   vLLM's sampler, as vLLM does without the plugin.
-- gather mode: rank 0 gets the full logits and samples with vLLM's sampler; the other ranks get placeholder
-  logits, skip the sampler and receive rank 0's token ids (plus the control word) by one broadcast, then go on
-  as if they had sampled.
+- gather mode: rank 0 gets the full logits and samples with vLLM's own sampler (grammar mask, penalties,
+  logprobs and all); the other ranks get placeholder logits, skip the sampler and receive rank 0's token ids
+  (plus the control word) by one broadcast, then go on as if they had sampled. Sampled batches too: vLLM keeps
+  its ranks in step by drawing alike on every rank (torch's default generator, and one generator per seeded
+  request); a rank that skipped draws adopts rank 0's generator states right before it draws again
+  (engine_hooks.rng_resync), so every rank holds what it would have held had it sampled itself.
 - sharded mode: every rank reduces its own shard to (max, index) per row and one all_gather of those pairs
   gives every rank the argmax (engine_hooks.sharded_exchange); all ranks get placeholder logits, skip vLLM's
   sampler and return those tokens. Only for batches whose greedy token is the argmax of the raw logits
-  (`sharded_greedy_ok`: no penalties, logit bias, min-tokens, bad words, allowed-token masks, logprobs);
-  other all-greedy batches in a sharded bucket run all_gather.
-- vLLM keeps its TP ranks in step by giving every rank the same random stream. A rank that skips a random
-  sample would fall out of that stream, so a batch that is not all-greedy always runs all_gather (recorded as
-  such); gather and sharded modes apply to all-greedy batches.
+  (`sharded_greedy_ok`, `raw_argmax_is_kept`: no soft cap or logit scale, which vLLM applies after the gather)
+  and that hold no structured-output request (the grammar bitmask is applied after the collective, to the full
+  logits); other batches in a sharded bucket run all_gather, recorded as such.
+- Where skipping the sampler could leave a rank's state behind rank 0's (the thinking-budget state, which
+  vLLM's sampler updates; logits processors other than vLLM's built-ins, which may keep state), gather mode
+  runs all_gather instead (`gather_ok`), recorded as such.
 
 The hooks are installed lazily at the first hooked call (torch.distributed and vLLM's TP group exist by then):
 handshake, engine id, ring recorder and control block come from engine_hooks.install.install_hooks.
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing.util
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,6 +42,7 @@ from typing import Any
 
 import torch
 
+from engine_hooks.adapters.hooks_off import report_hooks_off
 from engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import Mode
@@ -46,20 +55,51 @@ class VllmStepHooks(RankHooks):
     def __init__(self, config: GatherwiseConfig) -> None:
         super().__init__(config, log)
         self._runner: Any = None  # the model runner inside execute_model, else None
+        self._structured = False  # the step inside execute_model has structured-output requests
+        self._unhooked_depth = 0  # inside one of vLLM's own logits calls outside a step (warm-up, prompt logprobs)
         self._pending: Mode | None = None  # mode of the hooked call whose sampling is still to come
+        self._resync: Any = None  # engine_hooks.rng_resync.RandomStateResync, with the hooks
 
     # -- scope: the step's logits call --------------------------------------------------------------------
     @contextmanager
-    def step(self, runner: Any) -> Iterator[None]:
+    def step(self, runner: Any, scheduler_output: Any) -> Iterator[None]:
         self._runner = runner
+        self._structured = bool(getattr(scheduler_output, "has_structured_output_requests", False))
+        if self.installed is None and self.disabled is None and _tp_world_size() == 1:
+            self._disable("single_rank", "TP=1: vLLM makes no logits collective, so there is nothing to hook", 0)
+        if self._resync is not None and self._resync.stale_requests:
+            self._resync.finished(getattr(scheduler_output, "finished_req_ids", ()))
         try:
             yield
         finally:
             self._runner = None
 
-    def _disable(self, reason: str) -> None:
-        self.disabled = reason
-        log.warning("gatherwise: hooks stay off in this vLLM worker: %s; vLLM's own logits path runs", reason)
+    @contextmanager
+    def unhooked_scope(self) -> Iterator[None]:
+        self._unhooked_depth += 1
+        try:
+            yield
+        finally:
+            self._unhooked_depth -= 1
+
+    def _disable(self, reason: str, why: str, rank: int | None = None) -> None:
+        self.disabled = why
+        report_hooks_off(log, "vLLM", reason, f"hooks stay off in this vLLM worker: {why}; vLLM's own logits path "
+                         "runs", self.config, rank)
+
+    def refuse_model_runner_v2(self, runner_class: type) -> None:
+        """vLLM builds Model Runner V2 (its default where Triton is importable): its steps never reach the V1
+        functions the hooks wrap, so the hooks refuse it, saying how to run gatherwise on such a vLLM."""
+        self._disable("model_runner_v2", f"vLLM builds Model Runner V2 ({runner_class.__module__}."
+                      f"{runner_class.__qualname__}), which gatherwise does not hook; start vLLM with "
+                      "VLLM_USE_V2_MODEL_RUNNER=0 to run the V1 runner with gatherwise", _tp_rank())
+
+    def _report_unhooked_call(self) -> None:
+        caller = _runner_frame_name()
+        engaged = "" if self.installed is None else " (the hooks are installed, but this call bypasses them)"
+        report_hooks_off(log, "vLLM", "unhooked_logits_calls",
+                         f"vLLM's logits gather ran outside a hooked step, called from {caller}{engaged}; gatherwise "
+                         "neither times nor switches such calls (vLLM's own all_gather runs)", self.config, _tp_rank())
 
     def _path(self, runner: Any, logits: torch.Tensor):
         if self.installed is not None:
@@ -67,21 +107,25 @@ class VllmStepHooks(RankHooks):
         if self.disabled is not None:
             return None
         # Every rank reaches the same decision here from the same config, so no rank waits alone.
-        if getattr(runner, "speculative_config", None) is not None:
-            self._disable("speculative decoding is not supported")
-            return None
         from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 
+        rank = get_tp_group().rank_in_group
+        if getattr(runner, "speculative_config", None) is not None:
+            self._disable("unsupported_feature", "speculative decoding is not supported", rank)
+            return None
         if get_pp_group().world_size > 1:
-            self._disable("pipeline parallelism is not supported")
+            self._disable("unsupported_feature", "pipeline parallelism is not supported", rank)
             return None
         problem = shard_shape_problem(logits)
         if problem:
-            self._disable(problem)
+            self._disable("logits_shape", problem, rank)
             return None
         from engine_hooks.adapters.vllm_comm import VllmGroupCommunicator
+        from engine_hooks.rng_resync import RandomStateResync
 
-        path = self._install(VllmGroupCommunicator(get_tp_group()), logits)
+        comm = VllmGroupCommunicator(get_tp_group())
+        path = self._install(comm, logits)
+        self._resync = RandomStateResync(comm, logits.device)
         # a forked vLLM worker ends through multiprocessing, which skips atexit but runs its finalizers
         multiprocessing.util.Finalize(None, self.close, exitpriority=_FINALIZE_PRIORITY)
         return path
@@ -89,30 +133,41 @@ class VllmStepHooks(RankHooks):
     # -- LogitsProcessor._gather_logits ---------------------------------------------------------------------
     def gather_logits(self, processor: Any, logits: torch.Tensor, original: Callable) -> torch.Tensor:
         runner = self._runner
-        path = self._path(runner, logits) if runner is not None else None
+        if runner is None:
+            if self._unhooked_depth == 0 and self.disabled is None:
+                self._report_unhooked_call()
+            return original(processor, logits)
+        path = self._path(runner, logits)
         if path is None:
             return original(processor, logits)
         rows = logits.shape[0]
         buf = path.logits_buffer(rows)
         buf.copy_(logits)  # the one copy vLLM's own all_gather does not make
         metadata = runner.input_batch.sampling_metadata
-        all_greedy = metadata.all_greedy
-        # Every rank decides from the same table and the same (broadcast) sampling metadata. begin_call adopts
-        # what is due for this call and returns its mode; exchange()/run() below do not repeat it.
-        if all_greedy and path.begin_call(rows) == Mode.SHARDED:
-            if sharded_greedy_ok(metadata):
+        # Every rank decides from the same table, the same (broadcast) sampling metadata and scheduler output.
+        # begin_call adopts what is due for this call and returns its mode; exchange()/run() do not repeat it.
+        mode = path.begin_call(rows)
+        if mode == Mode.SHARDED:
+            if not self._structured and raw_argmax_is_kept(processor) and sharded_greedy_ok(metadata):
                 self._pending = Mode.SHARDED
                 # vLLM pads the LM head; its padding is trimmed after the gather
                 return self._sharded_argmax(path, buf, getattr(processor, "org_vocab_size", None), logits)
-            all_greedy = False  # the greedy token is not the raw argmax here: all_gather, as vLLM does
-        mode, shards = path.exchange(mode=None if all_greedy else Mode.ALL_GATHER)
+            allowed = False  # the token is not the raw argmax here: all_gather, as vLLM does
+        else:
+            allowed = mode != Mode.GATHER or gather_ok(metadata)
+        mode, shards = path.exchange(mode=None if allowed else Mode.ALL_GATHER)
         self._pending = mode
+        if not metadata.all_greedy:
+            self._resync.before_call(mode == Mode.ALL_GATHER, True, _request_generators(runner, metadata))
         return self._engine_logits(path, mode, shards, logits)
 
     # -- Sampler.forward ------------------------------------------------------------------------------------
     def sample(self, sampler: Any, original: Callable, logits: torch.Tensor, *args: Any, **kwargs: Any):
         mode, self._pending = self._pending, None
         if mode is None:
+            if self._resync is not None:  # an unhooked call samples on every rank: they must draw alike
+                metadata = args[0] if args else kwargs.get("sampling_metadata")
+                self._resync.before_call(True, not getattr(metadata, "all_greedy", False))
             return original(sampler, logits, *args, **kwargs)
         path = self.installed.path
         if mode == Mode.SHARDED:
@@ -131,7 +186,64 @@ class VllmStepHooks(RankHooks):
         tokens = path.complete(None)
         from vllm.v1.outputs import SamplerOutput
 
+        # only rank 0's output reaches the client (vLLM's unique reply rank): its logprobs are the ones returned
         return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1), logprobs_tensors=None)
+
+
+def raw_argmax_is_kept(processor: Any) -> bool:
+    """Whether vLLM's LogitsProcessor leaves the gathered logits as they are: its soft cap (tanh) and scale come
+    after the gather, and rounding can turn two different logits into a tie there, which moves the argmax."""
+    return getattr(processor, "soft_cap", None) is None and getattr(processor, "scale", 1.0) == 1.0
+
+
+def _request_generators(runner: Any, metadata: Any) -> dict[str, torch.Generator]:
+    """{request id: its generator} of the batch's seeded rows, in batch order (the same on every rank)."""
+    generators = metadata.generators
+    if not generators:
+        return {}
+    req_ids = runner.input_batch.req_ids
+    return {req_ids[row]: gen for row, gen in sorted(generators.items())}
+
+
+def _tp_world_size() -> int:
+    from vllm.distributed.parallel_state import get_tp_group
+
+    return get_tp_group().world_size
+
+
+def _tp_rank() -> int | None:
+    try:
+        from vllm.distributed.parallel_state import get_tp_group
+
+        return get_tp_group().rank_in_group
+    except Exception:  # before vLLM's groups exist, or outside a worker
+        return None
+
+
+def _runner_frame_name() -> str:
+    """Who called the logits gather: the nearest caller outside vLLM's model and layers (the runner's method)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith(("vllm.model_executor", "torch", "engine_hooks")):
+            return f"{module}.{frame.f_code.co_qualname}"
+        frame = frame.f_back
+    return "an unknown caller"
+
+
+def gather_ok(metadata: Any) -> bool:
+    """Whether rank 0 alone may run vLLM's sampler while the other ranks skip it: nothing in the sampler keeps
+    state the skipping ranks would then lack. vLLM's thinking-budget state is updated inside the sampler, and a
+    logits processor that is not one of vLLM's built-ins (whose apply() keeps no state) may keep state."""
+    holder = getattr(metadata, "thinking_budget_state_holder", None)
+    if holder is not None and holder.has_tracked_requests():
+        return False
+    procs = metadata.logitsprocs
+    return all(type(p).__module__ == _BUILTIN_LOGITSPROCS
+               for group in (procs.argmax_invariant, procs.non_argmax_invariant) for p in group)
+
+
+_BUILTIN_LOGITSPROCS = "vllm.v1.sample.logits_processor.builtin"
 
 
 def sharded_greedy_ok(metadata: Any) -> bool:

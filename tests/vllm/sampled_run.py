@@ -1,0 +1,180 @@
+"""One vLLM engine (TP=2 on CPU, the tiny Llama with its BPE tokenizer) in its own process: structured outputs,
+sampled, seeded, mixed and logprob requests; prints one JSON object on its last line.
+
+`python -m tests.vllm.sampled_run --model DIR [--shm-dir DIR --switch]`
+
+The same requests run in ROUNDS rounds. With --switch (the plugin on), each round starts by setting the table
+through the engine's real control block (sidecar.control_client, what the sidecar writes) to that round's mode,
+and its stepped phase flips the mode between steps. The plain engine runs the same rounds unchanged, so every
+random generator of both engines follows the same calls: each round's tokens must be identical, bit for bit.
+
+Each round, in order:
+- structured: greedy requests constrained by a regex, a choice and a JSON schema (LLM.generate);
+- sampled (temperature 0.8, top-p 0.9, no seed: torch's default generator), seeded (a seed per request),
+  mixed (greedy and sampled rows in one batch), logprobs (sampled, 3 logprobs per token), prompt logprobs;
+- stepped: greedy, sampled, seeded, top-k and logprob requests together, added to the in-process engine core
+  and stepped one model step at a time (what a streaming server does), with the mode flipped mid-generation
+  (FLIPS); stepped_structured: the same with structured-output requests among greedy ones.
+Phase boundaries are the control block's call index (rank 0's heartbeat), so the test can tell which calls
+served which phase.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests._engine_harness import engine_run_arguments, read_rings
+
+ROUNDS = ("all_gather", "gather", "sharded")  # the plugin's table in each round
+FLIPS = {1: "gather", 4: "sharded", 6: "all_gather", 8: "gather", 11: "all_gather", 13: "gather"}  # step -> mode
+PROMPTS = ["the quick brown fox", "tensor parallel serving", "each rank holds a shard", "gather sends every",
+           "what is the capital of"]
+REGEX, CHOICE = "[0-9]{4}", ["alpha", "beta", "gamma"]
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+          "additionalProperties": False}
+
+
+def structured_params():
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    kinds = [StructuredOutputsParams(regex=REGEX), StructuredOutputsParams(choice=CHOICE),
+             StructuredOutputsParams(json=SCHEMA)]
+    return [SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=kinds[i % 3])
+            for i in range(len(PROMPTS))]
+
+
+def phase_params() -> dict[str, list]:
+    from vllm import SamplingParams
+
+    n = len(PROMPTS)
+    sampled = dict(temperature=0.8, top_p=0.9, max_tokens=12, ignore_eos=True)
+    return {
+        "structured": structured_params(),
+        "greedy": [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True) for _ in range(n)],
+        "sampled": [SamplingParams(**sampled) for _ in range(n)],
+        "seeded": [SamplingParams(**sampled, seed=100 + i) for i in range(n)],
+        "mixed": [SamplingParams(temperature=0.0 if i % 2 else 0.9, top_k=20, max_tokens=10, ignore_eos=True)
+                  for i in range(n)],
+        "logprobs": [SamplingParams(**sampled, logprobs=3) for _ in range(n)],
+        "prompt_logprobs": [SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=2, ignore_eos=True)
+                            for _ in range(n)],
+    }
+
+
+def stepped_params() -> dict[str, list]:
+    """Two stepped phases. Their batches must be the same in both engines: a structured-output request waits for
+    its grammar to compile (in a thread of vLLM's scheduler), so the step it joins depends on timing, and with it
+    the batch size the other rows' random draws see. So structured requests step with greedy ones only."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    sampled = dict(temperature=0.8, top_p=0.9, max_tokens=16, ignore_eos=True)
+    greedy = dict(temperature=0.0, max_tokens=16)
+    return {"stepped": [SamplingParams(**greedy, ignore_eos=True), SamplingParams(**sampled),
+                        SamplingParams(**sampled, seed=7), SamplingParams(**sampled, top_k=5, logprobs=2),
+                        SamplingParams(**sampled, logprobs=2)],
+            "stepped_structured": [SamplingParams(**greedy, ignore_eos=True),
+                                   *(SamplingParams(**greedy, structured_outputs=kind) for kind in (
+                                       StructuredOutputsParams(regex=REGEX), StructuredOutputsParams(choice=CHOICE),
+                                       StructuredOutputsParams(json=SCHEMA))),
+                                   SamplingParams(**greedy, ignore_eos=True)]}
+
+
+def summary(output) -> dict:
+    """What must match between engines: the text, the token ids and the sampled tokens' logprobs."""
+    out = output.outputs[0]
+    result = {"text": out.text, "ids": list(out.token_ids)}
+    if out.logprobs is not None:
+        result["logprobs"] = [{str(t): lp.logprob for t, lp in step.items()} for step in out.logprobs]
+    if output.prompt_logprobs is not None:
+        result["prompt_logprobs"] = [None if step is None else {str(t): lp.logprob for t, lp in step.items()}
+                                     for step in output.prompt_logprobs]
+    return result
+
+
+class Control:
+    """The engine's control block (absent for the plain engine), and where rank 0's calls stand."""
+
+    def __init__(self, shm_dir: str | None) -> None:
+        self.shm_dir, self.client = shm_dir, None
+
+    def _client(self):
+        if self.client is None and self.shm_dir:
+            from sidecar.control_client import ControlClient
+            from sidecar.ring_reader import discover_engines
+
+            engines = discover_engines(self.shm_dir)
+            if engines:  # the hooks install at the first hooked call
+                self.client = ControlClient(engines[0].control)
+        return self.client
+
+    def set(self, mode: str) -> bool:
+        from gatherwise.modes import Mode, ModeTable
+
+        client = self._client()
+        if client is None:
+            return False
+        client.write_command(ModeTable.uniform(Mode.parse(mode)))
+        return True
+
+    def call_index(self) -> int | None:
+        client = self._client()
+        return None if client is None else client.heartbeat().call_index
+
+
+def run_stepped(llm, control: Control | None, name: str, params: list) -> tuple[list[dict], list[dict]]:
+    from vllm.inputs import TextPrompt
+
+    engine = llm.llm_engine
+    for i, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
+        engine.add_request(f"{name}-{i}", TextPrompt(prompt=prompt), p)
+    outputs, flips, step = {}, [], 0
+    while engine.has_unfinished_requests():
+        if control is not None and step in FLIPS and control.set(FLIPS[step]):
+            flips.append({"step": step, "mode": FLIPS[step], "call_index": control.call_index()})
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = summary(out)
+        step += 1
+    return [outputs[f"{name}-{i}"] for i in range(len(PROMPTS))], flips
+
+
+def main() -> None:
+    p = engine_run_arguments()
+    p.add_argument("--switch", action="store_true")
+    p.add_argument("--rounds", default=",".join(ROUNDS), help="the rounds' modes (all by default)")
+    p.add_argument("--phases", help="only these offline phases, in this order (all by default)")
+    args = p.parse_args()
+
+    from vllm import LLM
+
+    llm = LLM(model=args.model, tensor_parallel_size=2, enforce_eager=True, max_model_len=256,
+              distributed_executor_backend="mp", seed=0)
+    control = Control(args.shm_dir) if args.switch else None
+    rounds, phases = [], []
+    for mode in args.rounds.split(","):
+        if control is not None:
+            control.set(mode)
+        tokens = {}
+        all_phases = phase_params()
+        for name in args.phases.split(",") if args.phases else all_phases:
+            params = all_phases[name]
+            first = control.call_index() if control else None
+            tokens[name] = [summary(o) for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+            phases.append({"round": mode, "phase": name, "after": first,
+                           "last": control.call_index() if control else None})
+        for name, params in stepped_params().items():
+            first = control.call_index() if control else None
+            tokens[name], flips = run_stepped(llm, control, f"{mode}-{name}", params)
+            phases.append({"round": mode, "phase": name, "after": first,
+                           "last": control.call_index() if control else None, "flips": flips})
+        rounds.append(tokens)
+    result = {"rounds": rounds, "phases": phases}
+    if args.shm_dir:
+        result["rings"] = read_rings(args.shm_dir)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
