@@ -115,8 +115,9 @@ class HeaderCountersCollector(Collector):
         nbytes = CounterMetricFamily(COLLECTIVE_BYTES, "Bytes received by each collective (ring header).",
                                      labels=["engine", "rank", "op", "mode"], unit="bytes")
         dropped = CounterMetricFamily(RECORDS_DROPPED, "Calls whose record never reached the histograms, by reason: "
-                                      "overwritten or torn before this sidecar read it, or timings the engine "
-                                      "gave up (timing_backlog, timing_at_close; from the ring header).",
+                                      "overwritten or torn before this sidecar read it, invalid (a field out of "
+                                      "its range), or timings the engine gave up (timing_backlog, timing_at_close; "
+                                      "from the ring header).",
                                       labels=["engine", "rank", "reason"])
         seconds = CounterMetricFamily(OP_SECONDS, "Time spent in each op of the logits path, per rank and mode "
                                       "(ring header; op=logits_path is the whole path).",

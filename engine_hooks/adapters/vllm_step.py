@@ -73,6 +73,10 @@ class VllmStepHooks(RankHooks):
             yield
         finally:
             self._runner = None
+        if self.installed is None and self.disabled is None and _computed_logits(runner):
+            self._disable("never_engaged", f"{type(runner).__qualname__}.execute_model computed its step's logits "
+                          "without vLLM's TP logits gather, which the hooks wrap (a logits path the adapter does "
+                          "not know)", _tp_rank())
 
     @contextmanager
     def unhooked_scope(self) -> Iterator[None]:
@@ -203,6 +207,12 @@ def _request_generators(runner: Any, metadata: Any) -> dict[str, torch.Generator
         return {}
     req_ids = runner.input_batch.req_ids
     return {req_ids[row]: gen for row, gen in sorted(generators.items())}
+
+
+def _computed_logits(runner: Any) -> bool:
+    """Whether V1's execute_model left logits for sample_tokens (a forward that produced them, not a dummy)."""
+    state = getattr(runner, "execute_model_state", None)
+    return getattr(state, "logits", None) is not None
 
 
 def _tp_world_size() -> int:

@@ -41,6 +41,7 @@ REASONS = (
     "single_rank",  # TP=1: the engine makes no logits collective
     "logits_shape",  # a logits shard the path cannot take
     "unhooked_logits_calls",  # the engine's logits collective ran outside every hooked step
+    "never_engaged",  # a step computed its logits without going through the hooked collective
 )
 
 
