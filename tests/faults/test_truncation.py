@@ -23,27 +23,14 @@ from tests.faults._faults import (
     running_engine,
     sidecar_with_token,
 )
+from tests.faults._host import as_user
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def as_other_user(action) -> int:
     """Run `action` in a child process with uid/gid NOBODY; returns the errno it raised (0 if none)."""
-    pid = os.fork()
-    if pid == 0:  # child: no pytest machinery from here on
-        code = 0
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            action()
-        except OSError as exc:
-            code = exc.errno or 255
-        except BaseException:
-            code = 254
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+    return as_user(NOBODY, NOBODY, action)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
