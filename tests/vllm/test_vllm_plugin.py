@@ -66,8 +66,8 @@ def test_gather_mode_gives_vllms_greedy_tokens(plain, gather_run):
     assert gather_run["greedy"] == plain["greedy"]
     rings = gather_run["rings"]
     assert sorted(rings) == ["0", "1"]
-    # greedy phase in gather mode; the seeded phase is not all-greedy, so it runs all_gather
-    assert mode_runs(rings["0"]["calls"]) == [Mode.GATHER, Mode.ALL_GATHER]
+    # the greedy and the seeded phase both in gather mode: rank 0 samples seeded requests too
+    assert mode_runs(rings["0"]["calls"]) == [Mode.GATHER]
 
 
 def test_sharded_mode_gives_vllms_greedy_tokens(plain, sharded_run):
