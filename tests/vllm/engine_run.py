@@ -6,7 +6,7 @@ The plugin is switched by the environment this process gets (GATHERWISE_ENABLE, 
 Phases, all with token prompts of different lengths and output lengths (so the batch shrinks and several
 buckets occur):
 - greedy: LLM.generate with temperature 0.
-- seeded: random sampling with a seed per request (top-p), which the plugin always runs as all_gather.
+- seeded: random sampling with a seed per request (top-p): gather mode samples it on rank 0, sharded runs all_gather.
 - switched (with --sidecar): the engine is stepped by hand (in-process engine core) and the mode is flipped
   through the sidecar's HTTP API (PUT /v1/mode) between steps: gather, all_gather, gather again.
   Then the sidecar's /metrics and /v1/mode, and every rank's ring (call_index -> mode), are collected while
