@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from engine_hooks.adapters.hooks_off import report_hooks_off
 from engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 from engine_hooks.adapters.sglang_graphs import DecodeGraphModes, parse_graph_modes
 from engine_hooks.adapters.sglang_patches import TP_WORKER_FORWARD
@@ -144,7 +145,6 @@ class SglangStepHooks(RankHooks):
         self._worker: Any = None  # the TpModelWorker of this rank (seen at its first step)
         self._forward_batch: Any = None  # the batch of the LogitsProcessor.forward being hooked
         self._pending: _Pending | None = None
-        self._missed_warned = False
         self.graphs = DecodeGraphModes(parse_graph_modes(config.engine.graph_modes))
         self._replay_mode: Mode | None = None  # this step replays that mode's decode graph (can_replay said so)
         self._graph_reserve = 0  # rows the path reserves before the first graph captures its buffers
@@ -175,17 +175,17 @@ class SglangStepHooks(RankHooks):
             yield
         finally:
             missed, self._forward_batch = self._forward_batch is not None, None
-        if missed and self.disabled is None and not self._missed_warned:
-            self._missed_warned = True  # SGLang took a path that bypasses the gatherer (e.g. fused softcap)
-            log.warning("gatherwise: a generation step's logits did not go through SGLang's logits gatherer on "
-                        "this model/config; those steps run SGLang's own logits path")
+        if missed and self.disabled is None:  # SGLang took a path that bypasses the gatherer (e.g. fused softcap)
+            report_hooks_off(log, "SGLang", "unhooked_logits_calls" if self.installed else "never_engaged",
+                             "a generation step's logits did not go through SGLang's logits gatherer on this "
+                             "model/config; those steps run SGLang's own logits path", self.config)
 
     # -- installation ---------------------------------------------------------------------------------------
-    def _disable(self, reason: str, rank: int) -> None:
-        self.disabled = reason
-        if rank == 0:  # every rank decides the same from the same config: one warning, from rank 0
-            log.warning("gatherwise: hooks stay off in this SGLang engine: %s; SGLang's own logits path runs",
-                        reason)
+    def _disable(self, reason: str, why: str, rank: int) -> None:
+        self.disabled = why
+        # every rank decides the same from the same config: one warning, from rank 0
+        report_hooks_off(log, "SGLang", reason, f"hooks stay off in this SGLang engine: {why}; SGLang's own logits "
+                         "path runs", self.config, rank)
 
     def _path(self, processor: Any, logits: torch.Tensor):
         if self.installed is not None:
@@ -204,7 +204,8 @@ class SglangStepHooks(RankHooks):
         if shape_problem:
             problems.append(shape_problem)
         if problems:
-            self._disable(", ".join(problems) + " (not supported by gatherwise)", rank)
+            self._disable("logits_shape" if problems == [shape_problem] else "unsupported_feature",
+                          ", ".join(problems) + " (not supported by gatherwise)", rank)
             return None
         from engine_hooks.adapters.sglang_comm import SglangGroupCommunicator
         from engine_hooks.rng_resync import RandomStateResync
