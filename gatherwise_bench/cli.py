@@ -129,6 +129,11 @@ def _pick_device(requested: str, tp: int, parser: argparse.ArgumentParser) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[2:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # a real engine's server under load, not the logits path alone
+        from gatherwise_bench.serve.cli import main as serve_main
+
+        return serve_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.from_results is not None:
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
            "cpu_count": os.cpu_count(), "threads_per_rank": max(1, (os.cpu_count() or 1) // cfg.tp),
            "load_avg_1m_at_end": os.getloadavg()[0], "sweep_seconds": round(elapsed, 1),
-           "command": "gatherwise bench " + " ".join(sys.argv[2:] if argv is None else argv)}
+           "command": "gatherwise bench " + " ".join(argv)}
     if device == "cuda":
         env["gpu"] = torch.cuda.get_device_name(0)
     print(f"# sweep took {elapsed:.1f} s", file=sys.stderr)

