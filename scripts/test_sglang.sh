@@ -24,8 +24,12 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ engine_hooks/_ring_
     orjson "pyzmq>=25.1.2" psutil setproctitle requests pydantic packaging pybase64 msgspec "prometheus-client>=0.20" \
     tqdm einops pillow python-multipart interegular partial_json_parser xxhash sentencepiece==0.2.1 tiktoken \
     openai==2.8.0 scipy watchfiles IPython dill gguf compressed-tensors==0.18.0
+  # what its OpenAI-compatible server (sglang.launch_server) and its benchmark client (sglang.bench_serving) import
+  # as well: `gatherwise bench serve` runs both
+  "${PIP[@]}" jsonschema soundfile==0.13.1 datasets
   "${PIP[@]}" ./tests/sglang/stand_in_sgl_kernel
-  "${PIP[@]}" -e . pytest pytest-timeout
+  # the bench extra (matplotlib: `gatherwise bench serve` draws its PNG here); SGLang pins python-dateutil<3
+  "${PIP[@]}" -e ".[bench]" "python-dateutil<3" pytest pytest-timeout
   touch "$STAMP"
 fi
 [ "${GATHERWISE_SGLANG_INSTALL_ONLY:-0}" = 1 ] && exit 0

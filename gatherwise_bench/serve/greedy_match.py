@@ -1,9 +1,9 @@
 """Whether a greedy run's outputs equal the plain engine's, token for token.
 
 The clients save each request's generated text (in request order; the random dataset is seeded, so every
-configuration sends the same prompts in the same order). The texts are turned back into tokens with the
-checkpoint's tokenizer (every id of the benchmark tokenizer re-encodes to itself, gatherwise_bench/serve/tokenizer.py)
-and compared request by request; the first differing request and token position say where outputs diverged.
+configuration sends the same prompts in the same order). They are compared exactly, request by request; where one
+differs, both texts are turned back into tokens with the checkpoint's tokenizer (its word ids re-encode to
+themselves, gatherwise_bench/serve/tokenizer.py) to say at which token the outputs diverged.
 """
 
 from __future__ import annotations

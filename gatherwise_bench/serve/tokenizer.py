@@ -4,8 +4,8 @@ Its vocabulary is enumerated rather than trained: the three specials, the 256 by
 letter words of growing length (" a", " ab", " abc", ...) in order, each with the merge (word minus its last letter,
 last letter). Why not train one: a BPE needs a corpus with ~150k distinct merges to reach Qwen2.5's vocabulary,
 and why not pad a small one with added tokens: transformers then takes ~20 s to load it in every engine process.
-Every id decodes to printable text, and a text of whole words re-encodes to the ids it came from, so the clients'
-random prompts and the engines' outputs round-trip.
+Every word id decodes to printable text that re-encodes to it (a random-weight model emits word ids 99.8 % of the
+time at vocab 151936); the 128 single-byte ids above 0x7F decode to U+FFFD on their own, like any byte-level BPE's.
 """
 
 from __future__ import annotations

@@ -1,0 +1,74 @@
+"""`gatherwise bench serve`'s parts that need no engine: its arguments, the interleaved order, the local tokenizer,
+the logits path's share from two scrapes, the greedy comparison. The real servers run in tests/vllm and
+tests/sglang (test_*_bench_serve.py, `--quick`)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gatherwise_bench.cli import main
+from gatherwise_bench.serve.configurations import interleaved
+from gatherwise_bench.serve.greedy_match import TokenCounter, compare_outputs
+from gatherwise_bench.serve.logits_share import logits_share
+from gatherwise_bench.serve.tokenizer import write_tokenizer
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "the following arguments are required: --engine"),
+    (["--engine", "trt"], "invalid choice: 'trt'"),
+    (["--engine", "vllm", "--configurations", "plain,scatter"], "unknown configuration 'scatter'"),
+    (["--engine", "vllm", "--concurrency", "0"], "--concurrency must be >= 1, got 0"),
+    (["--engine", "sglang", "--sampling", "beam"], "unknown sampling 'beam'"),
+])
+def test_bad_arguments_exit_2_and_start_nothing(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_configurations_run_forward_then_backward():
+    assert interleaved(["a", "b", "c"], 2) == ["a", "b", "c", "c", "b", "a"]
+    assert interleaved(["a", "b"], 3) == ["a", "b", "b", "a", "a", "b"]
+
+
+def test_the_tokenizer_has_exactly_the_vocabulary_and_every_word_id_round_trips(tmp_path):
+    write_tokenizer(tmp_path, 32000)
+    tokens = TokenCounter(tmp_path)
+    assert tokens.tokenizer.get_vocab_size(with_added_tokens=True) == 32000
+    ids = random.Random(0).sample(range(3 + 256, 32000), 400)  # after the 3 specials and the 256 byte symbols
+    assert tokens.ids(tokens.tokenizer.decode(ids)) == ids
+
+
+def _scrape(path_s: dict[tuple[str, str], float], calls: dict[tuple[str, str], int]) -> str:
+    lines = ["# TYPE gatherwise_op_seconds counter"]
+    lines += [f'gatherwise_op_seconds_total{{engine="e",rank="{r}",op="logits_path",mode="{m}"}} {v}'
+              for (r, m), v in path_s.items()]
+    lines += [f'gatherwise_op_seconds_total{{engine="e",rank="{r}",op="sample",mode="{m}"}} 99'
+              for (r, m) in path_s]
+    lines += ["# TYPE gatherwise_calls counter"]
+    lines += [f'gatherwise_calls_total{{engine="e",rank="{r}",mode="{m}"}} {v}' for (r, m), v in calls.items()]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_share_is_the_slower_ranks_path_time_over_the_run():
+    before = _scrape({("0", "all_gather"): 1.0, ("1", "all_gather"): 1.5}, {("0", "all_gather"): 10,
+                                                                          ("1", "all_gather"): 10})
+    after = _scrape({("0", "all_gather"): 1.5, ("1", "all_gather"): 2.5, ("0", "gather"): 1.0, ("1", "gather"): 0.5},
+                    {("0", "all_gather"): 20, ("1", "all_gather"): 20, ("0", "gather"): 30, ("1", "gather"): 30})
+    share = logits_share(before, after, duration_s=10.0)
+    assert share["path_seconds"] == pytest.approx(1.5) and share["share"] == pytest.approx(0.15)  # rank 0: 0.5 + 1.0
+    assert share["calls"] == 40 and share["path_us_per_call"] == pytest.approx(1.5e6 / 40)
+    assert share["calls_by_mode"] == {"all_gather": 10, "gather": 30}
+    assert logits_share("", "", 1.0)["share"] is None  # no gatherwise counters: the plain engine
+
+
+def test_greedy_outputs_are_compared_token_for_token(tmp_path):
+    write_tokenizer(tmp_path, 2000)
+    tokens = TokenCounter(tmp_path)
+    same = compare_outputs([" ab cd", " ef"], [" ab cd", " ef"], tokens)
+    assert same == {"requests": 2, "equal": 2, "all_equal": True, "first_difference": None}
+    differ = compare_outputs([" ab cd", " ef"], [" ab cd", " ef ab"], tokens)
+    assert not differ["all_equal"] and differ["first_difference"] == {"request": 1, "token": 1}
