@@ -1,6 +1,7 @@
 """End to end: the stack without Docker (TP=2 engine, sidecar, real Prometheus with the compose's config and rules)
-runs a mixed-sampling workload through every mode and some switches; then every PromQL expression of every
-dashboard panel, annotation, variable and rule parses and returns data, and latency exemplars carry trace ids.
+runs a mixed-sampling workload through every mode and some switches, next to an engine process whose hooks are
+off (its hooks-off notice in the same shm_dir); then every PromQL expression of every dashboard panel,
+annotation, variable and rule parses and returns data, and latency exemplars carry trace ids.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from dashboards import promql
 from dashboards.local_stack import start_local_stack
 from gatherwise.modes import IMPLEMENTED_LABELS
+from tests._hooks_off import start_reporter, stop
 from tests.conftest import require_tool
 
 TOKEN = "stack-test-token"
@@ -59,9 +61,12 @@ def test_every_query_returns_data_after_a_run_through_every_mode(tmp_path):
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.server_address[1]}",
     }
     queries = promql.all_queries()
+    stack_with_refused: list = []  # the process whose hooks are off, stopped whatever happens
     try:
         with start_local_stack(tmp_path, env=env) as stack:
             assert stack.prometheus is not None
+            refused = start_reporter(str(stack.shm_dir))
+            stack_with_refused.append(refused)
             start = time.time()
             client = httpx.Client(base_url=stack.sidecar_url, headers={"Authorization": f"Bearer {TOKEN}"})
             missing = queries
@@ -81,4 +86,6 @@ def test_every_query_returns_data_after_a_run_through_every_mode(tmp_path):
             )["data"]
             assert any(e["labels"].get("trace_id") for series in exemplars for e in series["exemplars"])
     finally:
+        for proc in stack_with_refused:
+            stop(proc)
         sink.shutdown()
