@@ -27,6 +27,7 @@ def plot_serve(path: Path, rows: list[dict[str, Any]], configurations: list[str]
             if len(concurrencies) > 1:
                 ax.set_xscale("log", base=2)
             ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+            ax.set_ylim(bottom=0)  # ratios read true: a 2 % gap must not look like a factor
             ax.set_xlabel("max concurrency")
             ax.set_ylabel(label)
             ax.set_title(f"{sampling}: {label}", fontsize=9)

@@ -60,7 +60,8 @@ def summarize(runs: list[dict[str, Any]], model: Path) -> list[dict[str, Any]]:
         if first["sampling"] == "greedy":
             found = [matches.get((name, p, key)) for p in passes[(name, key)]]
             row["greedy_vs_plain"] = found
-            row["greedy_equal_to_plain"] = all(m is not None and m["all_equal"] for m in found) if found else None
+            known = found and all(m is not None for m in found)  # None: no plain run to compare with
+            row["greedy_equal_to_plain"] = all(m["all_equal"] for m in found) if known else None
         rows.append(row)
     baseline = {r["cell"]: r for r in rows if r["configuration"] == BASELINE}
     for row in rows:
