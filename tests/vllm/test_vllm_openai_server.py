@@ -111,12 +111,12 @@ def test_openai_server_with_plugin_and_sidecar_stops_clean(model):
         streamed = stream(client, "tiny")  # all_gather throughout
         assert len(streamed) == 24, streamed
         assert stream(client, "tiny", flip_to("gather")) == streamed  # all_gather -> gather mid-stream
-        after = complete(client, "tiny")
-        assert after == before  # greedy: the same tokens in gather mode
         assert stream(client, "tiny", flip_to("all_gather")) == streamed  # gather -> all_gather mid-stream
         assert applied == [200, 200]  # both flips applied while their stream ran
         put = api.put("/v1/mode", params={"wait": 0}, json={"mode": "gather"})
         assert put.status_code in (200, 202), put.text
+        after = complete(client, "tiny")  # its calls apply the command
+        assert after == before  # greedy: the same tokens in gather mode
         state = api.get("/v1/mode").json()
         assert set(state["active"].values()) == {"gather"}, state
         metrics = api.get("/metrics").text
