@@ -6,8 +6,9 @@ from tests._engine_harness import clean_env, run_engine_process
 
 ENGINE_TIMEOUT_S = 600
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-# What a vLLM run leaves in /dev/shm when it kills its workers: its shared-memory segments.
-VLLM_SHM_LEFTOVERS = ("vllm_dist_*",)
+# What a vLLM run leaves in /dev/shm when it kills its workers, or is killed itself: its shared-memory segments
+# (its message queues are Python shared memory, `psm_*`).
+VLLM_SHM_LEFTOVERS = ("vllm_dist_*", "psm_*")
 
 
 def base_env(**extra: str) -> dict[str, str]:
