@@ -7,12 +7,13 @@ engine ranks that import a test module never pay for it.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from gatherwise_bench.serve.checkpoints import initialise_random
 
 
 @dataclass(frozen=True)
@@ -36,21 +37,7 @@ def build(spec: TinyCheckpoint, directory: Path) -> Path:
     config = config_cls(**spec.config)
     torch.manual_seed(spec.seed)
     model = model_cls(config)
-    gen = torch.Generator().manual_seed(spec.seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=gen, dtype=torch.float64)
-            if name.endswith("norm.weight"):
-                value = 1.0 + 0.1 * noise
-            elif name.endswith(".bias"):
-                value = 0.3 * noise
-            elif name.endswith("embed_tokens.weight"):
-                value = 0.1 * noise
-            elif name.endswith(("o_proj.weight", "down_proj.weight")):  # strong layers: with tied embeddings the
-                value = 2.0 * noise / math.sqrt(param.shape[1])      # residual must not just echo the input token
-            else:  # [out, in]: unit-variance outputs
-                value = noise / math.sqrt(param.shape[1])
-            param.copy_(value.to(param.dtype))
+    initialise_random(model, spec.seed, noise_dtype=torch.float64)
     model.to(spec.dtype).save_pretrained(directory)
     if spec.layout == "old":
         _to_old_layout(directory / "config.json", spec.legacy_type_key)

@@ -57,13 +57,16 @@ MODEL_SHAPES = {shape.name: shape for shape in (
 )}
 
 
-def _initialise(model: Any, seed: int) -> None:
+def initialise_random(model: Any, seed: int, noise_dtype: Any = None) -> None:
+    """Random weights at scales that keep logits O(1), every bias non-zero, and the layers strong enough that the
+    residual does not just echo the input token through tied embeddings. `noise_dtype`: the dtype the noise is
+    drawn in (float32 by default; the test checkpoints draw float64)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
+            noise = torch.randn(param.shape, generator=gen, dtype=noise_dtype or torch.float32)
             if name.endswith("norm.weight"):
                 value = 1.0 + 0.1 * noise
             elif name.endswith(".bias"):
@@ -88,7 +91,7 @@ def build_checkpoint(shape: ModelShape, directory: Path, seed: int = 0) -> Path:
                              "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[shape.model_type]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**shape.config))
-    _initialise(model, seed)
+    initialise_random(model, seed)
     directory.mkdir(parents=True, exist_ok=True)
     model.to(torch.float32).save_pretrained(directory)
     write_tokenizer(directory, shape.vocab)
