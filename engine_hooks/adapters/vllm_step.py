@@ -57,6 +57,7 @@ class VllmStepHooks(RankHooks):
         self._runner: Any = None  # the model runner inside execute_model, else None
         self._structured = False  # the step inside execute_model has structured-output requests
         self._unhooked_depth = 0  # inside one of vLLM's own logits calls outside a step (warm-up, prompt logprobs)
+        self._unhooked_reported = False  # a logits gather outside every hooked step was reported
         self._pending: Mode | None = None  # mode of the hooked call whose sampling is still to come
         self._resync: Any = None  # engine_hooks.rng_resync.RandomStateResync, with the hooks
 
@@ -99,6 +100,7 @@ class VllmStepHooks(RankHooks):
                       "VLLM_USE_V2_MODEL_RUNNER=0 to run the V1 runner with gatherwise", _tp_rank())
 
     def _report_unhooked_call(self) -> None:
+        self._unhooked_reported = True  # said once: later such calls cost nothing more than vLLM's own
         caller = _runner_frame_name()
         engaged = "" if self.installed is None else " (the hooks are installed, but this call bypasses them)"
         report_hooks_off(log, "vLLM", "unhooked_logits_calls",
@@ -138,7 +140,7 @@ class VllmStepHooks(RankHooks):
     def gather_logits(self, processor: Any, logits: torch.Tensor, original: Callable) -> torch.Tensor:
         runner = self._runner
         if runner is None:
-            if self._unhooked_depth == 0 and self.disabled is None:
+            if self._unhooked_depth == 0 and self.disabled is None and not self._unhooked_reported:
                 self._report_unhooked_call()
             return original(processor, logits)
         path = self._path(runner, logits)
@@ -162,7 +164,10 @@ class VllmStepHooks(RankHooks):
         mode, shards = path.exchange(mode=None if allowed else Mode.ALL_GATHER)
         self._pending = mode
         if not metadata.all_greedy:
-            self._resync.before_call(mode == Mode.ALL_GATHER, True, _request_generators(runner, metadata))
+            all_ranks_sample = mode == Mode.ALL_GATHER
+            # per-request generators matter where a rank skips them now, or where one was skipped before
+            seeded = metadata.generators and (not all_ranks_sample or self._resync.stale_requests)
+            self._resync.before_call(all_ranks_sample, True, _request_generators(runner, metadata) if seeded else None)
         return self._engine_logits(path, mode, shards, logits)
 
     # -- Sampler.forward ------------------------------------------------------------------------------------
