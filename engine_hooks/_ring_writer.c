@@ -35,6 +35,8 @@
 #define TOPP_FALLBACK_ROWS_OFFSET 88
 #define FLAG_BROADCAST 1u
 #define FLAG_RESOLVE 2u
+#define TAG_SHIFT 2
+#define TAG_MASK 0x3Fu
 #define FALLBACK_SHIFT 8
 #define FALLBACK_MAX 0xFFFFFFll
 #define BROADCAST_BYTES_PER_ROW 8
@@ -93,16 +95,16 @@ static void Writer_dealloc(Writer *self) {
 /* record(call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, bcast_start, bcast_end,
  *        sample_start, sample_end, t_end[, resolve_nbytes, topp_rows, fallback_rows]): exactly
  *        RingRecorder.record(). */
-static const char *const RECORD_ARGS[16] = {
+static const char *const RECORD_ARGS[17] = {
     "call_index", "mode", "rows", "epoch", "nbytes", "t_start", "coll_start", "coll_end", "bcast_start",
-    "bcast_end", "sample_start", "sample_end", "t_end", "resolve_nbytes", "topp_rows", "fallback_rows"};
+    "bcast_end", "sample_start", "sample_end", "t_end", "resolve_nbytes", "topp_rows", "fallback_rows", "tag"};
 
 static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    long long a[16] = {0};
-    int given[16] = {0};
+    long long a[17] = {0};
+    int given[17] = {0};
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    if (nargs > 16) {
-        PyErr_Format(PyExc_TypeError, "record() takes at most 16 arguments (%zd given)", nargs);
+    if (nargs > 17) {
+        PyErr_Format(PyExc_TypeError, "record() takes at most 17 arguments (%zd given)", nargs);
         return NULL;
     }
     if (!self->has_view) {
@@ -114,7 +116,7 @@ static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t n
         if (i >= nargs) {
             PyObject *name = PyTuple_GET_ITEM(kwnames, i - nargs);
             slot = -1;
-            for (int k = 0; k < 16; k++) {
+            for (int k = 0; k < 17; k++) {
                 if (PyUnicode_CompareWithASCIIString(name, RECORD_ARGS[k]) == 0) slot = k;
             }
             if (slot < 0 || given[slot]) {
@@ -136,10 +138,10 @@ static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t n
     long long call_index = a[0], mode = a[1], rows = a[2], epoch = a[3], nbytes = a[4], t_start = a[5];
     long long coll_start = a[6], coll_end = a[7], bcast_start = a[8], bcast_end = a[9];
     long long sample_start = a[10], sample_end = a[11], t_end = a[12];
-    long long resolve_nbytes = a[13], topp_rows = a[14], fallback_rows = a[15];
+    long long resolve_nbytes = a[13], topp_rows = a[14], fallback_rows = a[15], tag = a[16];
     if (mode < 0 || mode >= NUM_MODE_ROWS || rows < 0 || rows > (long long)U32_MAX || epoch < 0 ||
         epoch > (long long)U32_MAX || nbytes < 0 || call_index < 0 || resolve_nbytes < 0 || topp_rows < 0 ||
-        fallback_rows < 0) {
+        fallback_rows < 0 || tag < 0) {
         PyErr_SetString(PyExc_ValueError, "record(): mode, rows, epoch, byte counts or call_index out of range");
         return NULL;
     }
@@ -154,6 +156,7 @@ static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t n
         bcast_off = bcast_start - t_start;
         bcast_ns = bcast_end - bcast_start;
     }
+    flags |= ((uint32_t)tag & TAG_MASK) << TAG_SHIFT;
     if (fallback_rows) flags |= (uint32_t)(fallback_rows < FALLBACK_MAX ? fallback_rows : FALLBACK_MAX) << FALLBACK_SHIFT;
     char *r = base + HEADER_SIZE + ((seq - 1) % self->capacity) * RECORD_SIZE;
     store64(r + 0, seq);
@@ -244,5 +247,6 @@ PyMODINIT_FUNC PyInit__ring_writer(void) {
     PyModule_AddIntConstant(m, "NUM_OPS", NUM_OPS);
     PyModule_AddIntConstant(m, "NUM_MODE_ROWS", NUM_MODE_ROWS);
     PyModule_AddIntConstant(m, "TOPP_ROWS_OFFSET", TOPP_ROWS_OFFSET);
+    PyModule_AddIntConstant(m, "TAG_SHIFT", TAG_SHIFT);
     return m;
 }

@@ -47,7 +47,7 @@ class SplitRecorder(Protocol):
 
     def record_timed(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
                      coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-                     sample_start: int, sample_end: int, t_end: int, fallback_rows: int = 0) -> None: ...
+                     sample_start: int, sample_end: int, t_end: int, fallback_rows: int = 0, tag: int = 0) -> None: ...
 
     def drop(self, reason: int, calls: int = 1) -> None: ...
 
@@ -140,13 +140,13 @@ class EventResolver:
     def record(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
                sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
-               fallback_rows: int = 0) -> None:
+               fallback_rows: int = 0, tag: int = 0) -> None:
         # counted now, whatever the device does; the sharded counts travel only when a call has them
         counts = (resolve_nbytes, topp_rows, fallback_rows) if resolve_nbytes or topp_rows else ()
         self.recorder.count(mode, rows, nbytes, bool(bcast_start), *counts)
         self._pending.append(((call_index, mode, rows, epoch, nbytes),
                               (t_start, coll_start, coll_end, bcast_start, bcast_end, sample_start, sample_end,
-                               t_end), (fallback_rows,) if fallback_rows else ()))
+                               t_end), (fallback_rows, tag) if fallback_rows or tag else ()))
         self.poll()
         while len(self._pending) > self.max_pending:  # the GPU is far behind: never wait, drop the oldest
             _, marks, _ = self._pending.popleft()

@@ -24,8 +24,10 @@ import torch
 from engine_hooks.comm import Communicator
 from engine_hooks.deferred_word import ADOPT_LAG, DeferredWords
 from engine_hooks.sampling import SamplingRow, sample
+from engine_hooks.sampling_params import kind_of_rows
 from engine_hooks.sharded_exchange import ShardedCall, ShardedSampler
 from engine_hooks.table_source import AppliedStatus, TableSource
+from gatherwise.call_kind import call_tag
 from engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 from gatherwise.modes import EPOCH_BITS, ControlWord, Mode, ModeTable
 
@@ -38,7 +40,7 @@ class CallRecorder(Protocol):
     def record(self, call_index: int, mode: Mode, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
                sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
-               fallback_rows: int = 0) -> None: ...
+               fallback_rows: int = 0, tag: int = 0) -> None: ...
 
 
 def _no_clock() -> int:
@@ -86,7 +88,7 @@ class LogitsPath:
         self._captured_open: set[tuple[Mode, int]] = set()  # variants that captured exchange() only
         self._capacity = 0
         self._rows = 0
-        self._call: tuple | None = None  # (mode, rows, t_start, coll_start, coll_end, word_in) in flight
+        self._call: tuple | None = None  # (mode, rows, t_start, coll_start, coll_end, word_in, kind) in flight
         self.mode_log: list[Mode] | None = [] if keep_log else None
         self.collective_log: list[int] | None = [] if keep_log else None
         self._sharded = ShardedSampler(comm, self.width, dtype=dtype, device=self.device, clock=clock)
@@ -119,25 +121,30 @@ class LogitsPath:
         return self._send[: rows * self.width].view(rows, self.width)
 
     # -- the call --------------------------------------------------------------------------------------
-    def run(self, rows: list[SamplingRow]) -> torch.Tensor:
-        """Combine shards in this call's mode, sample, and return int64 tokens [B] on every rank."""
+    def run(self, rows: list[SamplingRow], kind: int | None = None) -> torch.Tensor:
+        """Combine shards in this call's mode, sample, and return int64 tokens [B] on every rank. `kind`: the
+        call kind when the caller knows it (gatherwise.call_kind), else it is read from the rows."""
         t_start = self.clock()
         if self._rows != len(rows) or self._rows == 0:
             raise ValueError(f"logits_buffer({self._rows}) was filled but run() got {len(rows)} rows")
+        if kind is None:
+            kind = kind_of_rows(rows)
         if self._capture is None and self.begin_call(self._rows) == Mode.SHARDED:
-            return self._run_sharded(rows, t_start)
-        mode, shards = self.exchange(t_start=t_start)
+            return self._run_sharded(rows, t_start, kind)
+        mode, shards = self.exchange(t_start=t_start, kind=kind)
         if mode == Mode.ALL_GATHER or self.rank == 0:
             sample_start = self._call[4]  # sampling starts as the collective ends: one clock read for both
             tokens = sample(shards, self.vocab, rows)
             return self.complete(tokens, sample_start=sample_start, sample_end=self.clock())
         return self.complete(None)
 
-    def exchange(self, *, mode: Mode | None = None, t_start: int | None = None) -> tuple[Mode, torch.Tensor]:
+    def exchange(self, *, mode: Mode | None = None, t_start: int | None = None,
+                 kind: int = 0) -> tuple[Mode, torch.Tensor]:
         """First half of a call, for engines that sample with their own sampler (vLLM): the collective only.
 
         Returns (mode, shards [P, B, width]); in gather mode the shards are valid on rank 0 only. `mode`
-        overrides the table for this call and must then be the same on every rank. Finish the call with
+        overrides the table for this call and must then be the same on every rank; `kind` is what the engine
+        samples in this call (gatherwise.call_kind), recorded with it. Finish the call with
         complete(): it carries the control word to the other ranks in gather mode and records the call.
         Sharded mode samples inside the path (run()): where the table says sharded, exchange() runs all_gather
         (recorded as such), so an engine with its own sampler gets the full logits as it always did.
@@ -173,7 +180,7 @@ class LogitsPath:
             word_in = recv[0, n:].view(torch.int64)
         else:
             self.comm.gather(recv if self.rank == 0 else None, send)
-        self._call = (mode, batch, t_start, coll_start, clock(), word_in)
+        self._call = (mode, batch, t_start, coll_start, clock(), word_in, kind)
         if self._capture is not None:
             self._captured_word_in[(mode, batch)] = word_in  # None in gather mode: complete() brings it
         return mode, recv[:, :n].view(self.world_size, batch, self.width)
@@ -210,7 +217,7 @@ class LogitsPath:
         if self._call is None:
             raise RuntimeError("complete() without exchange()")
         clock = self.clock
-        mode, batch, t_start, coll_start, coll_end, word_in = self._call
+        mode, batch, t_start, coll_start, coll_end, word_in, kind = self._call
         self._call = None
         if sample_start is None or sample_end is None:
             sample_start = sample_end = coll_end  # this rank did not sample
@@ -230,24 +237,25 @@ class LogitsPath:
             self._rows = 0
             return tokens
         self._end_call(mode, batch, word_in, t_start, coll_start, coll_end, bcast_start, bcast_end, sample_start,
-                       sample_end)
+                       sample_end, kind)
         return tokens
 
     def _end_call(self, mode: Mode, batch: int, word_in: torch.Tensor, t_start: int, coll_start: int,
                   coll_end: int, bcast_start: int, bcast_end: int, sample_start: int, sample_end: int,
-                  sharded: ShardedCall | None = None) -> None:
+                  kind: int, sharded: ShardedCall | None = None) -> None:
         """Host part of the end of a call: stash the received word for later adoption, record, count."""
         self._deferred.stash(self.call_index, word_in)
+        tag = call_tag(kind, self.table.mode_for_rows(batch)) if kind else 0
         t_end = self.clock()
         if self.recorder is not None and sharded is not None:
             self.recorder.record(self.call_index, mode, batch, self.epoch, sharded.exchange_bytes, t_start,
                                  coll_start, coll_end, bcast_start, bcast_end, sample_start, sample_end, t_end,
-                                 sharded.resolve_bytes, sharded.topp_rows, sharded.fallback_rows)
+                                 sharded.resolve_bytes, sharded.topp_rows, sharded.fallback_rows, tag)
         elif self.recorder is not None:
             chunk = batch * self.width + self._word_elems
             nbytes = (self.world_size if mode == Mode.ALL_GATHER or self.rank == 0 else 1) * chunk * self._elem_size
             self.recorder.record(self.call_index, mode, batch, self.epoch, nbytes, t_start, coll_start, coll_end,
-                                 bcast_start, bcast_end, sample_start, sample_end, t_end)
+                                 bcast_start, bcast_end, sample_start, sample_end, t_end, tag=tag)
         if self.mode_log is not None:
             self.mode_log.append(mode)
             self.collective_log.append(sharded.collectives if sharded is not None else
@@ -255,7 +263,7 @@ class LogitsPath:
         self.call_index += 1
         self._rows = 0
 
-    def _run_sharded(self, rows: list[SamplingRow], t_start: int) -> torch.Tensor:
+    def _run_sharded(self, rows: list[SamplingRow], t_start: int, kind: int) -> torch.Tensor:
         """A whole sharded call (after begin_call): exchange, sample and resolve in engine_hooks.sharded_exchange,
         then the host part of the end of the call."""
         batch = self._rows
@@ -264,7 +272,7 @@ class LogitsPath:
             logits[:, self._valid:] = float("-inf")
         call = self._sharded.run(logits, rows, self._word_dev)
         self._end_call(Mode.SHARDED, batch, call.word_in, t_start, call.coll_start, call.coll_end,
-                       call.resolve_start, call.resolve_end, call.sample_start, call.sample_end, call)
+                       call.resolve_start, call.resolve_end, call.sample_start, call.sample_end, kind, call)
         return call.tokens
 
     # -- CUDA graphs (driven by engine_hooks.graphs) ---------------------------------------------------
@@ -284,7 +292,7 @@ class LogitsPath:
                 self._captured_open.add((mode, self._call[1]))
                 self._call = None
 
-    def finish_replay(self, mode: Mode, rows: int, t_start: int, t_end: int) -> None:
+    def finish_replay(self, mode: Mode, rows: int, t_start: int, t_end: int, kind: int = 0) -> None:
         """After replaying the captured (mode, rows) variant: the host part of the call. Inside a graph the
         path cannot read clocks, so the collective mark spans the replay and sampling and the broadcast
         are recorded with zero duration (docs/architecture.md). A variant that captured exchange() only
@@ -294,10 +302,10 @@ class LogitsPath:
         word_in = self._captured_word_in[(mode, rows)]
         if (mode, rows) in self._captured_open:
             self._rows = rows
-            self._call = (mode, rows, t_start, t_start, t_end, word_in)
+            self._call = (mode, rows, t_start, t_start, t_end, word_in, kind)
             return
         bcast = t_end if mode != Mode.ALL_GATHER else 0
-        self._end_call(mode, rows, word_in, t_start, t_start, t_end, bcast, bcast, t_end, t_end)
+        self._end_call(mode, rows, word_in, t_start, t_start, t_end, bcast, bcast, t_end, t_end, kind)
 
     def _word_to_send(self) -> int:
         """Rank 0: the control word for this call — the last one sent, or a newly requested one."""

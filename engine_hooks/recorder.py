@@ -25,7 +25,7 @@ except ImportError:
     _ring_writer = None
 
 _NATIVE_LAYOUT = ("FORMAT_VERSION", "HEADER_SIZE", "RECORD_SIZE", "WRITE_INDEX_OFFSET", "COUNTERS_OFFSET",
-                  "NUM_MODE_ROWS", "TOPP_ROWS_OFFSET")
+                  "NUM_MODE_ROWS", "TOPP_ROWS_OFFSET", "TAG_SHIFT")
 
 
 def _native_matches_format(native: object) -> bool:
@@ -59,9 +59,10 @@ _TOPP_ROWS_WORD = fmt.TOPP_ROWS_OFFSET // fmt.WORD_BYTES
 _TOPP_FALLBACK_WORD = fmt.TOPP_FALLBACK_ROWS_OFFSET // fmt.WORD_BYTES
 
 
-def _flags(mode: int, second_op: int, fallback_rows: int) -> int:
-    """Record flags: which second operation the broadcast fields time, and the top-p fallback rows."""
+def _flags(mode: int, second_op: int, fallback_rows: int, tag: int) -> int:
+    """Record flags: which second operation the broadcast fields time, the call's tag, the top-p fallback rows."""
     flags = (fmt.FLAG_RESOLVE if mode > _GATHER else fmt.FLAG_BROADCAST) if second_op else 0
+    flags |= (tag & fmt.TAG_MASK) << fmt.TAG_SHIFT
     if fallback_rows:
         flags |= min(fallback_rows, fmt.FALLBACK_MAX) << fmt.FALLBACK_SHIFT
     return flags
@@ -125,17 +126,18 @@ class RingRecorder:
     def record(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
                sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
-               fallback_rows: int = 0) -> None:
+               fallback_rows: int = 0, tag: int = 0) -> None:
         """One call with its timings: the record, then all of its counters (the CPU path; one pass).
 
         In gather mode the bcast marks time the token broadcast; in sharded mode they time the second
         collective (shard_resolve, `resolve_nbytes` bytes), 0 when the call ran only one. `topp_rows` and
-        `fallback_rows` count a sharded call's top-p rows and those that took the full-row fallback."""
+        `fallback_rows` count a sharded call's top-p rows and those that took the full-row fallback; `tag` says
+        what the call sampled and the mode its table named (gatherwise.call_kind.call_tag)."""
         seq = self._words[_WRITE_INDEX_WORD] + 1  # the header is the one source (shared with the C writer)
         coll_ns = coll_end - coll_start
         sample_ns = sample_end - sample_start
         path_ns = t_end - t_start
-        flags = _flags(mode, bcast_start, fallback_rows)
+        flags = _flags(mode, bcast_start, fallback_rows, tag)
         if bcast_start:
             bcast_off, bcast_ns = bcast_start - t_start, bcast_end - bcast_start
         else:
@@ -197,13 +199,13 @@ class RingRecorder:
 
     def record_timed(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
                      coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-                     sample_start: int, sample_end: int, t_end: int, fallback_rows: int = 0) -> None:
+                     sample_start: int, sample_end: int, t_end: int, fallback_rows: int = 0, tag: int = 0) -> None:
         """The record and the time counters of a call already count()ed."""
         seq = self._words[_WRITE_INDEX_WORD] + 1  # the header is the one source (shared with the C writer)
         coll_ns = max(0, coll_end - coll_start)
         sample_ns = max(0, sample_end - sample_start)
         path_ns = max(0, t_end - t_start)
-        flags = _flags(mode, bcast_start, fallback_rows)
+        flags = _flags(mode, bcast_start, fallback_rows, tag)
         if bcast_start:
             bcast_off, bcast_ns = bcast_start - t_start, max(0, bcast_end - bcast_start)
         else:

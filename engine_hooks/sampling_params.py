@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gatherwise.call_kind import call_kind, sampling_of_rows
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -53,3 +55,10 @@ class SamplingRow:
     params: SamplingParams
     request_id: int
     position: int  # index of the token being produced within its request
+
+
+def kind_of_rows(rows: list[SamplingRow]) -> int:
+    """The call kind (gatherwise.call_kind) of a batch: the heaviest sampling any of its rows asks for."""
+    sampled = [r.params for r in rows if not r.params.greedy]
+    return call_kind(sampling_of_rows(not sampled, any(p.top_p < 1.0 for p in sampled),
+                                      any(p.top_k > 0 for p in sampled)))

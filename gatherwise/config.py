@@ -125,7 +125,8 @@ class PolicyParams(Schema):
     probe_interval_seconds: float = Field(10.0, ge=0.0, le=86400.0,
                                           description="minimum time between two probes of one bucket")
     probe_calls: int = Field(8, ge=1, le=1 << 20, description="calls per probe")
-    probe_budget: float = Field(0.02, ge=0.0, le=1.0, description="max share of calls probing")
+    probe_budget: float = Field(0.02, ge=0.0, le=1.0, description="max share of all observed seconds that probes "
+                                                                  "may add (a probe of a faster mode adds none)")
     max_sample_age_seconds: float = Field(120.0, ge=0.1, le=86400.0,
                                           description="samples older than this leave the estimates")
     probe_backoff_max: float = Field(16.0, ge=1.0, le=1024.0,

@@ -177,7 +177,8 @@ class Controller:
         if (att.decided and since >= SAVE_INTERVAL_S) or (att.dirty and since >= SAMPLES_SAVE_INTERVAL_S):
             self._save(att)
 
-    def _on_call(self, eng: AttachedEngine, call_index: int, mode: int, bucket: int, seconds: float) -> None:
+    def _on_call(self, eng: AttachedEngine, call_index: int, mode: int, bucket: int, seconds: float,
+                 tag: int) -> None:
         att = self.attached
         if att is None or att.read_only or eng is not att.engine or call_index <= att.last_call_index:
             return
@@ -187,7 +188,7 @@ class Controller:
             return
         now = time.monotonic()
         att.dirty = self._called = True
-        if policy.observe(Mode(mode), bucket, seconds, now):
+        if policy.observe(Mode(mode), bucket, seconds, now, tag):
             # the running probe has its calls: end it now, not at the next step, so it costs no extra calls
             try:
                 self._publish(att, policy.step(now))

@@ -42,8 +42,8 @@ log = logging.getLogger("gatherwise.sidecar.ingest")
 
 _MODE_LABEL = {int(m): m.label for m in Mode}
 DEFAULT_MAX_RECORDS_PER_POLL = 16384  # sidecar.max_records_per_poll
-# A joined call: (engine, call index, mode code, bucket, critical-path seconds).
-CallSink = Callable[["AttachedEngine", int, int, int, float], None]
+# A joined call: (engine, call index, mode code, bucket, critical-path seconds, call tag: gatherwise.call_kind).
+CallSink = Callable[["AttachedEngine", int, int, int, float, int], None]
 
 
 @dataclass
@@ -214,7 +214,7 @@ class Ingest:
         calls.critical_path.observe(critical, exemplar)
         calls.skew.observe((max_start - min_start) * 1e-9, exemplar)
         if self.on_call is not None:
-            self.on_call(eng, call_index, mode, bucket, critical)
+            self.on_call(eng, call_index, mode, bucket, critical, first.tag)
 
     # -- discovery and engine restarts ------------------------------------------------------------------
     def _discover(self, now: int) -> None:

@@ -7,24 +7,30 @@ of modes (`modes`, default every implemented one). Rules:
 - compare modes on costs measured at the same time, never on windows from different periods: the running mode
   of a busy bucket fills its window in a second or two while another mode is only measured by probes spread
   over minutes, and on a shared host the load moves the costs of both by more than the differences the policy
-  looks for (comparing such windows made it switch back and forth on drift alone). So every probe yields one
-  paired ratio, the probed mode's median over the probe divided by the running mode's median just before it,
-  and a bucket switches to the mode whose median ratio over its recent probes (at least min_samples/probe_calls
-  of them, none older than max_sample_age_seconds) is below 1 - `margin`. Probes of the running mode taken while
-  another mode ran count too, inverted, so the evidence that made a bucket switch is the evidence against
-  switching back. A mode whose first probes beat the running one is probed first until it has enough. Windows
-  are compared directly only when the other mode's samples all fall within the running mode's window (both
-  measured over the same period), with `min_samples` on both sides.
+  looks for (comparing such windows made it switch back and forth on drift alone). So every probe yields paired
+  evidence (sidecar.paired_evidence): per call kind, the probed mode's median over the probe against the running
+  mode's median just before it;
+- compare like with like: a call's kind (what it samples, gatherwise.call_kind) moves its cost far more than its
+  mode does, so pairs never mix kinds, and a bucket's ratio for a mode weights each kind by the share of the
+  bucket's time it takes. A call is charged to the mode its table named (a call that stepped aside from
+  sharded to the engine's all_gather is what sharded costs that kind of call);
+- decide as soon as the evidence is decisive: a bucket switches to the mode whose mix-weighted ratio is below
+  1 - `margin` and below 1 by Z standard errors, from at least two probes. Probes of the running mode taken
+  while another mode ran count too, inverted, so the evidence that made a bucket switch is the evidence against
+  switching back. A mode whose first probes beat the running one is probed again as soon as the running mode has
+  fresh calls to compare with. A probe ends after `probe_calls` calls, or earlier once every kind it saw is
+  decisive either way. Windows are compared directly only when the bucket's calls are all of one kind and the
+  other mode's samples all fall within the running mode's window, with `min_samples` on both sides.
   A bucket never switches twice within `dwell_seconds`;
-- keep the other modes' estimates fresh by probes: one (bucket, mode) at a time runs for `probe_calls` calls,
-  and only while probe calls stay within `probe_budget` of all calls seen (calls that ran a mode other than the
-  policy's choice count as probe calls);
+- probes cost what they add: `probe_budget` bounds the seconds probe calls took beyond what the running mode
+  would have taken for them (same bucket, same kind), as a share of all seconds observed. A probe of a faster
+  mode is free; one of a slower mode ends the moment the budget is spent, however slow its calls;
 - probes back off: a (bucket, mode) is probed every `probe_interval_seconds` x its back-off factor. A probe
   that finds the mode far behind (slower than the chosen one by more than `probe_backoff_margin`) doubles the
   factor, up to `probe_backoff_max`; one that finds it close resets it to 1. When the chosen mode's own cost
   moves by more than `probe_backoff_margin` from what it was when the bucket backed off (the load changed), or
   the bucket switches, every factor of the bucket resets and the bucket is probed again soon. So a mode that
-  loses everywhere costs a few probes per `probe_backoff_max` intervals, not `probe_budget` of all calls;
+  loses everywhere costs a few probes per `probe_backoff_max` intervals, not `probe_budget` of all time;
 - a pinned bucket (manual `PUT /v1/mode <mode>`) is never touched; `auto` releases the pin (back to the policy's
   own choice when its fresh probes had found the pinned mode slower, else from the pinned mode).
 Every decision is returned with its evidence, and kept in a bounded log.
@@ -35,21 +41,30 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as validated_dataclass
 
+from gatherwise.call_kind import KINDS, kind_label, split_tag
 from gatherwise.config import ModeOrAuto, PolicyParams
 from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable, bucket_label
 from sidecar.estimates import Estimate, WindowEstimates
+from sidecar.paired_evidence import Evidence, Pair, combine_kind, combine_mix, decisive, pair_stats
 
 DECISION_LOG = 256
 PAIRS_KEPT = 64  # paired ratios kept per bucket
+MIN_PROBES = 2  # probes behind a switch: one probe can coincide with a load step between it and its reference
+MIN_PROBE_CALLS = 3  # calls before a probe may end early on decisive evidence
 Reason = Literal["manual", "auto", "probe", "table_file"]
+
+
+def cell(bucket: int, kind: int) -> int:
+    """The key of a (bucket, call kind) sample window."""
+    return bucket * KINDS + kind
 
 
 # Also the item of GET /v1/decisions; a pydantic dataclass, so a decision is validated when made.
@@ -68,22 +83,14 @@ class Decision:
     command_seq: Annotated[int | None, Field(description="set once written to the control block")] = None
 
 
-class Pair(NamedTuple):
-    """One probe's evidence: the probed mode's median over the probe / the running (reference) mode's median
-    just before it, both measured under the same load."""
-
-    time: float
-    probed: Mode
-    reference: Mode
-    ratio: float
-
-
 @dataclass
 class Probe:
     bucket: int
     mode: Mode
     started: float
     calls: int = 0
+    samples: dict[int, list[float]] = field(default_factory=dict)  # kind -> seconds of the probe's calls
+    references: dict[int, list[float]] = field(default_factory=dict)  # kind -> the running mode's, just before
 
 
 def should_switch(active: Estimate | None, challenger: Estimate | None, params: PolicyParams) -> bool:
@@ -102,16 +109,21 @@ class AutoPolicy:
         self.modes: tuple[Mode, ...] = tuple(IMPLEMENTED if modes is None else modes)
         self.choice: list[Mode] = list(table.modes)  # the policy's mode per bucket (probes aside)
         self.pins: dict[int, Mode] = {} if auto else dict(enumerate(table.modes))
-        self.estimates = WindowEstimates(params.window, params.max_sample_age_seconds)
+        self.estimates = WindowEstimates(params.window, params.max_sample_age_seconds)  # by the mode that ran
+        # by (bucket, kind) cell and the mode the call's table named: what pairs and probe costs compare
+        self.kind_estimates = WindowEstimates(params.window, params.max_sample_age_seconds)
+        self.mix: dict[int, deque[int]] = {}  # bucket -> kinds of its newest `window` calls
         self.last_switch: dict[int, float] = {}
         self.last_probe: dict[tuple[int, Mode], float] = {}
+        self.last_probe_end: dict[int, float] = {}
         self.backoff: dict[tuple[int, Mode], float] = {}  # probe interval factor (absent: 1)
         self.backoff_reference: dict[int, float] = {}  # chosen mode's cost when the bucket began backing off
-        # bucket -> (time, probed mode, reference mode, probed cost / reference cost) of recent probes
-        self.pairs: dict[int, deque[Pair]] = {}
+        self.pairs: dict[int, deque[Pair]] = {}  # bucket -> recent probes' evidence, per kind
         self.probe: Probe | None = None
         self.calls_total = 0
         self.probe_calls_used = 0
+        self.seconds_total = 0.0
+        self.probe_extra_seconds = 0.0  # what probe calls took beyond the running mode's cost for them
         self.decisions: deque[Decision] = deque(maxlen=DECISION_LOG)
         self.next_decision_id = 1
         self.wall_clock = wall_clock  # stamps decisions (Decision.time)
@@ -136,7 +148,13 @@ class AutoPolicy:
 
     @property
     def probe_share(self) -> float:
+        """Share of calls that ran a mode other than the policy's choice (probes)."""
         return self.probe_calls_used / self.calls_total if self.calls_total else 0.0
+
+    @property
+    def probe_cost_share(self) -> float:
+        """Seconds probes added, as a share of all seconds observed: what probe_budget bounds."""
+        return self.probe_extra_seconds / self.seconds_total if self.seconds_total > 0 else 0.0
 
     def others(self, bucket: int) -> list[Mode]:
         return [m for m in self.modes if m != self.choice[bucket]]
@@ -146,13 +164,28 @@ class AutoPolicy:
 
     @property
     def pairs_needed(self) -> int:
-        """Probes (paired ratios) a mode needs before the policy switches to it: min_samples worth of calls."""
+        """Probes of one kind whose median ratio alone settles a release (`auto` after a pin)."""
         return max(1, math.ceil(self.params.min_samples / self.params.probe_calls))
 
-    def paired_ratio(self, bucket: int, mode: Mode, now: float) -> tuple[int, float] | None:
-        """(probes, median ratio) of `mode` against the bucket's running mode, from fresh probes of `mode` taken
-        while the running mode ran, and probes of the running mode taken while `mode` ran (inverted: that is
-        the evidence for switching back). The newest 2 x probes_needed count, so old evidence phases out."""
+    def shares(self, bucket: int, now: float) -> dict[int, float]:
+        """kind -> share of the bucket's time it takes: its recent calls x its cost under the running mode."""
+        kinds = self.mix.get(bucket)
+        if not kinds:
+            return {}
+        running = self.choice[bucket]
+        overall = self.estimates.get(bucket, running, now)
+        weights = {}
+        for kind, calls in Counter(kinds).items():
+            est = self.kind_estimates.get(cell(bucket, kind), running, now)
+            cost = est.value if est is not None else overall.value if overall is not None else 1.0
+            weights[kind] = calls * max(cost, 1e-9)
+        total = sum(weights.values())
+        return {k: w / total for k, w in weights.items()}
+
+    def paired_evidence(self, bucket: int, mode: Mode, now: float) -> Evidence | None:
+        """What fresh pairs say about `mode` against the bucket's running mode for the bucket's traffic mix:
+        probes of `mode` taken while the running mode ran, and probes of the running mode taken while `mode` ran
+        (inverted: the evidence for switching back). Per kind, the newest 4 x pairs_needed count."""
         pairs = self.pairs.get(bucket)
         if not pairs:
             return None
@@ -160,28 +193,73 @@ class AutoPolicy:
         while pairs and pairs[0].time < cutoff:
             pairs.popleft()
         running = self.choice[bucket]
-        ratios = [p.ratio if p.probed == mode else 1.0 / p.ratio for p in pairs
-                  if (p.probed, p.reference) in ((mode, running), (running, mode))]
-        if not ratios:
+        per_kind: dict[int, list[tuple[float, float, int]]] = {}
+        for p in pairs:
+            if (p.probed, p.reference) == (mode, running):
+                per_kind.setdefault(p.kind, []).append((math.log(p.ratio), p.log_se, p.calls))
+            elif (p.probed, p.reference) == (running, mode):
+                per_kind.setdefault(p.kind, []).append((-math.log(p.ratio), p.log_se, p.calls))
+        if not per_kind:
             return None
-        ratios = ratios[-2 * self.pairs_needed:]
-        return len(ratios), statistics.median(ratios)
+        keep = 4 * self.pairs_needed
+        by_kind = {k: e for k, v in per_kind.items() if (e := combine_kind(v[-keep:])) is not None}
+        shares = self.shares(bucket, now) or {k: 1.0 / len(by_kind) for k in by_kind}
+        return combine_mix(by_kind, shares)
+
+    def paired_ratio(self, bucket: int, mode: Mode, now: float) -> tuple[int, float] | None:
+        """(probes, mix-weighted ratio) of `mode` against the running mode; see paired_evidence."""
+        found = self.paired_evidence(bucket, mode, now)
+        return None if found is None else (found.probes, found.ratio)
 
     # -- input ---------------------------------------------------------------------------------------------
-    def observe(self, mode: Mode, bucket: int, seconds: float, now: float) -> bool:
-        """One joined call of `bucket`. True when it completed the running probe (the caller may step at once, so
-        a probe lasts `probe_calls` calls however long the loop waits between steps)."""
+    def observe(self, mode: Mode, bucket: int, seconds: float, now: float, tag: int = 0) -> bool:
+        """One joined call of `bucket` that ran `mode`; `tag` says its kind and the mode its table named
+        (gatherwise.call_kind; 0 when the engine does not say: then it counts as the mode that ran). True when
+        it ended the running probe (the caller may step at once, so a probe costs no more calls than it needs,
+        however long the loop waits between steps)."""
         if not math.isfinite(seconds) or seconds < 0:
             return False
+        kind, table_mode = split_tag(tag)
+        named = mode if table_mode is None or table_mode not in Mode._value2member_map_ else Mode(table_mode)
         self.estimates.add(bucket, mode, seconds, now)
+        self.kind_estimates.add(cell(bucket, kind), named, seconds, now)
+        kinds = self.mix.get(bucket)
+        if kinds is None:
+            kinds = self.mix[bucket] = deque(maxlen=self.params.window)
+        kinds.append(kind)
         self.calls_total += 1
-        if bucket not in self.pins and mode != self.choice[bucket]:
-            self.probe_calls_used += 1
+        self.seconds_total += seconds
         probe = self.probe
-        if probe is not None and probe.bucket == bucket and mode == probe.mode:
-            probe.calls += 1
-            return probe.calls == self.params.probe_calls
-        return False
+        if bucket not in self.pins and named != self.choice[bucket]:
+            self.probe_calls_used += 1
+            self.probe_extra_seconds += max(0.0, seconds - self._running_cost(bucket, kind, seconds, now))
+        if probe is None or probe.bucket != bucket or named != probe.mode:
+            return False
+        probe.calls += 1
+        if kind not in probe.references:
+            probe.references[kind] = self.kind_estimates.recent(cell(bucket, kind), self.choice[bucket],
+                                                                2 * self.params.probe_calls, before=probe.started)
+        probe.samples.setdefault(kind, []).append(seconds)
+        return (probe.calls >= self.params.probe_calls or self._over_budget()
+                or (probe.calls >= MIN_PROBE_CALLS and self._probe_settled(probe)))
+
+    def _running_cost(self, bucket: int, kind: int, fallback: float, now: float) -> float:
+        """What the running mode costs a call of this kind now (its window median), for charging probes."""
+        running = self.choice[bucket]
+        est = self.kind_estimates.get(cell(bucket, kind), running, now) or self.estimates.get(bucket, running, now)
+        return est.value if est is not None else fallback
+
+    def _over_budget(self) -> bool:
+        return self.probe_extra_seconds > self.params.probe_budget * self.seconds_total
+
+    @staticmethod
+    def _probe_settled(probe: Probe) -> bool:
+        """Every kind the probe saw is decisive either way against its reference: more calls add nothing."""
+        for kind, samples in probe.samples.items():
+            found = pair_stats(samples, probe.references.get(kind, ()))
+            if found is None or not decisive(math.log(found[0]), found[1]):
+                return False
+        return True
 
     # -- decisions -----------------------------------------------------------------------------------------
     def _decide(self, reason: Reason, mode: str, buckets: Iterable[int], previous: dict[int, Mode],
@@ -197,11 +275,15 @@ class AutoPolicy:
     def evidence(self, bucket: int, now: float) -> dict[str, Any]:
         paired = {}
         for m in self.others(bucket):
-            found = self.paired_ratio(bucket, m, now)
+            found = self.paired_evidence(bucket, m, now)
             if found is not None:
-                paired[m.label] = {"probes": found[0], "ratio": found[1]}
+                paired[m.label] = {"probes": found.probes, "calls": found.calls, "ratio": found.ratio,
+                                   "log_se": found.log_se, "coverage": found.coverage,
+                                   "kinds": {kind_label(k): {"probes": e.probes, "ratio": e.ratio}
+                                             for k, e in sorted(found.by_kind.items())}}
         return {"bucket": bucket_label(bucket), "margin": self.params.margin,
-                "min_samples": self.params.min_samples, "probes_needed": self.pairs_needed,
+                "min_samples": self.params.min_samples, "probes_needed": MIN_PROBES,
+                "mix": {kind_label(k): round(v, 4) for k, v in sorted(self.shares(bucket, now).items())},
                 "estimates": {m.label: asdict(e) if (e := self.estimates.get(bucket, m, now)) else None
                               for m in self.modes},
                 "paired": paired}
@@ -227,9 +309,10 @@ class AutoPolicy:
             if b not in self.pins:
                 continue
             pinned = previous[b] = self.pins.pop(b)
-            found = self.paired_ratio(b, pinned, now) if pinned != self.choice[b] else None
-            if found is not None and found[0] >= self.pairs_needed and found[1] > 1.0 + self.params.margin:
-                returned[bucket_label(b)] = self.choice[b].label  # enough fresh probes found the pin slower
+            found = self.paired_evidence(b, pinned, now) if pinned != self.choice[b] else None
+            if found is not None and found.ratio > 1.0 + self.params.margin and (
+                    found.slower or found.probes >= self.pairs_needed):
+                returned[bucket_label(b)] = self.choice[b].label  # fresh probes found the pin slower
             else:
                 self.choice[b] = pinned
             self._reset_backoff(b)
@@ -254,9 +337,12 @@ class AutoPolicy:
         """End a finished probe, switch buckets whose evidence says so, maybe start a probe."""
         out: list[Decision] = []
         p = self.params
-        if self.probe is not None and (self.probe.calls >= p.probe_calls
-                                       or now - self.probe.started >= p.probe_timeout_seconds):
-            probe, self.probe = self.probe, None
+        probe = self.probe
+        if probe is not None and (probe.calls >= p.probe_calls or now - probe.started >= p.probe_timeout_seconds
+                                  or self._over_budget()
+                                  or (probe.calls >= MIN_PROBE_CALLS and self._probe_settled(probe))):
+            self.probe = None
+            self.last_probe_end[probe.bucket] = now
             backoff = self._after_probe(probe, now)
             out.append(self._decide("probe", self.choice[probe.bucket].label, [probe.bucket],
                                     {probe.bucket: probe.mode},
@@ -270,7 +356,7 @@ class AutoPolicy:
             self._watch_load(b, active_est)
             if now - self.last_switch.get(b, -math.inf) < p.dwell_seconds:
                 continue
-            best = self._challenger(b, active_est, now)
+            best = self._challenger(b, now)
             if best is not None:
                 evidence = self.evidence(b, now)
                 self.choice[b] = best
@@ -283,51 +369,57 @@ class AutoPolicy:
                 out.append(started)
         return out
 
-    def _challenger(self, b: int, active_est: Estimate | None, now: float) -> Mode | None:
-        """The mode bucket b should switch to, if any: the lowest paired ratio below 1 - margin with enough
-        probes, or else the lowest window median that beats the running mode's over the same period."""
+    def _challenger(self, b: int, now: float) -> Mode | None:
+        """The mode bucket b should switch to, if any: the lowest paired ratio that is decisively below 1 and
+        below 1 - margin, from at least MIN_PROBES probes; or else, in a bucket whose calls are all of one
+        kind, the lowest window median of that kind that beats the running mode's over the same period."""
         p = self.params
         best, best_ratio = None, 1.0 - p.margin
         for m in self.others(b):
-            found = self.paired_ratio(b, m, now)
-            if found is not None and found[0] >= self.pairs_needed and found[1] < best_ratio:
-                best, best_ratio = m, found[1]
+            found = self.paired_evidence(b, m, now)
+            if found is not None and found.probes >= MIN_PROBES and found.faster and found.ratio < best_ratio:
+                best, best_ratio = m, found.ratio
         if best is not None:
             return best
-        active_span = self.estimates.span(b, self.choice[b])
+        kinds = set(self.mix.get(b, ()))
+        if len(kinds) != 1:
+            return None  # windows hold different kinds in different proportions: only pairs compare them
+        key = cell(b, kinds.pop())
+        active_est = self.kind_estimates.get(key, self.choice[b], now)
+        active_span = self.kind_estimates.span(key, self.choice[b])
         best_est = None
         for m in self.others(b):
-            span = self.estimates.span(b, m)
+            span = self.kind_estimates.span(key, m)
             if span is None or active_span is None or span[0] < active_span[0]:
                 continue  # the other mode has samples from before the running mode's window: not the same period
-            e = self.estimates.get(b, m, now)
+            e = self.kind_estimates.get(key, m, now)
             if e is not None and e.samples >= p.min_samples and (best_est is None or e.value < best_est.value):
                 best, best_est = m, e
         return best if best is not None and should_switch(active_est, best_est, p) else None
 
     # -- probes and their back-off -------------------------------------------------------------------------
     def _promising(self, bucket: int, mode: Mode, now: float) -> bool:
-        found = self.paired_ratio(bucket, mode, now)
-        return found is not None and found[0] < self.pairs_needed and found[1] < 1.0 - self.params.margin
+        found = self.paired_evidence(bucket, mode, now)
+        return found is not None and found.ratio < 1.0 - self.params.margin and not (
+            found.probes >= MIN_PROBES and found.faster)
 
     def _record_pair(self, probe: Probe, now: float) -> float | None:
-        """The probe's paired ratio: its mode's median over the probe / the running mode's median just before."""
-        if probe.calls < 1:
-            return None
-        probed = self.estimates.recent(probe.bucket, probe.mode, probe.calls)
-        running = self.estimates.recent(probe.bucket, self.choice[probe.bucket], 2 * self.params.probe_calls,
-                                        before=probe.started)
-        if not probed or not running:
-            return None
-        base = statistics.median(running)
-        if base <= 0:
-            return None
-        ratio = statistics.median(probed) / base
+        """The probe's evidence, one pair per kind it saw; returns its mix-weighted ratio."""
         pairs = self.pairs.get(probe.bucket)
         if pairs is None:
             pairs = self.pairs[probe.bucket] = deque(maxlen=PAIRS_KEPT)
-        pairs.append(Pair(now, probe.mode, self.choice[probe.bucket], ratio))
-        return ratio
+        reference = self.choice[probe.bucket]
+        shares = self.shares(probe.bucket, now)
+        weighted = covered = 0.0
+        for kind, samples in sorted(probe.samples.items()):
+            found = pair_stats(samples, probe.references.get(kind, ()))
+            if found is None:
+                continue
+            pairs.append(Pair(now, probe.mode, reference, found[0], kind, found[1], len(samples)))
+            share = shares.get(kind, 0.0)
+            weighted += share * found[0]
+            covered += share
+        return weighted / covered if covered > 0 else None
 
     def _after_probe(self, probe: Probe, now: float) -> float:
         """Back off a mode the probe found far behind; reset one it found close. Returns the new factor."""
@@ -359,9 +451,17 @@ class AutoPolicy:
             del self.backoff[key]
         self.backoff_reference.pop(bucket, None)
 
+    def _fresh_reference(self, bucket: int) -> bool:
+        """The running mode ran enough calls since the bucket's last probe for a new probe to compare with."""
+        ended = self.last_probe_end.get(bucket)
+        if ended is None:
+            return True
+        return len(self.estimates.recent(bucket, self.choice[bucket], MIN_PROBE_CALLS, after=ended)) >= \
+            MIN_PROBE_CALLS
+
     def _maybe_probe(self, now: float) -> Decision | None:
         p = self.params
-        if p.probe_budget <= 0 or self.probe_calls_used + p.probe_calls > p.probe_budget * self.calls_total:
+        if p.probe_budget <= 0 or self._over_budget():
             return None
         candidates = []
         for b in range(NUM_BUCKETS):
@@ -371,11 +471,15 @@ class AutoPolicy:
             if newest_active is None or now - newest_active > p.probe_timeout_seconds:
                 continue  # no traffic in this bucket right now: a probe would measure nothing
             for m in self.others(b):
-                if now - self.last_probe.get((b, m), -math.inf) < self.probe_interval(b, m):
+                promising = self._promising(b, m, now)
+                if promising:  # confirm it as soon as there is a fresh reference to compare with
+                    if not self._fresh_reference(b):
+                        continue
+                elif now - self.last_probe.get((b, m), -math.inf) < self.probe_interval(b, m):
                     continue
                 newest_other = self.estimates.newest(b, m)
-                candidates.append((0 if self._promising(b, m, now) else 1,
-                                   -math.inf if newest_other is None else newest_other, b, int(m)))
+                candidates.append((0 if promising else 1, -math.inf if newest_other is None else newest_other,
+                                   b, int(m)))
         if not candidates:
             return None
         # a mode whose first probes beat the running one is confirmed first (a switch it earns is worth more
@@ -386,8 +490,11 @@ class AutoPolicy:
         self.last_probe[(b, mode)] = now
         return self._decide("probe", mode.label, [b], {b: self.choice[b]},
                             {"phase": "start", "probe_calls": p.probe_calls, "probe_share": self.probe_share,
+                             "probe_cost_share": self.probe_cost_share,
                              "backoff": self.backoff.get((b, mode), 1.0), **self.evidence(b, now)})
 
     def set_params(self, params: PolicyParams) -> None:
         self.params = params
         self.estimates.resize(params.window, params.max_sample_age_seconds)
+        self.kind_estimates.resize(params.window, params.max_sample_age_seconds)
+        self.mix = {b: deque(v, maxlen=params.window) for b, v in self.mix.items()}

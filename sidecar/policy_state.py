@@ -24,9 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gatherwise.config import ModeLabel, PolicyParams
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
 from gatherwise.shm_format.private_files import read_small_file, write_private_file
-from sidecar.policy import PAIRS_KEPT, AutoPolicy, Decision, Pair, Probe
+from sidecar.paired_evidence import Pair
+from sidecar.policy import PAIRS_KEPT, AutoPolicy, Decision, Probe
 
-STATE_VERSION = 2  # 2: probes, their times and back-off per (bucket, mode)
+# 2: probes, their times and back-off per (bucket, mode); 3: call kinds (pairs per kind, kind windows, the
+# traffic mix, probe cost in seconds). A version 2 file is read (its pairs as kind 0) and written back as 3.
+STATE_VERSION = 3
+READ_VERSIONS = (2, 3)
 MAX_STATE_BYTES = 64 << 20  # far above what the bounded decision log and sample windows produce
 
 Bucket = Annotated[int, Field(ge=0, lt=NUM_BUCKETS)]
@@ -39,13 +43,15 @@ class ProbeState(BaseModel):
     mode: ModeLabel
     started: float
     calls: int = Field(ge=0)
+    samples: dict[int, list[float]] = Field(default_factory=dict)  # kind -> seconds of the probe's calls
+    references: dict[int, list[float]] = Field(default_factory=dict)
 
 
 class PolicyState(BaseModel):
     """The file's document. Times are the sidecar's monotonic clock, except a decision's (unix seconds)."""
 
     model_config = ConfigDict(extra="forbid")
-    version: Literal[2]
+    version: Literal[2, 3]
     params: PolicyParams
     choice: list[ModeLabel] = Field(min_length=NUM_BUCKETS, max_length=NUM_BUCKETS)
     pins: dict[Bucket, ModeLabel]
@@ -53,13 +59,21 @@ class PolicyState(BaseModel):
     last_probe: dict[BucketMode, float]
     backoff: dict[BucketMode, float]  # probe interval factor per (bucket, mode)
     backoff_reference: dict[Bucket, float]
-    pairs: dict[Bucket, list[tuple[float, ModeLabel, ModeLabel, float]]]  # (time, probed, reference, ratio)
+    # (time, probed, reference, ratio[, kind, log se, calls]): version 2 wrote the first four
+    pairs: dict[Bucket, list[tuple[float, ModeLabel, ModeLabel, float]
+                             | tuple[float, ModeLabel, ModeLabel, float, int, float, int]]]
     probe: ProbeState | None
     calls_total: int = Field(ge=0)
     probe_calls_used: int = Field(ge=0)
     next_decision_id: int = Field(ge=1)
     decisions: list[Decision]
     estimates: dict[BucketMode, list[tuple[float, float]]]  # (time, seconds) samples per (bucket, mode)
+    # (time, seconds) per "<bucket * 16 + kind>:<mode>": by (bucket, call kind) and the mode the table named
+    kind_estimates: dict[BucketMode, list[tuple[float, float]]] = Field(default_factory=dict)
+    mix: dict[Bucket, list[Annotated[int, Field(ge=0, lt=16)]]] = Field(default_factory=dict)
+    seconds_total: float = Field(0.0, ge=0.0)
+    probe_extra_seconds: float = Field(0.0, ge=0.0)
+    last_probe_end: dict[Bucket, float] = Field(default_factory=dict)
     extra: dict[str, Any] = Field(default_factory=dict)  # what the controller saves with the state
 
     @model_validator(mode="before")
@@ -69,7 +83,7 @@ class PolicyState(BaseModel):
         if not isinstance(doc, dict):
             raise ValueError(f"a JSON object expected, got {type(doc).__name__}")
         version = doc.get("version")
-        if version != STATE_VERSION:
+        if version not in READ_VERSIONS:
             raise ValueError(f"state version {version!r}, expected {STATE_VERSION} (written by another gatherwise "
                              "version)")
         return doc
@@ -94,13 +108,16 @@ def policy_to_json(policy: AutoPolicy, extra: dict[str, Any] | None = None) -> s
         last_probe={_key(b, m): t for (b, m), t in policy.last_probe.items()},
         backoff={_key(b, m): f for (b, m), f in policy.backoff.items()},
         backoff_reference=policy.backoff_reference,
-        pairs={b: [(p.time, p.probed.label, p.reference.label, p.ratio) for p in v] for b, v in policy.pairs.items()
-               if v},
+        pairs={b: [(p.time, p.probed.label, p.reference.label, p.ratio, p.kind, p.log_se, p.calls) for p in v]
+               for b, v in policy.pairs.items() if v},
         probe=None if probe is None else ProbeState(bucket=probe.bucket, mode=probe.mode.label,
-                                                    started=probe.started, calls=probe.calls),
+                                                    started=probe.started, calls=probe.calls,
+                                                    samples=probe.samples, references=probe.references),
         calls_total=policy.calls_total, probe_calls_used=policy.probe_calls_used,
         next_decision_id=policy.next_decision_id, decisions=list(policy.decisions),
-        estimates=policy.estimates.to_json(), extra=extra or {},
+        estimates=policy.estimates.to_json(), kind_estimates=policy.kind_estimates.to_json(),
+        mix={b: list(v) for b, v in policy.mix.items() if v}, seconds_total=policy.seconds_total,
+        probe_extra_seconds=policy.probe_extra_seconds, last_probe_end=policy.last_probe_end, extra=extra or {},
     ).model_dump_json()
 
 
@@ -120,15 +137,19 @@ def policy_from_json(text: str) -> AutoPolicy:
         policy.last_probe = {_parse_key(k): t for k, t in state.last_probe.items()}
         policy.backoff = {_parse_key(k): f for k, f in state.backoff.items()}
         policy.backoff_reference = dict(state.backoff_reference)
-        policy.pairs = {b: deque((Pair(t, Mode.parse(m), Mode.parse(ref), r) for t, m, ref, r in v), maxlen=PAIRS_KEPT)
-                        for b, v in state.pairs.items()}
+        policy.pairs = {b: deque((Pair(p[0], Mode.parse(p[1]), Mode.parse(p[2]), *p[3:]) for p in v),
+                                 maxlen=PAIRS_KEPT) for b, v in state.pairs.items()}
         probe = state.probe
         policy.probe = None if probe is None else Probe(probe.bucket, Mode.parse(probe.mode), probe.started,
-                                                        probe.calls)
+                                                        probe.calls, probe.samples, probe.references)
         policy.calls_total, policy.probe_calls_used = state.calls_total, state.probe_calls_used
         policy.next_decision_id = state.next_decision_id
         policy.decisions.extend(state.decisions)
         policy.estimates.load_json({k: [list(s) for s in v] for k, v in state.estimates.items()})
+        policy.kind_estimates.load_json({k: [list(s) for s in v] for k, v in state.kind_estimates.items()})
+        policy.mix = {b: deque(v, maxlen=state.params.window) for b, v in state.mix.items()}
+        policy.seconds_total, policy.probe_extra_seconds = state.seconds_total, state.probe_extra_seconds
+        policy.last_probe_end = dict(state.last_probe_end)
     except ValueError as exc:  # a key naming a bucket out of range or a mode this sidecar does not know
         raise ValueError(f"unreadable sidecar state: {exc}") from None
     policy.restored_extra = state.extra

@@ -221,6 +221,7 @@ class RingReader:
 
 
 _SECOND_OP = fmt.FLAG_BROADCAST | fmt.FLAG_RESOLVE
+_TAG_SHIFT, _TAG_MASK = fmt.TAG_SHIFT, fmt.TAG_MASK
 
 
 def _decode(data: bytes, first_seq: int, skip: int) -> tuple[list[CallRecord], int]:
@@ -241,7 +242,7 @@ def _decode(data: bytes, first_seq: int, skip: int) -> tuple[list[CallRecord], i
                               epoch, nbytes, start, start + coll_off, coll_ns,
                               start + bcast_off if flags & _SECOND_OP else 0, bcast_ns,
                               start + sample_off, sample_ns, start + path_ns, fmt.second_op_of(flags),
-                              flags >> fmt.FALLBACK_SHIFT))
+                              flags >> fmt.FALLBACK_SHIFT, (flags >> _TAG_SHIFT) & _TAG_MASK))
         expected += 1
     return out, torn
 

@@ -167,17 +167,26 @@ def test_bad_state_json_is_rejected(bad):
 STATE_V2 = Path(__file__).parent / "data" / "sidecar-state-v2.json"  # written by the previous JSON codec
 
 
-def test_a_state_file_of_the_previous_codec_loads_and_is_written_back_the_same():
+def test_a_state_file_of_the_previous_codec_loads_and_is_written_back_with_everything_it_held():
+    """Version 2 (before call kinds): read, its pairs as kind 0 (unknown), and written back as version 3 with
+    every version 2 field unchanged."""
     text = STATE_V2.read_text()
     restored = policy_from_json(text)
     assert restored.pins == {4: G} and restored.backoff == {(0, G): 16.0, (3, G): 16.0}
     assert len(restored.decisions) == 25 and restored.next_decision_id == 26
     assert restored.restored_extra == {"last_call_index": 5, "switch_counts": {"a|b|auto": 1}}
-    assert json.loads(policy_to_json(restored, restored.restored_extra)) == json.loads(text)
+    assert [(p.kind, p.ratio) for p in restored.pairs[0]] == [(0, 2.0)]
+    old, new = json.loads(text), json.loads(policy_to_json(restored, restored.restored_extra))
+    assert new["version"] == 3
+    assert {k: v for k, v in new.items() if k in old and k not in ("version", "pairs")} == \
+        {k: v for k, v in old.items() if k not in ("version", "pairs")}
+    assert {b: [p[:4] for p in v] for b, v in new["pairs"].items()} == old["pairs"]
+    again = policy_from_json(json.dumps(new))
+    assert again.pairs == restored.pairs and again.estimates.to_json() == restored.estimates.to_json()
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"version": 1}, "state version 1, expected 2"),
+    ({"version": 1}, "state version 1, expected 3"),
     ({"choice": ["scatter"] * NUM_BUCKETS}, "choice.0"),
     ({"choice": ["gather"]}, "choice"),
     ({"pins": {"99": "gather"}}, "pins.99"),
@@ -310,3 +319,96 @@ def test_one_mode_winning_everywhere_under_noise_and_drift_is_found_and_kept(thr
     _, steady = simulate(policy, cost, 30.0, now, rows=(1, 8, 64))
     assert not [d for d in steady if d.reason == "auto"]
     assert (policy.probe_calls_used - used) / 30_000 < 0.005  # budget 0.02
+
+
+# -- a slow engine: a few calls per second, calls of several kinds ---------------------------------------------
+from gatherwise.call_kind import Sampling, call_kind, call_tag  # noqa: E402
+
+GREEDY, TOP_P = call_kind(Sampling.GREEDY), call_kind(Sampling.TOP_P)
+
+
+def simulate_engine(policy: AutoPolicy, cost, calls: int, now: float, *, kinds=(GREEDY,), rows=32,
+                    calls_per_second=2.6, steps_aside=lambda kind, mode: mode) -> tuple[float, list, int | None]:
+    """A CPU engine's decode loop: one call every 1/calls_per_second s, kinds in rotation; each call runs what
+    its table names unless `steps_aside` says otherwise (as a sharded table's sampled calls run all_gather),
+    is recorded with its tag, and the policy steps after it as the sidecar does. Returns the time, the
+    decisions and the call after which the last switch of the bucket happened."""
+    decisions, switched_at = [], None
+    bucket = bucket_of(rows)
+    for i in range(calls):
+        kind = kinds[i % len(kinds)]
+        named = policy.desired_table().mode_for_rows(rows)
+        ran = steps_aside(kind, named)
+        policy.observe(ran, bucket, cost(kind, ran, now), now, call_tag(kind, int(named)))
+        new = policy.step(now)
+        if any(d.reason == "auto" for d in new):
+            switched_at = i + 1
+        decisions += new
+        now += 1.0 / calls_per_second
+    return now, decisions, switched_at
+
+
+def noisy(costs: dict, sigma: float, seed: int = 5):
+    import random
+
+    rng = random.Random(seed)
+    return lambda kind, mode, now: costs[kind][mode] * rng.lognormvariate(0.0, sigma)
+
+
+def test_a_mode_1_5x_faster_is_adopted_within_50_calls_of_a_slow_engine(three_modes):
+    """The default parameters, 2.6 calls/s, every call +-15 % noise: sharded at 2/3 of all_gather's cost is
+    adopted within 50 calls, from probes that cost the budget nothing (they ran a faster mode)."""
+    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
+    cost = noisy({GREEDY: {A: 0.030, G: 0.031, S: 0.020}}, 0.15)
+    _, decisions, switched_at = simulate_engine(policy, cost, 200, 0.0)
+    assert policy.choice[5] == S and switched_at is not None and switched_at <= 50, switched_at
+    auto = [d for d in decisions if d.reason == "auto"]
+    assert len(auto) == 1 and auto[0].evidence["paired"]["sharded"]["kinds"]["greedy"]["probes"] >= 2
+    assert policy.probe_extra_seconds <= policy.params.probe_budget * policy.seconds_total + 0.035  # + one call
+
+
+def test_a_10_percent_difference_is_adopted_within_500_calls(three_modes):
+    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
+    cost = noisy({GREEDY: {A: 0.030, G: 0.0303, S: 0.0273}}, 0.1, seed=7)
+    _, decisions, switched_at = simulate_engine(policy, cost, 800, 0.0)
+    assert policy.choice[5] == S and switched_at is not None and switched_at <= 500, switched_at
+    assert len([d for d in decisions if d.reason == "auto"]) == 1
+
+
+def test_calls_of_different_kinds_are_never_compared():
+    """Sampled calls cost 46x a greedy one and both modes cost the same for each kind. A probe that happens to
+    see greedy calls against a reference window of sampled ones would find gather 47x faster; pairs per kind
+    see equal modes, and the policy never switches."""
+    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=TWO)
+    cost = noisy({GREEDY: {A: 0.010, G: 0.010}, TOP_P: {A: 0.46, G: 0.46}}, 0.1)
+    kinds = (TOP_P,) * 12 + (GREEDY,) * 12  # long runs of one kind: probes land in either
+    _, decisions, _ = simulate_engine(policy, cost, 1500, 0.0, kinds=kinds)
+    assert not [d for d in decisions if d.reason == "auto"] and policy.choice[5] == A
+    ends = [d for d in decisions if d.reason == "probe" and d.evidence["phase"] == "end"]
+    ratios = [k["ratio"] for d in ends for k in d.evidence["paired"].get("gather", {}).get("kinds", {}).values()]
+    assert ratios and all(0.7 < r < 1.4 for r in ratios), ratios
+
+
+@pytest.mark.parametrize(("greedy_share", "winner"), [(0.9, S), (0.1, G)])
+def test_the_mode_chosen_is_the_one_for_the_traffic_mix(three_modes, greedy_share, winner):
+    """Greedy calls: sharded 25 % faster, gather no faster. Top-p calls: gather 25 % faster, and a sharded table
+    runs them with all_gather (they step aside). Which mode wins depends on what share of the bucket's time
+    each kind takes."""
+    costs = {GREEDY: {A: 0.040, G: 0.040, S: 0.030}, TOP_P: {A: 0.040, G: 0.030, S: 0.040}}
+    n = round(greedy_share * 10)
+    kinds = (GREEDY,) * n + (TOP_P,) * (10 - n)
+    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
+    _, decisions, _ = simulate_engine(policy, noisy(costs, 0.1), 1200, 0.0, kinds=kinds,
+                                      steps_aside=lambda kind, mode: A if mode == S and kind == TOP_P else mode)
+    assert policy.choice[5] == winner, [(d.mode, d.evidence.get("paired")) for d in decisions if d.reason == "auto"]
+
+
+def test_a_slow_modes_probes_cost_at_most_the_budget_in_seconds():
+    """gather costs 3x all_gather (a 0.6 s call): its probes end the moment they have spent the budget, so
+    what they add stays within probe_budget of all seconds (plus at most one call)."""
+    params = PolicyParams(probe_interval_seconds=1.0)
+    policy = AutoPolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
+    _, decisions, _ = simulate_engine(policy, noisy({GREEDY: {A: 0.2, G: 0.6}}, 0.1), 1500, 0.0)
+    assert policy.choice[5] == A and not [d for d in decisions if d.reason == "auto"]
+    assert policy.probe_extra_seconds <= params.probe_budget * policy.seconds_total + 0.8
+    assert [d for d in decisions if d.reason == "probe"]  # it did probe

@@ -21,6 +21,8 @@ CALLS = [  # (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_e
     (5, 2, 4, 5, 4_000, 30_000, 30_100, 30_200, 0, 0, 30_200, 30_300, 30_400),  # sharded, one collective
     # sharded with shard_resolve: + (resolve_nbytes, topp_rows, fallback_rows)
     (6, 2, 8, 5, 96, 40_000, 40_010, 40_030, 40_040, 40_090, 40_000, 40_035, 40_100, 500, 5, 3),
+    # + the call's tag (top-p with logprobs, its table said sharded; bits beyond the tag's 6 are dropped)
+    (7, 0, 8, 5, 96, 50_000, 50_010, 50_030, 0, 0, 50_030, 50_035, 50_100, 0, 0, 0, 12 | 2 << 4 | 1 << 9),
 ]
 
 
@@ -104,10 +106,13 @@ def test_the_compiled_writer_is_used_only_for_the_ring_layout_it_was_built_for()
         HEADER_SIZE, RECORD_SIZE, NUM_MODE_ROWS = fmt.HEADER_SIZE, fmt.RECORD_SIZE, fmt.NUM_MODE_ROWS
         WRITE_INDEX_OFFSET, COUNTERS_OFFSET, TOPP_ROWS_OFFSET = (
             fmt.WRITE_INDEX_OFFSET, fmt.COUNTERS_OFFSET, fmt.TOPP_ROWS_OFFSET)
-        NUM_OPS = len(fmt.OPS)
+        NUM_OPS, TAG_SHIFT = len(fmt.OPS), fmt.TAG_SHIFT
 
     assert not recorder_module._native_matches_format(StaleBuild)
     StaleBuild.FORMAT_VERSION = fmt.FORMAT_VERSION
     assert recorder_module._native_matches_format(StaleBuild)
+    del StaleBuild.TAG_SHIFT  # built before records carried call tags: record() would refuse `tag`
+    assert not recorder_module._native_matches_format(StaleBuild)
+    StaleBuild.TAG_SHIFT = fmt.TAG_SHIFT
     StaleBuild.NUM_OPS = len(fmt.OPS) - 1
     assert not recorder_module._native_matches_format(StaleBuild)

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from gatherwise.call_kind import Sampling, call_kind, split_tag
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
 from sidecar.ring_reader import RingReader
@@ -16,10 +17,15 @@ VOCAB = 1001
 BATCHES = [1, 4, 2, 1, 3, 8]  # rows 1 -> all_gather, more -> gather (table below)
 
 
+TOP_P_STEPS = (1, 3)  # one row of these calls samples with top-p: the call's kind is top_p
+
+
 def _rows(step: int, batch: int):
     from engine_hooks.sampling import SamplingParams, SamplingRow
 
-    return [SamplingRow(SamplingParams(), request_id=i, position=step) for i in range(batch)]
+    top_p = SamplingParams(temperature=0.8, top_p=0.9)
+    return [SamplingRow(top_p if step in TOP_P_STEPS and i == 0 else SamplingParams(), request_id=i, position=step)
+            for i in range(batch)]
 
 
 def _table():
@@ -61,6 +67,8 @@ def test_every_rank_records_every_call_with_exact_counters(tmp_path):
         assert [r.rows for r in records] == BATCHES
         modes = [Mode.ALL_GATHER if b == 1 else Mode.GATHER for b in BATCHES]
         assert [r.mode for r in records] == modes
+        kinds = [call_kind(Sampling.TOP_P if step in TOP_P_STEPS else Sampling.GREEDY) for step in range(len(BATCHES))]
+        assert [split_tag(r.tag) for r in records] == [(k, int(m)) for k, m in zip(kinds, modes, strict=True)]
         for r in records:
             assert r.start_ns <= r.collective_start_ns <= r.collective_start_ns + r.collective_ns <= r.end_ns
             chunk_bytes = (r.rows * width + 2) * 4  # shard + one 8-byte control word slot, float32

@@ -14,9 +14,12 @@ import torch
 from engine_hooks.adapters.placeholder_logits import PlaceholderLogits
 from engine_hooks.logits_path import LogitsPath, shard_width
 from engine_hooks.sampling_params import SamplingParams, SamplingRow
+from gatherwise.call_kind import Sampling, call_kind
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import engine_dir_name
+
+GREEDY = call_kind(Sampling.GREEDY)
 
 
 def shard_shape_problem(logits: torch.Tensor) -> str | None:
@@ -76,5 +79,5 @@ class RankHooks:
         rows = logits.shape[0]
         if len(self._greedy_rows) < rows:
             self._greedy_rows = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
-        self._sharded_tokens = path.run(self._greedy_rows[:rows])
+        self._sharded_tokens = path.run(self._greedy_rows[:rows], GREEDY)
         return self._placeholder_logits(path, logits)

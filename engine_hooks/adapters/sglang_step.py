@@ -50,6 +50,7 @@ from engine_hooks.adapters.hooks_off import report_hooks_off
 from engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 from engine_hooks.adapters.sglang_graphs import DecodeGraphModes, parse_graph_modes
 from engine_hooks.adapters.sglang_patches import TP_WORKER_FORWARD
+from gatherwise.call_kind import call_kind, sampling_of_rows
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import Mode
 
@@ -106,6 +107,15 @@ def hookable(forward_batch: Any) -> bool:
     if getattr(forward_batch, "sampling_info", None) is None or getattr(forward_batch, "is_prefill_only", False):
         return False
     return mode.name == "DECODE" or not forward_batch.return_logprob  # input logprobs: SGLang's chunked path
+
+
+def call_kind_of(forward_batch: Any) -> int:
+    """What the batch samples (gatherwise.call_kind), from SGLang's own per-batch flags."""
+    info = forward_batch.sampling_info
+    sampling = sampling_of_rows(bool(info.is_all_greedy), bool(getattr(info, "need_top_p_sampling", False)),
+                                bool(getattr(info, "need_top_k_sampling", False)
+                                     or getattr(info, "need_min_p_sampling", False)))
+    return call_kind(sampling, bool(forward_batch.return_logprob))
 
 
 def sharded_greedy_ok(forward_batch: Any) -> bool:
@@ -242,7 +252,7 @@ class SglangStepHooks(RankHooks):
             self._pending = _Pending(Mode.SHARDED, rows, draws=False)
             # SGLang pads the LM head; it trims the padding after the gather
             return self._sharded_argmax(path, buf, int(processor.vocab_size), logits)
-        mode, shards = path.exchange(mode=override)  # a sharded bucket's other batches: all_gather
+        mode, shards = path.exchange(mode=override, kind=call_kind_of(forward_batch))  # sharded: all_gather
         self._pending = _Pending(mode, rows, draws=not info.is_all_greedy)
         return self._engine_logits(path, mode, shards, logits)
 
@@ -324,7 +334,7 @@ class SglangStepHooks(RankHooks):
         with self.graphs.keyed(mode):
             out = original(runner, forward_batch, *args, **kwargs)
         rows = int(runner.bs)  # the captured size SGLang padded the batch to
-        path.finish_replay(mode, rows, t_start, path.clock())
+        path.finish_replay(mode, rows, t_start, path.clock(), call_kind_of(forward_batch))
         self._pending = _Pending(mode, rows, draws=not forward_batch.sampling_info.is_all_greedy,
                                  real_rows=int(forward_batch.batch_size))
         return out

@@ -44,6 +44,7 @@ import torch
 
 from engine_hooks.adapters.hooks_off import report_hooks_off
 from engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
+from gatherwise.call_kind import call_kind, sampling_of_rows
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import Mode
 
@@ -161,7 +162,7 @@ class VllmStepHooks(RankHooks):
             allowed = False  # the token is not the raw argmax here: all_gather, as vLLM does
         else:
             allowed = mode != Mode.GATHER or gather_ok(metadata)
-        mode, shards = path.exchange(mode=None if allowed else Mode.ALL_GATHER)
+        mode, shards = path.exchange(mode=None if allowed else Mode.ALL_GATHER, kind=call_kind_of(metadata))
         self._pending = mode
         if not metadata.all_greedy:
             all_ranks_sample = mode == Mode.ALL_GATHER
@@ -259,6 +260,14 @@ def gather_ok(metadata: Any) -> bool:
 
 
 _BUILTIN_LOGITSPROCS = "vllm.v1.sample.logits_processor.builtin"
+
+
+def call_kind_of(metadata: Any) -> int:
+    """What the batch samples (gatherwise.call_kind), from vLLM's SamplingMetadata (top_p/top_k are None when no
+    request of the batch uses them)."""
+    sampling = sampling_of_rows(bool(metadata.all_greedy), metadata.top_p is not None,
+                                metadata.top_k is not None or getattr(metadata, "min_p", None) is not None)
+    return call_kind(sampling, metadata.max_num_logprobs is not None)
 
 
 def sharded_greedy_ok(metadata: Any) -> bool:

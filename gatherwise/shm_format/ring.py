@@ -91,6 +91,10 @@ RECORD_FIELDS = 19
 U32_MAX = 0xFFFFFFFF
 FLAG_BROADCAST = 1  # the call broadcast tokens (gather mode); the broadcast fields time it
 FLAG_RESOLVE = 2  # sharded mode: the call ran its second collective (shard_resolve); the broadcast fields time it
+# flags bits 2..7: the call's tag (gatherwise.call_kind.call_tag): bits 2..5 what it sampled (0: the writer does
+# not say), bits 6..7 the mode its table named, which differs from `mode` where the call stepped aside.
+TAG_SHIFT = 2
+TAG_MASK = 0x3F
 FALLBACK_SHIFT = 8  # flags bits 8..31: top-p rows of this call that took the full-row fallback (sharded mode)
 FALLBACK_MAX = (1 << (32 - FALLBACK_SHIFT)) - 1  # what the rest of the u32 flags field holds
 BROADCAST_BYTES_PER_ROW = 8  # int64 token ids; plus one 8-byte control word per call
@@ -154,8 +158,9 @@ def second_op_of(flags: int) -> str | None:
     return "broadcast" if flags & FLAG_BROADCAST else None
 
 
-def fallback_rows_of(flags: int) -> int:
-    return flags >> FALLBACK_SHIFT
+def tag_of(flags: int) -> int:
+    """The call tag a record's flags carry (gatherwise.call_kind.call_tag)."""
+    return (flags >> TAG_SHIFT) & TAG_MASK
 
 
 def counters_from_values(values: tuple[int, ...]) -> dict[int, ModeCounters]:
@@ -191,6 +196,7 @@ class CallRecord:
     end_ns: int
     second_op: str | None = None  # "broadcast" (gather mode), "shard_resolve" (sharded mode) or None
     fallback_rows: int = 0  # top-p rows of this call that took the full-row fallback (sharded mode)
+    tag: int = 0  # what the call sampled and the mode its table named (gatherwise.call_kind.call_tag)
 
     @property
     def path_ns(self) -> int:
