@@ -27,8 +27,8 @@ from engine_hooks.sampling import SamplingRow, sample
 from engine_hooks.sampling_params import kind_of_rows
 from engine_hooks.sharded_exchange import ShardedCall, ShardedSampler
 from engine_hooks.table_source import AppliedStatus, TableSource
-from gatherwise.call_kind import call_tag
 from engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
+from gatherwise.call_kind import call_tag
 from gatherwise.modes import EPOCH_BITS, ControlWord, Mode, ModeTable
 
 _ALIGN = 4  # shard widths are padded to a multiple of 4 so the control word slot is 8-byte aligned

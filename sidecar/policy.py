@@ -39,7 +39,6 @@ Every decision is returned with its evidence, and kept in a bounded log.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
