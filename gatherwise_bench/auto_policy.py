@@ -1,6 +1,13 @@
 """Auto policy vs static modes on a mixed workload that crosses the gather/all_gather crossover (TP=2, gloo).
 
     .venv/bin/python -m gatherwise_bench.auto_policy [--rounds 4] [--segment 4] [--cold 90] [--out out/auto_policy]
+    .venv/bin/python -m gatherwise_bench.auto_policy --workload slow [--greedy-share 0.8] [--out out/auto_slow]
+
+Two workloads. `fast`: greedy calls back to back at six batch sizes, vocab 32 000 (about 100 calls/s), with a
+policy tuned for minutes-long runs. `slow`: what a CPU serving engine looks like to the policy — two batch sizes,
+a call every 0.25 s plus the call itself (a few calls per second), greedy and top-p calls mixed (`--greedy-share`
+of each size's calls greedy), vocab 151 936, the config's default policy parameters — where which mode wins
+depends on the mix; the report adds the calls and seconds from `PUT /v1/mode auto` to each of its decisions.
 
 One real TP=2 engine (install_hooks: rings + control block) and one real sidecar subprocess. Phase 1 interleaves
 segments of static all_gather, static gather and auto (PUT /v1/mode) in rotating order, so slow drifts of this
@@ -29,7 +36,9 @@ from pathlib import Path
 import httpx
 import yaml
 
-from gatherwise.modes import IMPLEMENTED, Mode
+from gatherwise.call_kind import kind_label, split_tag
+from gatherwise.config import PolicyParams
+from gatherwise.modes import IMPLEMENTED, Mode, bucket_label, bucket_of
 from gatherwise.shm_format.ring import engine_dir_name
 from gatherwise_bench.bench_sidecar import auth_header, start_sidecar
 from gatherwise_bench.figures import pyplot, save
@@ -37,16 +46,25 @@ from gatherwise_bench.sidecar_cpu import cpu_seconds
 
 STATIC = tuple(m.label for m in IMPLEMENTED)  # every implemented mode is a static variant
 
-SIZES = (1, 2, 4, 8, 16, 32)
-CALLS_PER_SIZE = 8
-VOCAB = 32000
 TP = 2
 # The config defaults except a shorter probe interval and sample age, so a run of minutes learns and re-learns.
 POLICY = {"margin": 0.05, "min_samples": 20, "window": 128, "dwell_seconds": 5.0, "probe_interval_seconds": 3.0,
           "probe_calls": 8, "probe_budget": 0.02, "max_sample_age_seconds": 60.0}
 
 
-def engine_rank(rank: int, world: int, config_path: str, stop_file: str) -> int:
+def workload(name: str, greedy_share: float = 1.0) -> dict:
+    """One cycle of the engine's calls: (rows, top-p?) per call in order, the vocab, the pause after each call
+    (the rest of a decode step), and the policy parameters of the run."""
+    if name == "fast":
+        calls = [(b, False) for b in (1, 2, 4, 8, 16, 32) for _ in range(8)]
+        return {"name": name, "calls": calls, "vocab": 32000, "gap_seconds": 0.0, "policy": POLICY}
+    greedy = round(10 * greedy_share)
+    calls = [(b, i >= greedy) for b in (8, 32) for i in range(10)]
+    return {"name": name, "greedy_share": greedy_share, "calls": calls, "vocab": 151936, "gap_seconds": 0.25,
+            "policy": PolicyParams().model_dump()}
+
+
+def engine_rank(rank: int, world: int, config_path: str, stop_file: str, load: dict) -> int:
     import torch
 
     from engine_hooks.comm import default_communicator
@@ -55,18 +73,22 @@ def engine_rank(rank: int, world: int, config_path: str, stop_file: str) -> int:
     from gatherwise.config import load_config
 
     comm = default_communicator()
-    hooks = install_hooks(comm, vocab=VOCAB, config=load_config(config_path))
+    hooks = install_hooks(comm, vocab=load["vocab"], config=load_config(config_path))
     path = hooks.path
     gen = torch.Generator().manual_seed(rank)
-    logits = {b: torch.randn(b, path.width, generator=gen) for b in SIZES}
-    rows = {b: [SamplingRow(SamplingParams(), r, 0) for r in range(b)] for b in SIZES}
+    sizes = sorted({b for b, _ in load["calls"]})
+    logits = {b: torch.randn(b, path.width, generator=gen) for b in sizes}
+    top_p = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
+    rows = {(b, sampled): [SamplingRow(top_p if sampled else SamplingParams(), r, 0) for r in range(b)]
+            for b in sizes for sampled in (False, True)}
     flag = torch.zeros(1, dtype=torch.int64)
     try:
         while True:
-            for b in SIZES:
-                for _ in range(CALLS_PER_SIZE):
-                    path.logits_buffer(b).copy_(logits[b])
-                    path.run(rows[b])
+            for b, sampled in load["calls"]:
+                path.logits_buffer(b).copy_(logits[b])
+                path.run(rows[(b, sampled)])
+                if load["gap_seconds"]:
+                    time.sleep(load["gap_seconds"])
             if rank == 0:
                 flag.fill_(int(os.path.exists(stop_file)))
             comm.broadcast(flag)
@@ -79,12 +101,13 @@ def engine_rank(rank: int, world: int, config_path: str, stop_file: str) -> int:
 class Engine:
     """The TP=2 engine in a thread (gatherwise_bench.launch.run_ranks blocks), plus readers of its rings."""
 
-    def __init__(self, config_path: str, shm: str, stop_file: str) -> None:
+    def __init__(self, config_path: str, shm: str, stop_file: str, load: dict) -> None:
         from gatherwise_bench.launch import run_ranks
 
         self.stop_file = stop_file
         known = {e.engine_id for e in _engines(shm)}
-        self.thread = threading.Thread(target=run_ranks, args=(engine_rank, TP, config_path, stop_file), daemon=True)
+        self.thread = threading.Thread(target=run_ranks, args=(engine_rank, TP, config_path, stop_file, load),
+                                       daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 120
         while True:
@@ -116,13 +139,17 @@ class Engine:
             self.thread.join(0.2)
         self.drain()
 
-    def calls(self) -> list[tuple[int, int, int, float]]:
-        """(call_index, rows, mode, critical-path seconds) of every call both ranks recorded."""
+    def calls(self) -> list[tuple[int, int, int, float, int, float]]:
+        """(call_index, rows, mode, critical-path seconds, kind, unix seconds at its start) of every call both
+        ranks recorded."""
+        header = self.readers[0].header()
         out = []
         for ci, recs in sorted(self.by_call.items()):
             if len(recs) == TP:  # every rank recorded the call
                 r = list(recs.values())
-                out.append((ci, r[0].rows, r[0].mode, (max(x.end_ns for x in r) - max(x.start_ns for x in r)) * 1e-9))
+                start = max(x.start_ns for x in r)
+                out.append((ci, r[0].rows, r[0].mode, (max(x.end_ns for x in r) - start) * 1e-9,
+                            split_tag(r[0].tag)[0], header.mono_to_wall_ns(start) * 1e-9))
         return out
 
 
@@ -164,13 +191,18 @@ def wait_attached(url: str, engine_id: int) -> None:
     raise RuntimeError("sidecar did not attach the engine")
 
 
-def segment_costs(calls, segments) -> dict[str, dict[int, list[float]]]:
-    """variant -> rows -> critical paths of the calls in that variant's (variant, first call, end call) segments."""
-    out: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+def call_key(rows: int, kind: int) -> str:
+    return f"{rows}/{kind_label(kind)}"
+
+
+def segment_costs(calls, segments) -> dict[str, dict[str, list[float]]]:
+    """variant -> "rows/kind" -> critical paths of the calls in that variant's (variant, first call, end call)
+    segments."""
+    out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for variant, start, stop in segments:
-        for ci, rows, _mode, cost in calls:
+        for ci, rows, _mode, cost, kind, _t in calls:
             if start <= ci < stop:
-                out[variant][rows].append(cost)
+                out[variant][call_key(rows, kind)].append(cost)
     return out
 
 
@@ -179,9 +211,9 @@ def by_actual_mode(calls, segments) -> dict[str, dict[str, dict[str, float]]]:
     up as calls in the mode the policy did not choose)."""
     out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for variant, start, stop in segments:
-        for ci, rows, mode, cost in calls:
+        for ci, rows, mode, cost, kind, _t in calls:
             if start <= ci < stop:
-                out[variant][f"{rows}/{Mode(mode).label}"].append(cost)
+                out[variant][f"{call_key(rows, kind)}/{Mode(mode).label}"].append(cost)
     return {v: {k: {"calls": len(c), "mean_seconds": trimmed_mean(c)} for k, c in sorted(per.items())}
             for v, per in out.items()}
 
@@ -195,40 +227,87 @@ def trimmed_mean(values: list[float], trim: float = 0.05) -> float:
     return sum(kept) / len(kept)
 
 
-def summarize(costs: dict[str, dict[int, list[float]]]) -> dict:
-    mean = {v: {b: trimmed_mean(c) for b, c in per.items() if c} for v, per in costs.items()}
-    oracle = {b: min(mean[m][b] for m in STATIC) for b in SIZES}
-    mean["oracle"] = oracle
-    totals = {v: CALLS_PER_SIZE * sum(m[b] for b in SIZES) for v, m in mean.items() if all(b in m for b in SIZES)}
-    return {"mean_seconds": {v: {str(b): s for b, s in m.items()} for v, m in mean.items()},
-            "samples": {v: {str(b): len(c) for b, c in per.items()} for v, per in costs.items()},
+def cycle_counts(load: dict) -> dict[str, int]:
+    """"rows/kind" -> calls per workload cycle (the kinds as the engine records them)."""
+    from gatherwise.call_kind import Sampling, call_kind
+
+    kinds = {False: call_kind(Sampling.GREEDY), True: call_kind(Sampling.TOP_P)}
+    counts: dict[str, int] = defaultdict(int)
+    for rows, sampled in load["calls"]:
+        counts[call_key(rows, kinds[sampled])] += 1
+    return dict(counts)
+
+
+def summarize(costs: dict[str, dict[str, list[float]]], load: dict) -> dict:
+    """Every variant charged for the same workload: per bucket, the sum over its call keys of (calls per cycle) x
+    (the variant's trimmed mean there). The oracle is, per bucket, the best static mode for that bucket's mix
+    (a table has one mode per bucket); auto's ratio to it is what the policy achieved."""
+    counts = cycle_counts(load)
+    mean = {v: {k: trimmed_mean(c) for k, c in per.items() if c} for v, per in costs.items()}
+    buckets: dict[str, list[str]] = defaultdict(list)
+    for key in counts:
+        buckets[bucket_label(bucket_of(int(key.split("/")[0])))].append(key)
+
+    def bucket_total(m: dict[str, float], keys: list[str]) -> float | None:
+        return sum(counts[k] * m[k] for k in keys) if all(k in m for k in keys) else None
+
+    per_bucket = {v: {b: t for b, keys in buckets.items() if (t := bucket_total(m, keys)) is not None}
+                  for v, m in mean.items()}
+    oracle = {b: min(per_bucket[m][b] for m in STATIC) for b in buckets}
+    per_bucket["oracle"] = oracle
+    best = {b: min(STATIC, key=lambda m, b=b: per_bucket[m][b]) for b in buckets}
+    totals = {v: sum(t.values()) for v, t in per_bucket.items() if len(t) == len(buckets)}
+    return {"mean_seconds": mean, "samples": {v: {k: len(c) for k, c in per.items()} for v, per in costs.items()},
+            "calls_per_cycle": counts, "seconds_per_cycle_by_bucket": per_bucket, "best_static_by_bucket": best,
             "total_seconds_per_cycle": totals,
             "ratio_to_oracle": {v: t / totals["oracle"] for v, t in totals.items()}}
 
 
+def decision_timeline(decisions: list[dict], calls, start_call: int, auto_wall: float) -> list[dict]:
+    """Each auto decision of the cold run: its bucket and mode, seconds since `PUT /v1/mode auto`, and how many
+    calls of that bucket had started by then."""
+    out = []
+    for d in decisions:
+        if d["reason"] != "auto" or d["time"] < auto_wall:
+            continue
+        bucket = d["buckets"][0]
+        seen = sum(1 for ci, rows, _m, _c, _k, t in calls
+                   if ci >= start_call and t < d["time"] and bucket_label(bucket_of(rows)) == bucket)
+        paired = d["evidence"].get("paired", {}).get(d["mode"], {})
+        out.append({"bucket": bucket, "mode": d["mode"], "previous": d["previous"][bucket],
+                    "seconds_after_auto": round(d["time"] - auto_wall, 2), "bucket_calls_after_auto": seen,
+                    "ratio": paired.get("ratio"), "kinds": paired.get("kinds"), "mix": d["evidence"].get("mix")})
+    return out
+
+
 def plot(path: Path, result: dict) -> None:
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
     ratios = result["ratio_to_oracle"]
     names = list(ratios)
     left.bar(names, [ratios[n] for n in names], color=[f"C{i}" for i in range(len(names))])
     left.axhline(1.03, color="grey", ls="--", lw=1, label="1.03x oracle")
     left.set_ylabel("total logits-path time / oracle")
     left.tick_params(axis="x", rotation=30)
-    left.set_title("mixed workload, TP=2 gloo, V=32000 f32")
+    load = result["config"]
+    left.set_title(f"{load['workload']} workload, TP=2 gloo, V={load['vocab']} f32")
     left.legend()
+    keys = list(result["calls_per_cycle"])
     for name in (*STATIC, "auto_warm", "auto_cold_tail"):
         m = result["mean_seconds"].get(name)
         if m:
-            right.plot(SIZES, [m[str(b)] * 1e3 for b in SIZES], marker="o", label=name)
-    right.set_xscale("log", base=2)
-    right.set_xlabel("batch size (rows)")
+            right.plot(range(len(keys)), [m.get(k, float("nan")) * 1e3 for k in keys], marker="o", label=name)
+    right.set_xticks(range(len(keys)), keys, rotation=30)
+    right.set_xlabel("rows / call kind")
     right.set_ylabel("mean critical path (ms)")
+    right.set_yscale("log")
     right.legend()
     save(fig, path)
 
 
-def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, gather_delay: float = 0.0) -> dict:
+def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, gather_delay: float = 0.0,
+        load: dict | None = None) -> dict:
+    load = load or workload("fast")
     shm = os.path.join(workdir, "shm")
     os.makedirs(shm)
     config = os.path.join(workdir, "gatherwise.yaml")
@@ -238,11 +317,11 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
         "control": {"inject_delay": [{"after_seconds": 0, "mode": "gather", "seconds": gather_delay}]
                     if gather_delay else []},
         "sidecar": {"poll_interval_seconds": 0.01}, "traces": {"enabled": False},
-        "policy": {"mode": "manual", **POLICY}}))
+        "policy": {"mode": "manual", **load["policy"]}}))
     sidecar, url = start_sidecar(config)
     try:
         variants = [*STATIC, "auto"]
-        engine = Engine(config, shm, os.path.join(workdir, "stop1"))
+        engine = Engine(config, shm, os.path.join(workdir, "stop1"), load)
         wait_attached(url, engine.engine_id)
         segments, previous = [], None
         sidecar_cpu: dict[str, list[float]] = {}  # variant -> [sidecar CPU seconds, wall seconds] while measured
@@ -266,14 +345,16 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
         costs = segment_costs(calls, segments)
         actual = by_actual_mode(calls, segments)
         decisions_warm = httpx.get(f"{url}/v1/decisions", params={"limit": 256}).json()["decisions"]
-        cold_engine = Engine(config, shm, os.path.join(workdir, "stop2"))
+        cold_engine = Engine(config, shm, os.path.join(workdir, "stop2"), load)
         wait_attached(url, cold_engine.engine_id)
+        auto_wall = time.time()
         start = put_mode(url, "auto")
         c0, t0 = cpu_seconds(sidecar.pid), time.monotonic()
         drain_for(cold_engine, cold)
         sidecar_cpu["auto_cold"] = [cpu_seconds(sidecar.pid) - c0, time.monotonic() - t0]
         stats = httpx.get(f"{url}/v1/stats").json()
         learned = httpx.get(f"{url}/v1/policy/table").json()
+        decisions_cold = httpx.get(f"{url}/v1/decisions", params={"limit": 256}).json()["decisions"]
         cold_engine.stop()
         cold_calls = cold_engine.calls()
         end = cold_calls[-1][0] + 1
@@ -284,13 +365,16 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
     finally:
         sidecar.terminate()
         sidecar.wait(30)
-    result = summarize(costs)
-    result.update(config={"sizes": SIZES, "calls_per_size": CALLS_PER_SIZE, "vocab": VOCAB, "dtype": "float32",
+    result = summarize(costs, load)
+    result.update(config={"workload": load["name"], "greedy_share": load.get("greedy_share", 1.0),
+                          "vocab": load["vocab"], "gap_seconds": load["gap_seconds"], "dtype": "float32",
                           "tp": 2, "rounds": rounds, "segment_seconds": segment, "settle_seconds": settle,
                           "cold_seconds": cold, "statistic": "5% trimmed mean of the critical path",
                           "injected_gather_delay_seconds": gather_delay,
-                          "policy": POLICY},
-                  by_actual_mode=actual, cold_probe_share=stats["probe_share"], cold_learned_table=learned["table"],
+                          "policy": load["policy"]},
+                  by_actual_mode=actual, cold_probe_share=stats["probe_share"],
+                  cold_probe_cost_share=stats.get("probe_cost_share"), cold_learned_table=learned["table"],
+                  cold_decisions=decision_timeline(decisions_cold, cold_calls, start, auto_wall),
                   warm_auto_decisions=len([d for d in decisions_warm if d["reason"] == "auto"]),
                   sidecar_core_percent={v: 100.0 * c / w for v, (c, w) in sidecar_cpu.items() if w > 0},
                   load_average=os.getloadavg())
@@ -299,26 +383,37 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gatherwise_bench.auto_policy", description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds of the three variants")
-    p.add_argument("--segment", type=float, default=10.0, help="seconds per variant segment")
-    p.add_argument("--settle", type=float, default=3.0, help="seconds at the start of every segment not measured")
-    p.add_argument("--cold", type=float, default=90.0, help="seconds of the cold-start auto run")
+    p.add_argument("--workload", choices=("fast", "slow"), default="fast")
+    p.add_argument("--greedy-share", type=float, default=0.8,
+                   help="slow workload: share of each batch size's calls that are greedy (the rest top-p)")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds of the variants")
+    p.add_argument("--segment", type=float, help="seconds per variant segment (default 10; slow: 60)")
+    p.add_argument("--settle", type=float, help="seconds at the start of every segment not measured (3; slow: 10)")
+    p.add_argument("--cold", type=float, help="seconds of the cold-start auto run (default 90; slow: 240)")
     p.add_argument("--gather-delay", type=float, default=0.0,
                    help="seconds added to every gather (control.inject_delay), to give this machine a crossover")
     p.add_argument("--out", default="out/auto_policy", help="directory for auto_policy.json and .png")
     args = p.parse_args(argv)
+    slow = args.workload == "slow"
+    segment = args.segment if args.segment is not None else 60.0 if slow else 10.0
+    settle = args.settle if args.settle is not None else 10.0 if slow else 3.0
+    cold = args.cold if args.cold is not None else 240.0 if slow else 90.0
+    if not 0.0 <= args.greedy_share <= 1.0:
+        p.error("--greedy-share must be in [0, 1]")
     workdir = tempfile.mkdtemp(prefix="gw-bench-auto-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     try:
-        if not 0 <= args.settle < args.segment:
+        if not 0 <= settle < segment:
             p.error("--settle must be >= 0 and shorter than --segment")
-        result = run(args.rounds, args.segment, args.settle, args.cold, workdir, args.gather_delay)
+        result = run(args.rounds, segment, settle, cold, workdir, args.gather_delay,
+                     workload(args.workload, args.greedy_share))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "auto_policy.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(out / "auto_policy.png", result)
-    print(json.dumps({k: result[k] for k in ("ratio_to_oracle", "total_seconds_per_cycle", "cold_probe_share",
+    print(json.dumps({k: result[k] for k in ("ratio_to_oracle", "best_static_by_bucket", "cold_learned_table",
+                                             "cold_decisions", "cold_probe_share", "cold_probe_cost_share",
                                              "sidecar_core_percent")},
                      indent=2))
     return 0

@@ -82,8 +82,11 @@ class StatsResponse(BaseModel):
     engine: str | None
     stats: list[BucketModeStats]
     calls_observed: int = Field(description="joined calls the policy has seen for this engine")
-    probe_calls: int = Field(description="of those, calls that ran a mode other than the policy's choice")
+    probe_calls: int = Field(description="of those, calls whose table named a mode other than the policy's choice")
     probe_share: float
+    probe_cost_share: float = Field(0.0, description="seconds probes added beyond the running mode's cost for the "
+                                                     "same calls, as a share of all seconds observed (what "
+                                                     "policy.probe_budget bounds)")
 
 
 class DecisionsResponse(BaseModel):

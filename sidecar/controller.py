@@ -420,7 +420,8 @@ class Controller:
                                  p50_seconds=e.p50, p90_seconds=e.p90, age_seconds=e.age_seconds)
                  for b, m, e in _estimates(p)]
         return StatsResponse(engine=att.engine.label, stats=stats, calls_observed=p.calls_total,
-                             probe_calls=p.probe_calls_used, probe_share=p.probe_share)
+                             probe_calls=p.probe_calls_used, probe_share=p.probe_share,
+                             probe_cost_share=p.probe_cost_share)
 
     @on_loop
     def control_view(self) -> ControlView | None:

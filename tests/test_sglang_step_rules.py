@@ -82,3 +82,28 @@ def test_sharded_only_where_sglangs_token_is_the_raw_argmax(change, ok):
     from engine_hooks.adapters.sglang_step import sharded_greedy_ok
 
     assert sharded_greedy_ok(_greedy_batch(**change)) is ok
+
+
+def _info(greedy=False, top_p=False, top_k=False, min_p=False):
+    return SimpleNamespace(is_all_greedy=greedy, need_top_p_sampling=top_p, need_top_k_sampling=top_k,
+                           need_min_p_sampling=min_p)
+
+
+@pytest.mark.parametrize("info,logprob,kind", [
+    (_info(greedy=True), False, "greedy"), (_info(greedy=True), True, "greedy+logprobs"),
+    (_info(), False, "temperature"), (_info(top_k=True), False, "top_k"), (_info(min_p=True), False, "top_k"),
+    (_info(top_p=True, top_k=True), True, "top_p+logprobs"),
+])
+def test_every_call_names_what_it_samples(info, logprob, kind):
+    """The kind the ring record carries (the auto policy compares modes only on calls of one kind), from the
+    batch's own flags; the vLLM adapter reads the same facts from its SamplingMetadata."""
+    from engine_hooks.adapters.sglang_step import call_kind_of
+    from engine_hooks.adapters.vllm_step import call_kind_of as vllm_call_kind_of
+    from gatherwise.call_kind import kind_label
+
+    assert kind_label(call_kind_of(SimpleNamespace(sampling_info=info, return_logprob=logprob))) == kind
+    metadata = SimpleNamespace(all_greedy=info.is_all_greedy, top_p=[0.9] if info.need_top_p_sampling else None,
+                               top_k=[5] if info.need_top_k_sampling else None,
+                               min_p=[0.1] if info.need_min_p_sampling else None,
+                               max_num_logprobs=3 if logprob else None)
+    assert kind_label(vllm_call_kind_of(metadata)) == kind

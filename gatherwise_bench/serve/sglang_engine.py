@@ -23,11 +23,14 @@ class SglangEngine(EngineSpec):
 
     def server_command(self, python: str, model: Path, port: int, context_len: int, max_total_tokens: int
                        ) -> list[str]:
-        # the engine tests' settings (tests/sglang/engine_run.py ENGINE_ARGS), with room for every running request
+        # the engine tests' settings (tests/sglang/engine_run.py ENGINE_ARGS), with room for every running request;
+        # --mem-fraction-static must cover the loaded weights (SGLang refuses to start otherwise): a Qwen2.5-0.5B-
+        # shaped checkpoint's take about 5.3 % of a 23 GB host's memory, so 0.05 is too little there. The KV cache
+        # is bounded by --max-total-tokens whatever the fraction.
         return [python, "-m", "sglang.launch_server", "--model-path", str(model),
                 "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--tp", "2",
                 "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
-                "--dtype", "float32", "--mem-fraction-static", "0.05", "--max-total-tokens", str(max_total_tokens),
+                "--dtype", "float32", "--mem-fraction-static", "0.15", "--max-total-tokens", str(max_total_tokens),
                 "--context-length", str(context_len),
                 "--random-seed", str(RANDOM_SEED), "--log-level", "warning"]
 
