@@ -142,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
 def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configurations: list[str], order: list[str],
            cells: list, workload: Workload, runs: list[dict[str, Any]], started: float, load_start: tuple,
            argv: list[str] | None) -> None:
-    from gatherwise_bench.serve.report import format_table, summarize, write_results
+    from gatherwise_bench.serve.report import auto_decisions, format_decisions, format_table, summarize, write_results
 
     rows = summarize(runs, model)
+    decisions = auto_decisions(runs)
     meta = {"engine": engine.name, "engine_version": _engine_version(engine.name), "model": str(model),
             "model_about": about, "configurations": configurations, "order": order,
             "cells": [c.key for c in cells], "workload": vars(workload),
@@ -153,10 +154,12 @@ def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configura
             "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                         "python": platform.python_version(), "load_avg_at_start": load_start,
                         "load_avg_at_end": os.getloadavg()},
-            "seconds": round(time.time() - started, 1),
+            "seconds": round(time.time() - started, 1), "auto_decisions": decisions,
             "command": "gatherwise bench serve " + " ".join(sys.argv[3:] if argv is None else argv)}
     write_results(out_dir / "results.json", meta, runs, rows)
     table = format_table(rows, configurations)
+    if any(CONFIGURATIONS[name].auto for name in configurations):
+        table += "\n\n" + format_decisions(decisions)
     (out_dir / "table.txt").write_text(table + "\n")
     print(table)
     try:

@@ -72,6 +72,37 @@ def summarize(runs: list[dict[str, Any]], model: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def auto_decisions(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every switch the auto policy made, per auto run: the bucket, from and to, seconds after `PUT /v1/mode auto`,
+    and the paired evidence it acted on (ratio for the bucket's mix, per kind, the mix itself)."""
+    out = []
+    for run in runs:
+        start = run.get("auto_put_time")
+        for d in run.get("decisions") or ():
+            if d["reason"] != "auto":
+                continue
+            bucket = d["buckets"][0]
+            paired = d["evidence"].get("paired", {}).get(d["mode"], {})
+            out.append({"pass": run["pass"], "bucket": bucket, "from": d["previous"].get(bucket), "to": d["mode"],
+                        "seconds_after_auto": None if start is None else round(d["time"] - start, 1),
+                        "ratio": paired.get("ratio"), "probes": paired.get("probes"), "calls": paired.get("calls"),
+                        "kinds": {k: round(v["ratio"], 3) for k, v in (paired.get("kinds") or {}).items()},
+                        "mix": d["evidence"].get("mix")})
+    return out
+
+
+def format_decisions(decisions: list[dict[str, Any]]) -> str:
+    lines = ["auto: switches (bucket: from -> to, seconds after PUT auto, mix-weighted ratio, per kind, mix)"]
+    for d in decisions:
+        lines.append(f"  pass {d['pass']} bucket {d['bucket']:>3}: {d['from']} -> {d['to']} "
+                     f"at {d['seconds_after_auto']} s,"
+                     f" ratio {_fmt(d['ratio'], '.3f')} from {d['probes']} probes / {d['calls']} calls,"
+                     f" kinds {d['kinds']}, mix {d['mix']}")
+    if not decisions:
+        lines.append("  none")
+    return "\n".join(lines)
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 

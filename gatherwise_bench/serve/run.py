@@ -111,6 +111,7 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
         if sidecar is not None:
             record["engine"] = sidecar.wait_attached()
             if conf.auto:
+                record["auto_put_time"] = time.time()
                 record["auto_put"] = sidecar.put_mode({"mode": "auto"})
         phases = ("learning", "measured") if conf.auto else ("measured",)
         for phase in phases:
