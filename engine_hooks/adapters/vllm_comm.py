@@ -21,20 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from engine_hooks.adapters.float_views import float_view
 from engine_hooks.adapters.group_coordinator_comm import GroupCoordinatorCommunicator
-from engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
-
-_SHM_DTYPES = frozenset(TORCH_LOGITS_DTYPES.values())  # the logits; vLLM's shm ops take floating point only
-
-
-def as_shm_dtype(t: torch.Tensor) -> torch.Tensor | None:
-    """`t`, or a float32 view of its bytes when the shared-memory ops would refuse its dtype; None when there is
-    no such view (not contiguous, or a byte count that is no multiple of 4)."""
-    if t.dtype in _SHM_DTYPES:
-        return t
-    if not t.is_contiguous() or (t.numel() * t.element_size()) % 4:
-        return None
-    return t.view(-1).view(torch.uint8).view(torch.float32)
 
 
 class VllmGroupCommunicator(GroupCoordinatorCommunicator):
@@ -53,22 +41,22 @@ class VllmGroupCommunicator(GroupCoordinatorCommunicator):
         return self._fast
 
     def _all_gather_flat(self, out: torch.Tensor, inp: torch.Tensor) -> None:
-        fast_out, fast_inp = (None, None) if self._fast is dist else (as_shm_dtype(out), as_shm_dtype(inp))
+        fast_out, fast_inp = (None, None) if self._fast is dist else (float_view(out), float_view(inp))
         if fast_out is None or fast_inp is None:  # the same shape on every rank: every rank takes this branch
             dist.all_gather_into_tensor(out, inp, group=self._device_group)
         else:
             self._fast.all_gather_into_tensor(fast_out, fast_inp, group=self._device_group)
 
     def gather(self, out: torch.Tensor | None, inp: torch.Tensor) -> None:
-        fast_inp = None if self._fast is dist else as_shm_dtype(inp)
+        fast_inp = None if self._fast is dist else float_view(inp)
         if fast_inp is None:
             return dist.gather(inp, list(out.unbind(0)) if out is not None else None, dst=self._root,
                                group=self._device_group)
-        gather_list = list(as_shm_dtype(out).view(self.world_size, -1).unbind(0)) if out is not None else None
+        gather_list = list(float_view(out).view(self.world_size, -1).unbind(0)) if out is not None else None
         self._fast.gather(fast_inp, gather_list, dst=self._root, group=self._device_group)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
-        flat = None if self._fast is dist else as_shm_dtype(tensor)
+        flat = None if self._fast is dist else float_view(tensor)
         if flat is None:
             return super().broadcast(tensor)
         n = flat.numel()

@@ -1,11 +1,13 @@
-"""The vLLM communicator moves every tensor gatherwise sends through vLLM's fast transport exactly: int64 and
-float64 payloads as float32 views of their bytes (vLLM's CPU shared-memory ops take floating point only), a
-broadcast as an all_gather (they have none). Bit for bit, NaN payloads, infinities and indices past 2^24
-included.
+"""The vLLM and SGLang communicators move every tensor gatherwise sends through the engine's CPU shared-memory
+collectives exactly: int64 and float64 payloads as float32 views of their bytes (the ops take floating point
+only), a broadcast as an all_gather (they have none). Bit for bit, NaN payloads, infinities and indices past
+2^24 included.
 
-Runs without vLLM: `ShmOpsStandIn` stands in for vLLM's `_CPUSHMDistributed` (its argument conventions, and it
-refuses what the real ops refuse) and moves the bytes with torch.distributed on real gloo ranks; the group is
-a stand-in for vLLM's GroupCoordinator.
+Runs without vLLM or SGLang: `ShmOpsStandIn` stands in for vLLM's `_CPUSHMDistributed` and
+`sglang_shm_allgather_stand_in` for SGLang's `sgl_kernel.shm_allgather` (their argument conventions, and they
+refuse what the real ops refuse), moving the bytes with torch.distributed on real gloo ranks; the groups are
+stand-ins for the engines' GroupCoordinators. No machine here runs the real ops (vLLM's need a shared SHM group
+name and an AVX-512 CPU, SGLang's AMX or arm64).
 """
 
 from __future__ import annotations
@@ -53,49 +55,78 @@ def _payloads(rank: int):
     return floats, ints
 
 
-def _rank(rank: int, world: int) -> dict:
+def sglang_shm_allgather_stand_in(calls: list[str]):
+    def shm_allgather(inp, dim):
+        import torch
+        import torch.distributed as dist
+
+        ShmOpsStandIn._check(inp)
+        assert dim == 0 and inp.dim() == 1
+        calls.append("all_gather")
+        out = torch.empty(dist.get_world_size() * inp.numel(), dtype=inp.dtype)
+        dist.all_gather_into_tensor(out, inp)
+        return out
+
+    return shm_allgather
+
+
+def _rank(rank: int, world: int, engine: str) -> dict:
     from types import SimpleNamespace
 
     import torch
     import torch.distributed as dist
 
-    from engine_hooks.adapters.vllm_comm import VllmGroupCommunicator
+    def refused(*args, **kwargs):
+        raise AssertionError("the group's own (gloo) collective was called")
 
-    fast = ShmOpsStandIn()
     group = SimpleNamespace(rank_in_group=rank, world_size=world, ranks=list(range(world)), device_group=None,
-                            device_communicator=SimpleNamespace(dist_module=fast),
-                            broadcast=lambda t, src: pytest.fail("broadcast must not take the gloo path"))
-    comm = VllmGroupCommunicator(group)
+                            broadcast=refused, all_gather_into_tensor=refused)
+    if engine == "vllm":
+        from engine_hooks.adapters.vllm_comm import VllmGroupCommunicator
+
+        fast = ShmOpsStandIn()
+        group.device_communicator = SimpleNamespace(dist_module=fast)
+        comm, calls = VllmGroupCommunicator(group), fast.calls
+    else:
+        from engine_hooks.adapters.sglang_comm import SglangGroupCommunicator
+
+        calls = []
+        comm = SglangGroupCommunicator(group, shm_allgather=sglang_shm_allgather_stand_in(calls))
     out = {}
     for name, payload in zip(("float64", "int64"), _payloads(rank), strict=True):
         gathered = torch.empty(world, payload.numel(), dtype=payload.dtype)
         comm.all_gather(gathered, payload)
         rooted = torch.empty_like(gathered) if rank == 0 else None
-        comm.gather(rooted, payload)
+        comm.gather(rooted, payload)  # SGLang: torch.distributed.gather, as SGLang's own gather
         tokens = payload.clone()
         comm.broadcast(tokens)
         out[name] = {"all_gather": gathered.view(torch.int64).tolist(),
                      "gather": None if rooted is None else rooted.view(torch.int64).tolist(),
                      "broadcast": tokens.view(torch.int64).tolist()}
     # a generator state of 5 bytes has no float32 view: it takes the group's own (gloo) broadcast
-    group.broadcast = lambda t, src: dist.broadcast(t, src)
+    group.broadcast = dist.broadcast
     odd = torch.arange(5, dtype=torch.uint8) + 10 * rank
     comm.broadcast(odd)
     out["odd_bytes"] = odd.tolist()
     dist.barrier()
-    return {"results": out, "calls": fast.calls, "transport": comm.transport}
+    return {"results": out, "calls": calls, "transport": comm.transport}
 
 
 @pytest.mark.timeout(120)
-def test_every_payload_crosses_the_fast_transport_bit_for_bit():
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_every_payload_crosses_the_fast_transport_bit_for_bit(engine):
     import torch
 
-    results = run_ranks(_rank, 2, timeout=100)
+    results = run_ranks(_rank, 2, engine, timeout=100)
     expected = {name: [p.view(torch.int64).tolist() for p in pair]
                 for name, pair in zip(("float64", "int64"), zip(_payloads(0), _payloads(1), strict=True), strict=True)}
     for rank, got in enumerate(results):
-        assert got["transport"] == "ShmOpsStandIn"
-        assert got["calls"] == ["all_gather", "gather", "all_gather"] * 2  # the broadcast is an all_gather
+        if engine == "vllm":
+            assert got["transport"] == "ShmOpsStandIn"
+            assert got["calls"] == ["all_gather", "gather", "all_gather"] * 2  # the broadcast is an all_gather
+        else:
+            assert got["transport"] == "sgl_kernel.shm_allgather"
+            assert got["calls"] == ["all_gather", "all_gather"] * 2
         for name, ranks in expected.items():
             r = got["results"][name]
             assert r["all_gather"] == ranks
