@@ -146,3 +146,25 @@ class WindowEstimates:
             bucket, label = key.split(":")
             samples = [(float(t), float(s)) for t, s in values]
             self._windows[(int(bucket), Mode.parse(label))] = _Window(self.window, samples[-self.window:])
+
+
+class KindMix:
+    """The call kinds of a bucket's newest `size` calls, with their counts kept as calls arrive and leave."""
+
+    __slots__ = ("counts", "kinds")
+
+    def __init__(self, size: int, kinds: Iterable[int] = ()) -> None:
+        self.kinds: deque[int] = deque(maxlen=size)
+        self.counts: dict[int, int] = {}
+        for kind in kinds:
+            self.add(kind)
+
+    def add(self, kind: int) -> None:
+        kinds, counts = self.kinds, self.counts
+        if len(kinds) == kinds.maxlen:
+            old = kinds[0]
+            counts[old] -= 1
+            if not counts[old]:
+                del counts[old]
+        kinds.append(kind)
+        counts[kind] = counts.get(kind, 0) + 1

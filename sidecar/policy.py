@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, Literal
@@ -51,7 +51,7 @@ from pydantic.dataclasses import dataclass as validated_dataclass
 from gatherwise.call_kind import KINDS, kind_label, split_tag
 from gatherwise.config import ModeOrAuto, PolicyParams
 from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable, bucket_label
-from sidecar.estimates import Estimate, WindowEstimates
+from sidecar.estimates import Estimate, KindMix, WindowEstimates
 from sidecar.paired_evidence import Evidence, Pair, combine_kind, combine_mix, decisive, pair_stats
 
 DECISION_LOG = 256
@@ -111,7 +111,7 @@ class AutoPolicy:
         self.estimates = WindowEstimates(params.window, params.max_sample_age_seconds)  # by the mode that ran
         # by (bucket, kind) cell and the mode the call's table named: what pairs and probe costs compare
         self.kind_estimates = WindowEstimates(params.window, params.max_sample_age_seconds)
-        self.mix: dict[int, deque[int]] = {}  # bucket -> kinds of its newest `window` calls
+        self.mix: dict[int, KindMix] = {}  # bucket -> kinds of its newest `window` calls
         self.last_switch: dict[int, float] = {}
         self.last_probe: dict[tuple[int, Mode], float] = {}
         self.last_probe_end: dict[int, float] = {}
@@ -168,13 +168,13 @@ class AutoPolicy:
 
     def shares(self, bucket: int, now: float) -> dict[int, float]:
         """kind -> share of the bucket's time it takes: its recent calls x its cost under the running mode."""
-        kinds = self.mix.get(bucket)
-        if not kinds:
+        mix = self.mix.get(bucket)
+        if mix is None or not mix.counts:
             return {}
         running = self.choice[bucket]
         overall = self.estimates.get(bucket, running, now)
         weights = {}
-        for kind, calls in Counter(kinds).items():
+        for kind, calls in mix.counts.items():
             est = self.kind_estimates.get(cell(bucket, kind), running, now)
             cost = est.value if est is not None else overall.value if overall is not None else 1.0
             weights[kind] = calls * max(cost, 1e-9)
@@ -222,10 +222,10 @@ class AutoPolicy:
         named = mode if table_mode is None or table_mode not in Mode._value2member_map_ else Mode(table_mode)
         self.estimates.add(bucket, mode, seconds, now)
         self.kind_estimates.add(cell(bucket, kind), named, seconds, now)
-        kinds = self.mix.get(bucket)
-        if kinds is None:
-            kinds = self.mix[bucket] = deque(maxlen=self.params.window)
-        kinds.append(kind)
+        mix = self.mix.get(bucket)
+        if mix is None:
+            mix = self.mix[bucket] = KindMix(self.params.window)
+        mix.add(kind)
         self.calls_total += 1
         self.seconds_total += seconds
         probe = self.probe
@@ -380,10 +380,10 @@ class AutoPolicy:
                 best, best_ratio = m, found.ratio
         if best is not None:
             return best
-        kinds = set(self.mix.get(b, ()))
-        if len(kinds) != 1:
+        mix = self.mix.get(b)
+        if mix is None or len(mix.counts) != 1:
             return None  # windows hold different kinds in different proportions: only pairs compare them
-        key = cell(b, kinds.pop())
+        key = cell(b, next(iter(mix.counts)))
         active_est = self.kind_estimates.get(key, self.choice[b], now)
         active_span = self.kind_estimates.span(key, self.choice[b])
         best_est = None
@@ -496,4 +496,4 @@ class AutoPolicy:
         self.params = params
         self.estimates.resize(params.window, params.max_sample_age_seconds)
         self.kind_estimates.resize(params.window, params.max_sample_age_seconds)
-        self.mix = {b: deque(v, maxlen=params.window) for b, v in self.mix.items()}
+        self.mix = {b: KindMix(params.window, v.kinds) for b, v in self.mix.items()}

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gatherwise.config import ModeLabel, PolicyParams
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
 from gatherwise.shm_format.private_files import read_small_file, write_private_file
+from sidecar.estimates import KindMix
 from sidecar.paired_evidence import Pair
 from sidecar.policy import PAIRS_KEPT, AutoPolicy, Decision, Probe
 
@@ -116,7 +117,7 @@ def policy_to_json(policy: AutoPolicy, extra: dict[str, Any] | None = None) -> s
         calls_total=policy.calls_total, probe_calls_used=policy.probe_calls_used,
         next_decision_id=policy.next_decision_id, decisions=list(policy.decisions),
         estimates=policy.estimates.to_json(), kind_estimates=policy.kind_estimates.to_json(),
-        mix={b: list(v) for b, v in policy.mix.items() if v}, seconds_total=policy.seconds_total,
+        mix={b: list(v.kinds) for b, v in policy.mix.items() if v.kinds}, seconds_total=policy.seconds_total,
         probe_extra_seconds=policy.probe_extra_seconds, last_probe_end=policy.last_probe_end, extra=extra or {},
     ).model_dump_json()
 
@@ -147,7 +148,7 @@ def policy_from_json(text: str) -> AutoPolicy:
         policy.decisions.extend(state.decisions)
         policy.estimates.load_json({k: [list(s) for s in v] for k, v in state.estimates.items()})
         policy.kind_estimates.load_json({k: [list(s) for s in v] for k, v in state.kind_estimates.items()})
-        policy.mix = {b: deque(v, maxlen=state.params.window) for b, v in state.mix.items()}
+        policy.mix = {b: KindMix(state.params.window, v) for b, v in state.mix.items()}
         policy.seconds_total, policy.probe_extra_seconds = state.seconds_total, state.probe_extra_seconds
         policy.last_probe_end = dict(state.last_probe_end)
     except ValueError as exc:  # a key naming a bucket out of range or a mode this sidecar does not know

@@ -412,3 +412,17 @@ def test_a_slow_modes_probes_cost_at_most_the_budget_in_seconds():
     assert policy.choice[5] == A and not [d for d in decisions if d.reason == "auto"]
     assert policy.probe_extra_seconds <= params.probe_budget * policy.seconds_total + 0.8
     assert [d for d in decisions if d.reason == "probe"]  # it did probe
+
+
+def test_kind_evidence_round_trips_through_json(three_modes):
+    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
+    simulate_engine(policy, noisy({GREEDY: {A: 0.03, G: 0.03, S: 0.02}, TOP_P: {A: 0.3, G: 0.25, S: 0.3}}, 0.1),
+                    60, 0.0, kinds=(GREEDY, TOP_P))
+    restored = policy_from_json(policy_to_json(policy))
+    assert restored.pairs == policy.pairs and {p.kind for v in policy.pairs.values() for p in v} == {GREEDY, TOP_P}
+    assert {b: list(m.kinds) for b, m in restored.mix.items()} == {b: list(m.kinds) for b, m in policy.mix.items()}
+    assert restored.mix[5].counts == policy.mix[5].counts
+    assert restored.kind_estimates.to_json() == policy.kind_estimates.to_json()
+    assert (restored.seconds_total, restored.probe_extra_seconds) == (policy.seconds_total, policy.probe_extra_seconds)
+    assert restored.last_probe_end == policy.last_probe_end
+    assert restored.evidence(5, 30.0) == policy.evidence(5, 30.0)
