@@ -102,10 +102,8 @@ class WindowEstimates:
             return None
         return w.summary(max(0.0, now - w.samples[-1][0]))
 
-    def recent(self, bucket: int, mode: Mode, n: int, before: float | None = None,
-               after: float | None = None) -> list[float]:
-        """The values of the newest `n` samples (taken before `before` and after `after`, when given), oldest
-        first."""
+    def recent(self, bucket: int, mode: Mode, n: int, before: float | None = None) -> list[float]:
+        """The values of the newest `n` samples (taken before `before`, when given), oldest first."""
         w = self._windows.get((bucket, mode))
         if w is None or n <= 0:
             return []
@@ -113,8 +111,6 @@ class WindowEstimates:
         for t, v in reversed(w.samples):
             if before is not None and t >= before:
                 continue
-            if after is not None and t <= after:
-                break
             out.append(v)
             if len(out) == n:
                 break

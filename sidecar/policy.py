@@ -58,6 +58,8 @@ DECISION_LOG = 256
 PAIRS_KEPT = 64  # paired ratios kept per bucket
 MIN_PROBES = 2  # probes behind a switch: one probe can coincide with a load step between it and its reference
 MIN_PROBE_CALLS = 3  # calls before a probe may end early on decisive evidence
+ARRIVALS_KEPT = 16  # call times kept per bucket, for its recent gap between calls
+QUIET_SECONDS = 1.0  # a bucket without calls for this long (or 4 gaps) is not probed
 Reason = Literal["manual", "auto", "probe", "table_file"]
 
 
@@ -115,6 +117,8 @@ class AutoPolicy:
         self.last_switch: dict[int, float] = {}
         self.last_probe: dict[tuple[int, Mode], float] = {}
         self.last_probe_end: dict[int, float] = {}
+        self.arrivals: dict[int, deque[float]] = {}  # bucket -> times of its newest calls
+        self.running_since_probe: dict[int, int] = {}  # bucket -> calls named the running mode since its last probe
         self.backoff: dict[tuple[int, Mode], float] = {}  # probe interval factor (absent: 1)
         self.backoff_reference: dict[int, float] = {}  # chosen mode's cost when the bucket began backing off
         self.pairs: dict[int, deque[Pair]] = {}  # bucket -> recent probes' evidence, per kind
@@ -171,15 +175,21 @@ class AutoPolicy:
         mix = self.mix.get(bucket)
         if mix is None or not mix.counts:
             return {}
-        running = self.choice[bucket]
-        overall = self.estimates.get(bucket, running, now)
-        weights = {}
-        for kind, calls in mix.counts.items():
-            est = self.kind_estimates.get(cell(bucket, kind), running, now)
-            cost = est.value if est is not None else overall.value if overall is not None else 1.0
-            weights[kind] = calls * max(cost, 1e-9)
+        weights = {kind: calls * max(self._kind_cost(bucket, kind, now), 1e-9)
+                   for kind, calls in mix.counts.items()}
         total = sum(weights.values())
         return {k: w / total for k, w in weights.items()}
+
+    def _kind_cost(self, bucket: int, kind: int, now: float) -> float:
+        """A call of this kind's cost in the bucket: under the running mode, else under the mode with the most
+        fresh samples of it (a kind the running mode has not run lately still weighs what it costs, not what
+        the bucket's other kinds cost), else the bucket's running median."""
+        key = cell(bucket, kind)
+        est = self.kind_estimates.get(key, self.choice[bucket], now)
+        if est is None:
+            found = [e for m in self.modes if (e := self.kind_estimates.get(key, m, now)) is not None]
+            est = max(found, key=lambda e: e.samples) if found else self.estimates.get(bucket, self.choice[bucket], now)
+        return est.value if est is not None else 1.0
 
     def paired_evidence(self, bucket: int, mode: Mode, now: float) -> Evidence | None:
         """What fresh pairs say about `mode` against the bucket's running mode for the bucket's traffic mix:
@@ -226,10 +236,16 @@ class AutoPolicy:
         if mix is None:
             mix = self.mix[bucket] = KindMix(self.params.window)
         mix.add(kind)
+        arrivals = self.arrivals.get(bucket)
+        if arrivals is None:
+            arrivals = self.arrivals[bucket] = deque(maxlen=ARRIVALS_KEPT)
+        arrivals.append(now)
         self.calls_total += 1
         self.seconds_total += seconds
         probe = self.probe
-        if bucket not in self.pins and named != self.choice[bucket]:
+        if named == self.choice[bucket]:
+            self.running_since_probe[bucket] = self.running_since_probe.get(bucket, 0) + 1
+        elif bucket not in self.pins:
             self.probe_calls_used += 1
             self.probe_extra_seconds += max(0.0, seconds - self._running_cost(bucket, kind, seconds, now))
         if probe is None or probe.bucket != bucket or named != probe.mode:
@@ -338,10 +354,11 @@ class AutoPolicy:
         p = self.params
         probe = self.probe
         if probe is not None and (probe.calls >= p.probe_calls or now - probe.started >= p.probe_timeout_seconds
-                                  or self._over_budget()
+                                  or self._over_budget() or self._quiet(probe.bucket, now)
                                   or (probe.calls >= MIN_PROBE_CALLS and self._probe_settled(probe))):
             self.probe = None
             self.last_probe_end[probe.bucket] = now
+            self.running_since_probe[probe.bucket] = 0
             backoff = self._after_probe(probe, now)
             out.append(self._decide("probe", self.choice[probe.bucket].label, [probe.bucket],
                                     {probe.bucket: probe.mode},
@@ -351,8 +368,7 @@ class AutoPolicy:
             if b in self.pins or (self.probe is not None and self.probe.bucket == b):
                 continue
             active = self.choice[b]
-            active_est = self.estimates.get(b, active, now)
-            self._watch_load(b, active_est)
+            self._watch_load(b, self._running_estimate(b, now))
             if now - self.last_switch.get(b, -math.inf) < p.dwell_seconds:
                 continue
             best = self._challenger(b, now)
@@ -397,10 +413,12 @@ class AutoPolicy:
         return best if best is not None and should_switch(active_est, best_est, p) else None
 
     # -- probes and their back-off -------------------------------------------------------------------------
-    def _promising(self, bucket: int, mode: Mode, now: float) -> bool:
+    def _promising(self, bucket: int, mode: Mode, now: float) -> float | None:
+        """The paired ratio of a mode whose probes so far beat the running one without settling it, else None."""
         found = self.paired_evidence(bucket, mode, now)
-        return found is not None and found.ratio < 1.0 - self.params.margin and not (
-            found.probes >= MIN_PROBES and found.faster)
+        if found is None or found.ratio >= 1.0 - self.params.margin or (found.probes >= MIN_PROBES and found.faster):
+            return None
+        return found.ratio
 
     def _record_pair(self, probe: Probe, now: float) -> float | None:
         """The probe's evidence, one pair per kind it saw; returns its mix-weighted ratio."""
@@ -424,7 +442,7 @@ class AutoPolicy:
         """Back off a mode the probe found far behind; reset one it found close. Returns the new factor."""
         key = (probe.bucket, probe.mode)
         ratio = self._record_pair(probe, now)
-        chosen = self.estimates.get(probe.bucket, self.choice[probe.bucket], now)
+        chosen = self._running_estimate(probe.bucket, now)
         if ratio is not None and chosen is not None and ratio > 1.0 + self.params.probe_backoff_margin:
             factor = min(self.backoff.get(key, 1.0) * 2.0, max(1.0, self.params.probe_backoff_max))
             self.backoff[key] = factor
@@ -450,13 +468,28 @@ class AutoPolicy:
             del self.backoff[key]
         self.backoff_reference.pop(bucket, None)
 
+    def _quiet(self, bucket: int, now: float) -> bool:
+        """No call of the bucket for 4x its recent gap between calls (at least a second): its traffic stopped, so
+        a probe there would wait instead of measuring (and hold up every other bucket's probes)."""
+        times = self.arrivals.get(bucket)
+        if not times:
+            return True
+        gap = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else QUIET_SECONDS
+        return now - times[-1] > max(QUIET_SECONDS, 4.0 * gap)
+
     def _fresh_reference(self, bucket: int) -> bool:
         """The running mode ran enough calls since the bucket's last probe for a new probe to compare with."""
-        ended = self.last_probe_end.get(bucket)
-        if ended is None:
-            return True
-        return len(self.estimates.recent(bucket, self.choice[bucket], MIN_PROBE_CALLS, after=ended)) >= \
-            MIN_PROBE_CALLS
+        return bucket not in self.last_probe_end or self.running_since_probe.get(bucket, 0) >= MIN_PROBE_CALLS
+
+    def _running_estimate(self, bucket: int, now: float) -> Estimate | None:
+        """The running mode's cost in the bucket, for watching the load: its window of the bucket's most frequent
+        kind, by the mode the calls' tables named (a table whose calls all step aside has no window of its own
+        mode among the modes that ran)."""
+        mix = self.mix.get(bucket)
+        if mix is None or not mix.counts:
+            return self.estimates.get(bucket, self.choice[bucket], now)
+        kind = max(mix.counts, key=mix.counts.__getitem__)
+        return self.kind_estimates.get(cell(bucket, kind), self.choice[bucket], now)
 
     def _maybe_probe(self, now: float) -> Decision | None:
         p = self.params
@@ -467,22 +500,23 @@ class AutoPolicy:
             if b in self.pins:
                 continue
             newest_active = self.estimates.newest(b, self.choice[b])
-            if newest_active is None or now - newest_active > p.probe_timeout_seconds:
+            if newest_active is None or self._quiet(b, now):
                 continue  # no traffic in this bucket right now: a probe would measure nothing
             for m in self.others(b):
                 promising = self._promising(b, m, now)
-                if promising:  # confirm it as soon as there is a fresh reference to compare with
+                if promising is not None:  # confirm it as soon as there is a fresh reference to compare with
                     if not self._fresh_reference(b):
                         continue
-                elif now - self.last_probe.get((b, m), -math.inf) < self.probe_interval(b, m):
+                    candidates.append((0, promising, b, int(m)))
+                    continue
+                if now - self.last_probe.get((b, m), -math.inf) < self.probe_interval(b, m):
                     continue
                 newest_other = self.estimates.newest(b, m)
-                candidates.append((0 if promising else 1, -math.inf if newest_other is None else newest_other,
-                                   b, int(m)))
+                candidates.append((1, -math.inf if newest_other is None else newest_other, b, int(m)))
         if not candidates:
             return None
-        # a mode whose first probes beat the running one is confirmed first (a switch it earns is worth more
-        # than any refresh); otherwise the (bucket, mode) measured longest ago
+        # a mode whose first probes beat the running one is confirmed first, the most promising first (a switch
+        # it earns is worth more than any refresh); otherwise the (bucket, mode) measured longest ago
         _, _, b, code = min(candidates)
         mode = Mode(code)
         self.probe = Probe(b, mode, now)

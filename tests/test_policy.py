@@ -426,3 +426,36 @@ def test_kind_evidence_round_trips_through_json(three_modes):
     assert (restored.seconds_total, restored.probe_extra_seconds) == (policy.seconds_total, policy.probe_extra_seconds)
     assert restored.last_probe_end == policy.last_probe_end
     assert restored.evidence(5, 30.0) == policy.evidence(5, 30.0)
+
+
+def test_a_bucket_follows_its_traffic_when_the_kind_of_calls_changes(three_modes):
+    """What a real SGLang bucket saw: greedy traffic first (sharded's path 10x cheaper, gather's 1.5x), then
+    top-p traffic (gather 1.7x cheaper; a sharded table runs it with all_gather). The bucket goes to sharded
+    while its time is greedy and to gather once it is top-p, each from evidence of that kind."""
+    costs = {GREEDY: {A: 0.012, G: 0.008, S: 0.0012}, TOP_P: {A: 0.46, G: 0.27, S: 0.46}}
+    aside = lambda kind, mode: A if mode == S and kind == TOP_P else mode  # noqa: E731
+    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
+    now, first, switched_at = simulate_engine(policy, noisy(costs, 0.15), 150, 0.0, steps_aside=aside)
+    assert policy.choice[5] == S and switched_at <= 50, switched_at
+    _, second, switched_at = simulate_engine(policy, noisy(costs, 0.15, seed=9), 300, now, kinds=(TOP_P,),
+                                             steps_aside=aside)
+    assert policy.choice[5] == G and switched_at <= 150, switched_at
+    last = [d for d in second if d.reason == "auto"][-1]
+    assert last.evidence["mix"]["top_p"] > 0.9 and "top_p" in last.evidence["paired"]["gather"]["kinds"]
+
+
+def test_a_probe_does_not_wait_on_a_bucket_whose_traffic_stopped():
+    """A probe started just before its bucket falls quiet ends within a second or so (4 gaps), not after the
+    probe timeout, so the buckets that do have traffic get their probes."""
+    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=TWO)
+    now = 0.0
+    for _ in range(20):  # bucket 1 at 5 calls/s, then silence
+        policy.observe(A, 0, 0.01, now, call_tag(GREEDY, int(A)))
+        now += 0.2
+    policy.step(now)
+    assert policy.probe is not None and policy.probe.bucket == 0
+    now += 1.5
+    policy.observe(A, 5, 0.01, now, call_tag(GREEDY, int(A)))  # bucket 32 has traffic
+    out = policy.step(now)
+    assert [d.evidence["phase"] for d in out if d.reason == "probe"][0] == "end"
+    assert policy.probe is None or policy.probe.bucket != 0
