@@ -433,9 +433,11 @@ def test_a_bucket_follows_its_traffic_when_the_kind_of_calls_changes(three_modes
     top-p traffic (gather 1.7x cheaper; a sharded table runs it with all_gather). The bucket goes to sharded
     while its time is greedy and to gather once it is top-p, each from evidence of that kind."""
     costs = {GREEDY: {A: 0.012, G: 0.008, S: 0.0012}, TOP_P: {A: 0.46, G: 0.27, S: 0.46}}
-    aside = lambda kind, mode: A if mode == S and kind == TOP_P else mode  # noqa: E731
+    def aside(kind, mode):
+        return A if mode == S and kind == TOP_P else mode
+
     policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
-    now, first, switched_at = simulate_engine(policy, noisy(costs, 0.15), 150, 0.0, steps_aside=aside)
+    now, _, switched_at = simulate_engine(policy, noisy(costs, 0.15), 150, 0.0, steps_aside=aside)
     assert policy.choice[5] == S and switched_at <= 50, switched_at
     _, second, switched_at = simulate_engine(policy, noisy(costs, 0.15, seed=9), 300, now, kinds=(TOP_P,),
                                              steps_aside=aside)
@@ -457,5 +459,5 @@ def test_a_probe_does_not_wait_on_a_bucket_whose_traffic_stopped():
     now += 1.5
     policy.observe(A, 5, 0.01, now, call_tag(GREEDY, int(A)))  # bucket 32 has traffic
     out = policy.step(now)
-    assert [d.evidence["phase"] for d in out if d.reason == "probe"][0] == "end"
+    assert next(d.evidence["phase"] for d in out if d.reason == "probe") == "end"
     assert policy.probe is None or policy.probe.bucket != 0
