@@ -133,7 +133,7 @@ def record_cost_us(calls: int = 200_000, repeats: int = 7, pure_python: bool = F
 
 
 class _NoopRecorder:
-    def record(self, *marks: int) -> None:
+    def record(self, *marks: int, **named: int) -> None:
         pass
 
 

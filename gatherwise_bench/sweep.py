@@ -73,7 +73,7 @@ class _PhaseRecorder:
     def record(self, call_index: int, mode: Mode, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
                sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
-               fallback_rows: int = 0) -> None:
+               fallback_rows: int = 0, tag: int = 0) -> None:
         second = bcast_end - bcast_start
         wire = nbytes + (resolve_nbytes if mode == Mode.SHARDED else (rows + 1) * 8 if second else 0)
         self.last = (coll_end - coll_start, sample_end - sample_start, second, wire, topp_rows, fallback_rows)

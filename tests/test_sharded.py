@@ -64,9 +64,10 @@ class ListRecorder:
         self.calls: list[dict] = []
 
     def record(self, call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, bcast_start, bcast_end,
-               sample_start, sample_end, t_end, resolve_nbytes=0, topp_rows=0, fallback_rows=0) -> None:
+               sample_start, sample_end, t_end, resolve_nbytes=0, topp_rows=0, fallback_rows=0, tag=0) -> None:
         self.calls.append(dict(mode=int(mode), rows=rows, nbytes=nbytes, second=bool(bcast_start),
-                               resolve_nbytes=resolve_nbytes, topp_rows=topp_rows, fallback_rows=fallback_rows))
+                               resolve_nbytes=resolve_nbytes, topp_rows=topp_rows, fallback_rows=fallback_rows,
+                               tag=tag))
 
 
 def run_cases(rank: int, world: int, cases: list[Case]) -> list[dict]:
