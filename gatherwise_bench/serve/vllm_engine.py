@@ -16,7 +16,8 @@ VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"
 class VllmEngine(EngineSpec):
     name = "vllm"
     env = VLLM_ENV
-    shm_leftovers = ("vllm_dist_*", "psm_*")  # psm_*: its message queues (Python shared memory) when killed
+    # psm_*: its message queues (Python shared memory), sem.mp-*: multiprocessing semaphores, when killed
+    shm_leftovers = ("vllm_dist_*", "psm_*", "sem.mp-*")
 
     def server_command(self, python: str, model: Path, port: int, context_len: int, max_total_tokens: int
                        ) -> list[str]:

@@ -8,7 +8,7 @@ ENGINE_TIMEOUT_S = 600
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 # What a vLLM run leaves in /dev/shm when it kills its workers, or is killed itself: its shared-memory segments
 # (its message queues are Python shared memory, `psm_*`).
-VLLM_SHM_LEFTOVERS = ("vllm_dist_*", "psm_*")
+VLLM_SHM_LEFTOVERS = ("vllm_dist_*", "psm_*", "sem.mp-*")
 
 
 def base_env(**extra: str) -> dict[str, str]:
