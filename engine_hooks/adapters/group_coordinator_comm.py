@@ -30,16 +30,12 @@ class GroupCoordinatorCommunicator:
         """out (world_size * n,) <- every rank's inp (n,), in rank order."""
         dist.all_gather_into_tensor(out, inp, group=self._device_group)
 
-    def _gather_transport(self, t: torch.Tensor):
-        """The module whose `gather(inp, gather_list, dst, group)` moves `t` (torch.distributed by default)."""
-        return dist
-
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         self._all_gather_flat(out.view(-1), inp.view(-1))
 
     def gather(self, out: torch.Tensor | None, inp: torch.Tensor) -> None:
         gather_list = list(out.unbind(0)) if out is not None else None
-        self._gather_transport(inp).gather(inp, gather_list, dst=self._root, group=self._device_group)
+        dist.gather(inp, gather_list, dst=self._root, group=self._device_group)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         self.group.broadcast(tensor, src=0)

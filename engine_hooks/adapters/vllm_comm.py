@@ -37,9 +37,6 @@ class VllmGroupCommunicator(GroupCoordinatorCommunicator):
         self.transport = "torch.distributed" if self._fast is dist else type(self._fast).__name__
         self._bcast_scratch: torch.Tensor | None = None
 
-    def _gather_transport(self, t: torch.Tensor):
-        return self._fast
-
     def _all_gather_flat(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         fast_out, fast_inp = (None, None) if self._fast is dist else (float_view(out), float_view(inp))
         if fast_out is None or fast_inp is None:  # the same shape on every rank: every rank takes this branch
