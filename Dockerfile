@@ -11,8 +11,9 @@ COPY engine_hooks engine_hooks
 COPY sidecar sidecar
 COPY tp_engine tp_engine
 COPY gatherwise_bench gatherwise_bench
+COPY dashboards dashboards
 COPY config config
-RUN pip install -c constraints.txt . \
+RUN pip install -c constraints.txt ".[sidecar]" \
     && useradd --uid 10001 --create-home --shell /usr/sbin/nologin gatherwise
 USER gatherwise
 EXPOSE 9400

@@ -1,7 +1,7 @@
 """Generate the Grafana dashboard JSON from code (grafana-foundation-sdk, Grafana 11.6 schema).
 
-`.venv/bin/python -m dashboards.build` rewrites dashboards/grafana/dashboards/; tests/test_dashboards.py regenerates
-into a temporary directory and fails when the committed JSON differs.
+`.venv/bin/python -m gatherwise.dashboards.build` rewrites dashboards/grafana/dashboards/;
+tests/test_dashboards.py regenerates into a temporary directory and fails when the committed JSON differs.
 """
 
 from __future__ import annotations
@@ -11,11 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from grafana_foundation_sdk.builders import dashboard as dash
-from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.dashboard import DashboardCursorSync
-
-from dashboards.panels import (
+from gatherwise.dashboards.panels import (
     BUCKET_SOURCE,
     ENGINE,
     JAEGER_UID,
@@ -28,6 +24,9 @@ from dashboards.panels import (
     traffic_panels,
     variable,
 )
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import DashboardCursorSync
 
 DASHBOARD_UID = "gatherwise-overview"
 OUT_DIR = Path(__file__).parent / "grafana" / "dashboards"

@@ -18,8 +18,7 @@ from http import HTTPStatus
 from pathlib import Path
 
 import yaml
-
-from dashboards.child_process import start_child, stop_child
+from gatherwise.dashboards.child_process import start_child, stop_child
 
 CONFIG = Path(__file__).parent / "prometheus" / "prometheus.yml"
 SIDECAR_JOB = "gatherwise-sidecar"

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 
-from dashboards.child_process import start_child
-from dashboards.local_prometheus import LocalPrometheus, start_prometheus, write_local_config
-from tp_engine.launch import free_port
+from gatherwise.dashboards.child_process import start_child
+from gatherwise.dashboards.local_prometheus import LocalPrometheus, start_prometheus, write_local_config
+from gatherwise.tp_engine.launch import free_port
 
 
 def private_shm_dir() -> Path:

@@ -1,4 +1,4 @@
-/* Compiled fast path of engine_hooks.recorder.RingRecorder.record(): the same bytes, written by one C call.
+/* Compiled fast path of gatherwise.engine_hooks.recorder.RingRecorder.record(): the same bytes, written by one C call.
  *
  * Optional: built by `pip install` when a C compiler is there; RingRecorder falls back to its pure-Python
  * record() otherwise (GATHERWISE_PURE_PYTHON_RECORDER=1 forces the fallback). The ring format is defined in
@@ -217,7 +217,7 @@ static PyMethodDef Writer_methods[] = {
 
 static PyTypeObject WriterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "engine_hooks._ring_writer.Writer",
+    .tp_name = "gatherwise.engine_hooks._ring_writer.Writer",
     .tp_basicsize = sizeof(Writer),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Writer(buffer, capacity, vocab, rank, dtype_code): record() into a telemetry ring.",

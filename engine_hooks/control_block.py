@@ -13,7 +13,8 @@ import mmap
 import os
 import time
 
-from engine_hooks.table_source import AppliedStatus, TableRequest
+from gatherwise.engine_hooks.table_source import AppliedStatus, TableRequest
+
 from gatherwise.modes import ModeTable
 from gatherwise.shm_format import control as fmt
 from gatherwise.shm_format.control import CMD_SEQ, HB_CALL, HB_LOCK, HB_NS

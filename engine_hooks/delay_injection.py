@@ -10,8 +10,8 @@ import time
 from collections.abc import Sequence
 
 import torch
+from gatherwise.engine_hooks.comm import Communicator
 
-from engine_hooks.comm import Communicator
 from gatherwise.config import DelayPhase
 
 

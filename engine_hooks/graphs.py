@@ -13,7 +13,7 @@ finish_replay) and runs around the replay:
     mode, out = graphs.replay(rows)              # every decode step: begin (mode from the table), replay, finish
 
 `replay()` = `begin(rows)` → this call's mode, from the table every rank holds (the control word adopted two
-calls after it arrived, engine_hooks.deferred_word, so it is on the host by now without a synchronization) →
+calls after it arrived, gatherwise.engine_hooks.deferred_word, so it is on the host by now without a synchronization) →
 replay of that variant → `end()`. Every rank picks the same variant because every rank holds the same table.
 
 What the captured function may contain: a whole call (`path.run()`, or `exchange()` + `complete()`), or only
@@ -30,7 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from engine_hooks.logits_path import LogitsPath
+from gatherwise.engine_hooks.logits_path import LogitsPath
+
 from gatherwise.modes import IMPLEMENTED, Mode
 
 # Sharded mode decides on the host from the exchanged summaries (which rows fall back, who owns a draw), so a

@@ -7,8 +7,8 @@ the same clear error on any mismatch, so no rank is left waiting in a later coll
 from __future__ import annotations
 
 import torch
+from gatherwise.engine_hooks.comm import Communicator
 
-from engine_hooks.comm import Communicator
 from gatherwise import HOOKS_VERSION
 from gatherwise.logits_dtypes import dtype_code
 from gatherwise.modes import ModeTable

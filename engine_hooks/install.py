@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gatherwise.engine_hooks.comm import Communicator
+from gatherwise.engine_hooks.delay_injection import DelayedCommunicator
+from gatherwise.engine_hooks.handshake import handshake
+from gatherwise.engine_hooks.logits_path import LogitsPath
+from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 
-from engine_hooks.comm import Communicator
-from engine_hooks.delay_injection import DelayedCommunicator
-from engine_hooks.handshake import handshake
-from engine_hooks.logits_path import LogitsPath
-from engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 from gatherwise.config import GatherwiseConfig, config_hash, load_config
 from gatherwise.modes import Mode, ModeTable
 
@@ -88,7 +88,8 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
         except OSError as exc:
             _runs_without("telemetry and control", comm.rank, f"engine.shm_dir {cfg.engine.shm_dir}: {exc}")
     if cfg.telemetry.enabled and engine_dir is not None:
-        from engine_hooks.recorder import RingRecorder
+        from gatherwise.engine_hooks.recorder import RingRecorder
+
         from gatherwise.shm_format.ring import ring_file_size, ring_path
 
         try:
@@ -101,7 +102,8 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
                           f"{ring_file_size(cfg.telemetry.ring_capacity)} bytes of its ring in {engine_dir}: "
                           f"{exc.strerror or exc}")
     if cfg.control.enabled and comm.rank == 0 and engine_dir is not None:
-        from engine_hooks.control_block import ControlBlockSource
+        from gatherwise.engine_hooks.control_block import ControlBlockSource
+
         from gatherwise.shm_format.control import control_path
 
         try:
@@ -113,7 +115,7 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
                           f"{exc.strerror or exc}")
     clock = time.perf_counter_ns
     if recorder is not None and torch.device(device).type == "cuda":
-        from engine_hooks.cuda_timing import cuda_recording
+        from gatherwise.engine_hooks.cuda_timing import cuda_recording
 
         # event pairs on the stream, resolved calls later by query(): no synchronize on the hot path
         ring = recorder

@@ -3,8 +3,8 @@
 Protocol (docs/architecture.md): the mode of a call comes from the table every rank holds. Rank 0 appends
 the 64-bit control word (table, epoch) to what it sends in the call's own first collective — after its shard
 in all_gather mode, after the token ids in gather mode, ahead of its summaries in sharded mode
-(engine_hooks.sharded_exchange) — and every rank, rank 0 included, adopts it ADOPT_LAG
-calls later (engine_hooks.deferred_word): no rank reads a device value on the host during the call, no extra
+(gatherwise.engine_hooks.sharded_exchange) — and every rank, rank 0 included, adopts it ADOPT_LAG
+calls later (gatherwise.engine_hooks.deferred_word): no rank reads a device value on the host during the call, no extra
 collective, and no two ranks ever disagree on a mode.
 
 Buffers are preallocated and reused: the engine's LM head writes straight into `logits_buffer(rows)`, a view
@@ -20,14 +20,14 @@ from contextlib import contextmanager
 from typing import Protocol
 
 import torch
+from gatherwise.engine_hooks.comm import Communicator
+from gatherwise.engine_hooks.deferred_word import ADOPT_LAG, DeferredWords
+from gatherwise.engine_hooks.sampling import SamplingRow, sample
+from gatherwise.engine_hooks.sampling_params import kind_of_rows
+from gatherwise.engine_hooks.sharded_exchange import ShardedCall, ShardedSampler
+from gatherwise.engine_hooks.table_source import AppliedStatus, TableSource
+from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 
-from engine_hooks.comm import Communicator
-from engine_hooks.deferred_word import ADOPT_LAG, DeferredWords
-from engine_hooks.sampling import SamplingRow, sample
-from engine_hooks.sampling_params import kind_of_rows
-from engine_hooks.sharded_exchange import ShardedCall, ShardedSampler
-from engine_hooks.table_source import AppliedStatus, TableSource
-from engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 from gatherwise.call_kind import call_tag
 from gatherwise.modes import EPOCH_BITS, ControlWord, Mode, ModeTable
 
@@ -35,7 +35,7 @@ _ALIGN = 4  # shard widths are padded to a multiple of 4 so the control word slo
 
 
 class CallRecorder(Protocol):
-    """Receives the timing marks of one call (see engine_hooks.recorder). Must not block."""
+    """Receives the timing marks of one call (see gatherwise.engine_hooks.recorder). Must not block."""
 
     def record(self, call_index: int, mode: Mode, rows: int, epoch: int, nbytes: int, t_start: int,
                coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
@@ -83,7 +83,7 @@ class LogitsPath:
         # baked into a captured CUDA graph, and a new word costs one fill, only when it changes.
         self._word_dev = torch.full((1,), self._word, dtype=torch.int64, device=self.device)
         self._deferred = DeferredWords(self.device)
-        self._capture: Mode | None = None  # set while a CUDA graph variant is captured (engine_hooks.graphs)
+        self._capture: Mode | None = None  # set while a CUDA graph variant is captured (gatherwise.engine_hooks.graphs)
         self._captured_word_in: dict[tuple[Mode, int], torch.Tensor | None] = {}
         self._captured_open: set[tuple[Mode, int]] = set()  # variants that captured exchange() only
         self._capacity = 0
@@ -188,7 +188,7 @@ class LogitsPath:
     def begin_call(self, rows: int) -> Mode:
         """Host part of the start of a call: adopt the word that is due, let rank 0 read its table source,
         and return this call's mode from the table. exchange() calls it; an engine that replays a captured
-        CUDA graph calls it (through engine_hooks.graphs) to choose the variant before replay. Runs once per
+        CUDA graph calls it (through gatherwise.engine_hooks.graphs) to choose the variant before replay. Runs once per
         call: a second call for the same call index only returns the mode."""
         if self._begun == self.call_index:
             return self.table.mode_for_rows(rows)
@@ -275,7 +275,7 @@ class LogitsPath:
                        call.resolve_start, call.resolve_end, call.sample_start, call.sample_end, kind, call)
         return call.tokens
 
-    # -- CUDA graphs (driven by engine_hooks.graphs) ---------------------------------------------------
+    # -- CUDA graphs (driven by gatherwise.engine_hooks.graphs) ---------------------------------------------------
     @contextmanager
     def capturing(self, mode: Mode) -> Iterator[None]:
         """While open, exchange()/complete() enqueue only the device work of a `mode` call (what a CUDA graph

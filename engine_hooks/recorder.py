@@ -2,7 +2,7 @@
 
 record() runs once per logits call on every rank and costs well under a microsecond: one pack_into of the
 record, a few u64 counter updates in the header, one store of the write index. It never blocks and never waits
-for readers. On CUDA the timings arrive calls later (engine_hooks.cuda_timing): count() puts the call's calls
+for readers. On CUDA the timings arrive calls later (gatherwise.engine_hooks.cuda_timing): count() puts the call's calls
 and bytes into the header at the time of the call, record_timed() adds the record and the time counters once its
 events completed, and drop() counts calls whose timings never will be — so the calls and bytes counters stay
 exact whatever the device does. Stdlib only, so it is cheap to import and usable without torch."""
@@ -20,7 +20,7 @@ from gatherwise.shm_format import ring as fmt
 from gatherwise.shm_format.private_files import create_private_file, temporary_name
 
 try:  # the compiled record() (engine_hooks/_ring_writer.c), built by pip install when a C compiler is there
-    from engine_hooks import _ring_writer
+    from gatherwise.engine_hooks import _ring_writer
 except ImportError:
     _ring_writer = None
 
@@ -37,8 +37,8 @@ def _native_matches_format(native: object) -> bool:
 if _ring_writer is not None and not _native_matches_format(_ring_writer):
     # An in-place build of an older ring format (sources changed, `pip install` not redone) would write records
     # the reader misparses: use the Python writer and say why, once.
-    print("gatherwise: engine_hooks._ring_writer was built for another ring format; using the Python record writer "
-          "(reinstall gatherwise to rebuild it)", file=sys.stderr)
+    print("gatherwise: gatherwise.engine_hooks._ring_writer was built for another ring format; using the Python "
+          "record writer (reinstall gatherwise to rebuild it)", file=sys.stderr)
     _ring_writer = None
 
 PURE_PYTHON_ENV = "GATHERWISE_PURE_PYTHON_RECORDER"  # "1": never use the compiled record()
@@ -176,7 +176,7 @@ class RingRecorder:
         c[base + _PA + 1] += nbytes
         c[_WRITE_INDEX_WORD] = seq  # publish last: readers trust every seq <= write_index
 
-    # -- split recording: count at call time, time later (engine_hooks.cuda_timing) -------------------------
+    # -- split recording: count at call time, time later (gatherwise.engine_hooks.cuda_timing) -------------------------
     def count(self, mode: int, rows: int, nbytes: int, broadcast: bool, resolve_nbytes: int = 0,
               topp_rows: int = 0, fallback_rows: int = 0) -> None:
         """A call's calls and bytes counters, at the time of the call (before its timings are known).

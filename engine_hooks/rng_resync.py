@@ -26,8 +26,7 @@ import logging
 from collections.abc import Hashable, Iterable, Mapping
 
 import torch
-
-from engine_hooks.comm import Communicator
+from gatherwise.engine_hooks.comm import Communicator
 
 
 def default_generator(device: torch.device) -> torch.Generator:

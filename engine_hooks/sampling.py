@@ -1,17 +1,16 @@
 """The sampler of the all_gather and gather modes: the full received layout `[P, B, W]`, never concatenated.
 
 Shard r holds global columns r*W .. r*W+W-1; columns >= vocab are padding at -inf. The sampler runs the
-canonical per-shard computations of engine_hooks.shard_sampling on each shard and combines them exactly as a
+canonical per-shard computations of gatherwise.engine_hooks.shard_sampling on each shard and combines them exactly as a
 sharded rank does after its exchange, so all three modes give the same token bit for bit (the semantics are
-documented there). Randomness: one counter-based uniform per row (engine_hooks.sampling_params).
+documented there). Randomness: one counter-based uniform per row (gatherwise.engine_hooks.sampling_params).
 """
 
 from __future__ import annotations
 
 import torch
-
-from engine_hooks.sampling_params import SamplingParams, SamplingRow, row_uniform
-from engine_hooks.shard_sampling import (
+from gatherwise.engine_hooks.sampling_params import SamplingParams, SamplingRow, row_uniform
+from gatherwise.engine_hooks.shard_sampling import (
     Kind,
     combine_greedy,
     combine_top_k,

@@ -10,8 +10,8 @@ every rank holds the same rows. Each group is sampled in two steps:
    drawn position and the target inside it, which only that shard's owner can resolve (`find_in_shard`); or,
    for top-p rows whose nucleus the candidates do not cover, a request for the full rows (`sample_top_p_rows`).
 
-The all_gather and gather sampler (engine_hooks.sampling) runs step 1 on each shard of the received
-[P, B, W] layout; a sharded rank (engine_hooks.sharded_exchange) runs it on its own shard and exchanges the
+The all_gather and gather sampler (gatherwise.engine_hooks.sampling) runs step 1 on each shard of the received
+[P, B, W] layout; a sharded rank (gatherwise.engine_hooks.sharded_exchange) runs it on its own shard and exchanges the
 summaries. Both then run the same step 2 on the same float64 numbers in the same tensor shapes, so the three
 modes give the same token bit for bit by construction, not by luck of summation order.
 
@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 import torch
-
-from engine_hooks.sampling_params import SamplingParams, SamplingRow, row_uniform
+from gatherwise.engine_hooks.sampling_params import SamplingParams, SamplingRow, row_uniform
 
 TOP_P_CANDIDATES = 64  # per shard: enough for the nucleus of a peaked distribution; flat ones fall back
 F64 = torch.float64

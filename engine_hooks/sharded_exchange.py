@@ -1,6 +1,6 @@
 """Sharded mode: every rank samples from its own vocab shard; only what sampling needs crosses the wire.
 
-A call runs one or two all_gathers, fixed by the sampling kinds of its rows (engine_hooks.shard_sampling):
+A call runs one or two all_gathers, fixed by the sampling kinds of its rows (gatherwise.engine_hooks.shard_sampling):
 
 1. `shard_exchange` (always): each rank's per-row summaries as float64 — greedy: (max, index), O(B); top-k:
    its k best (value, index), O(B·k); temperature: (shard max, shard mass), O(B); top-p: max, mass and its
@@ -25,10 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from engine_hooks.comm import Communicator
-from engine_hooks.sampling_params import SamplingRow
-from engine_hooks.shard_sampling import (
+from gatherwise.engine_hooks.comm import Communicator
+from gatherwise.engine_hooks.sampling_params import SamplingRow
+from gatherwise.engine_hooks.shard_sampling import (
     F64,
     Group,
     Kind,

@@ -2,7 +2,7 @@
 
 The codes are written into every ring header and compared in the install handshake, so they are part of the
 shared-memory format: never renumber one. Names only, no torch: the engine side maps them to torch dtypes once
-(engine_hooks.torch_dtypes).
+(gatherwise.engine_hooks.torch_dtypes).
 """
 
 from __future__ import annotations

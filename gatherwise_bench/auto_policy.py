@@ -1,7 +1,7 @@
 """Auto policy vs static modes on a mixed workload that crosses the gather/all_gather crossover (TP=2, gloo).
 
-    .venv/bin/python -m gatherwise_bench.auto_policy [--rounds 4] [--segment 4] [--cold 90] [--out out/auto_policy]
-    .venv/bin/python -m gatherwise_bench.auto_policy --workload slow [--greedy-share 0.8] [--out out/auto_slow]
+    .venv/bin/python -m gatherwise.bench.auto_policy [--rounds 4] [--segment 4] [--cold 90] [--out out/auto_policy]
+    .venv/bin/python -m gatherwise.bench.auto_policy --workload slow [--greedy-share 0.8] [--out out/auto_slow]
 
 Two workloads. `fast`: greedy calls back to back at six batch sizes, vocab 32 000 (about 100 calls/s), with a
 policy tuned for minutes-long runs. `slow`: what a CPU serving engine looks like to the policy — two batch sizes,
@@ -35,14 +35,14 @@ from pathlib import Path
 
 import httpx
 import yaml
+from gatherwise.bench.bench_sidecar import auth_header, start_sidecar
+from gatherwise.bench.figures import pyplot, save
+from gatherwise.bench.sidecar_cpu import cpu_seconds
 
 from gatherwise.call_kind import kind_label, split_tag
 from gatherwise.config import PolicyParams
 from gatherwise.modes import IMPLEMENTED, Mode, bucket_label, bucket_of
 from gatherwise.shm_format.ring import engine_dir_name
-from gatherwise_bench.bench_sidecar import auth_header, start_sidecar
-from gatherwise_bench.figures import pyplot, save
-from gatherwise_bench.sidecar_cpu import cpu_seconds
 
 STATIC = tuple(m.label for m in IMPLEMENTED)  # every implemented mode is a static variant
 
@@ -66,10 +66,10 @@ def workload(name: str, greedy_share: float = 1.0) -> dict:
 
 def engine_rank(rank: int, world: int, config_path: str, stop_file: str, load: dict) -> int:
     import torch
+    from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.install import install_hooks
+    from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
 
-    from engine_hooks.comm import default_communicator
-    from engine_hooks.install import install_hooks
-    from engine_hooks.sampling import SamplingParams, SamplingRow
     from gatherwise.config import load_config
 
     comm = default_communicator()
@@ -99,10 +99,10 @@ def engine_rank(rank: int, world: int, config_path: str, stop_file: str, load: d
 
 
 class Engine:
-    """The TP=2 engine in a thread (gatherwise_bench.launch.run_ranks blocks), plus readers of its rings."""
+    """The TP=2 engine in a thread (gatherwise.bench.launch.run_ranks blocks), plus readers of its rings."""
 
     def __init__(self, config_path: str, shm: str, stop_file: str, load: dict) -> None:
-        from gatherwise_bench.launch import run_ranks
+        from gatherwise.bench.launch import run_ranks
 
         self.stop_file = stop_file
         known = {e.engine_id for e in _engines(shm)}
@@ -118,7 +118,7 @@ class Engine:
                 raise RuntimeError("engine did not start")
             time.sleep(0.2)
         time.sleep(0.5)
-        from sidecar.ring_reader import RingReader
+        from gatherwise.sidecar.ring_reader import RingReader
 
         self.engine_id = fresh[0].engine_id
         self.readers = [RingReader(p) for p in fresh[0].rings.values()]
@@ -154,7 +154,7 @@ class Engine:
 
 
 def _engines(shm: str):
-    from sidecar.ring_reader import discover_engines
+    from gatherwise.sidecar.ring_reader import discover_engines
 
     try:
         return discover_engines(shm)
@@ -382,7 +382,7 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gatherwise_bench.auto_policy", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gatherwise.bench.auto_policy", description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", choices=("fast", "slow"), default="fast")
     p.add_argument("--greedy-share", type=float, default=0.8,
                    help="slow workload: share of each batch size's calls that are greedy (the rest top-p)")

@@ -15,12 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gatherwise.bench.sampling_spec import parse_sampling
+
 from gatherwise.logits_dtypes import LOGITS_DTYPES
 from gatherwise.modes import IMPLEMENTED_LABELS, Mode
-from gatherwise_bench.sampling_spec import parse_sampling
 
 if TYPE_CHECKING:  # torch-free at import: argument errors come before any heavy import
-    from gatherwise_bench.report import SweepResult
+    from gatherwise.bench.report import SweepResult
 
 DEFAULT_ROWS = "1,2,4,8,16,32,64,128,256"
 
@@ -131,7 +132,7 @@ def _pick_device(requested: str, tp: int, parser: argparse.ArgumentParser) -> st
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[2:] if argv is None else argv
     if argv[:1] == ["serve"]:  # a real engine's server under load, not the logits path alone
-        from gatherwise_bench.serve.cli import main as serve_main
+        from gatherwise.bench.serve.cli import main as serve_main
 
         return serve_main(argv[1:])
     parser = build_parser()
@@ -139,17 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_results is not None:
         if not args.from_results.is_file():
             parser.error(f"--from-results: no such file {args.from_results}")
-        from gatherwise_bench.report import load_results
+        from gatherwise.bench.report import load_results
 
         return _write_outputs(load_results(args.from_results), args.out)
     device = _pick_device(args.device, args.tp, parser)
 
     # heavy imports only once the arguments are known to be good
     import torch
-
-    from gatherwise_bench.launch import run_ranks
-    from gatherwise_bench.report import SweepResult, find_crossovers, summarize
-    from gatherwise_bench.sweep import SweepConfig, sweep_rank
+    from gatherwise.bench.launch import run_ranks
+    from gatherwise.bench.report import SweepResult, find_crossovers, summarize
+    from gatherwise.bench.sweep import SweepConfig, sweep_rank
 
     cfg = SweepConfig(tp=args.tp, vocabs=args.vocab, rows=args.rows, dtypes=args.dtype, modes=args.modes,
                       iters=args.iters, warmup=args.warmup, device=device, seed=args.seed,
@@ -172,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write_outputs(result: SweepResult, out_dir: Path) -> int:
-    from gatherwise_bench.plot import plot_crossover
-    from gatherwise_bench.report import format_table, write_results_json
-    from gatherwise_bench.starting_table import write_starting_tables
+    from gatherwise.bench.plot import plot_crossover
+    from gatherwise.bench.report import format_table, write_results_json
+    from gatherwise.bench.starting_table import write_starting_tables
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tables = write_starting_tables(out_dir, result.config, result.shapes)

@@ -1,6 +1,6 @@
 """Cost of ControlBlockSource.poll() per logits call (rank 0's per-call control overhead), JSON to stdout/file.
 
-    .venv/bin/python -m gatherwise_bench.control_poll [--calls 1000000] [--out out/control_poll.json]
+    .venv/bin/python -m gatherwise.bench.control_poll [--calls 1000000] [--out out/control_poll.json]
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine_hooks.control_block import ControlBlockSource
+from gatherwise.engine_hooks.control_block import ControlBlockSource
+
 from gatherwise.modes import Mode, ModeTable
 from gatherwise.shm_format.control import control_path
 

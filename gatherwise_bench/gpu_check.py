@@ -1,7 +1,7 @@
 """The GPU check: what must hold (and what it costs) when the logits path runs on CUDA.
 
-    scripts/gpu_check.sh OUTDIR            # = python -m gatherwise_bench.gpu_check OUTDIR (from the repository root)
-    python -m gatherwise_bench.gpu_check OUTDIR --cpu # the same checks on the CPU (what `make test` runs; no GPU parts)
+    scripts/gpu_check.sh OUTDIR            # = python -m gatherwise.bench.gpu_check OUTDIR (from the repository root)
+    python -m gatherwise.bench.gpu_check OUTDIR --cpu # the same checks on the CPU (what `make test` runs; no GPU parts)
 
 Needs torch (with CUDA for the real check), pyyaml and, for the metrics part, prometheus-client; nothing else,
 no network, no install. Writes OUTDIR/gpu_check.json (every number) and OUTDIR/summary.txt (one line per
@@ -48,7 +48,7 @@ class Skip(Exception):
 
 # -- helpers ---------------------------------------------------------------------------------------------
 def _params(kind: str):
-    from engine_hooks.sampling import SamplingParams
+    from gatherwise.engine_hooks.sampling import SamplingParams
 
     return {"greedy": SamplingParams(), "temperature": SamplingParams(temperature=0.8, seed=1),
             "top_k": SamplingParams(temperature=0.8, top_k=20, seed=1),
@@ -56,7 +56,7 @@ def _params(kind: str):
 
 
 def _rows(kind: str, batch: int, position: int = 0):
-    from engine_hooks.sampling import SamplingRow
+    from gatherwise.engine_hooks.sampling import SamplingRow
 
     return [SamplingRow(_params(kind), request_id=i, position=position) for i in range(batch)]
 
@@ -77,9 +77,9 @@ def _sync(device) -> None:
 
 def _path(device, vocab: int, mode, *, dtype=None, recorder=None, clock=None, source=None, comm=None):
     import torch
+    from gatherwise.engine_hooks.comm import SingleRankCommunicator
+    from gatherwise.engine_hooks.logits_path import LogitsPath
 
-    from engine_hooks.comm import SingleRankCommunicator
-    from engine_hooks.logits_path import LogitsPath
     from gatherwise.modes import ModeTable
 
     kw = {"clock": clock} if clock is not None else {}
@@ -91,9 +91,8 @@ def _path(device, vocab: int, mode, *, dtype=None, recorder=None, clock=None, so
 def _recording(device, path_dir: str, name: str, vocab: int, dtype):
     """(clock, recorder, ring) for a path on `device`: CUDA events + resolver on CUDA, perf_counter on CPU."""
     import torch
-
-    from engine_hooks.cuda_timing import cuda_recording
-    from engine_hooks.recorder import RingRecorder
+    from gatherwise.engine_hooks.cuda_timing import cuda_recording
+    from gatherwise.engine_hooks.recorder import RingRecorder
 
     ring = RingRecorder(os.path.join(path_dir, name), engine_id=1, rank=0, tp_size=1, vocab=vocab, dtype=dtype,
                         capacity=4096)
@@ -141,8 +140,8 @@ def check_sync_free(ctx: dict) -> dict:
     mode and sampling kind, with a mode switch — except the kinds in SYNCS_BY_DESIGN, which are run and reported
     (synchronizes or not) without failing the check."""
     import torch
+    from gatherwise.engine_hooks.table_source import InProcessTableSource
 
-    from engine_hooks.table_source import InProcessTableSource
     from gatherwise.modes import IMPLEMENTED
 
     device, vocab, batch = ctx["device"], 32000, 4
@@ -214,9 +213,9 @@ def _innermost_frames(exc: BaseException, count: int = 4) -> list[str]:
 
 def _tp2_rank(rank: int, world: int, device: str, vocab: int, batch: int) -> dict:
     import torch
+    from gatherwise.engine_hooks.comm import TorchDistCommunicator
+    from gatherwise.engine_hooks.table_source import InProcessTableSource
 
-    from engine_hooks.comm import TorchDistCommunicator
-    from engine_hooks.table_source import InProcessTableSource
     from gatherwise.modes import IMPLEMENTED
 
     out = {}
@@ -240,7 +239,7 @@ def _tp2_rank(rank: int, world: int, device: str, vocab: int, batch: int) -> dic
 
 
 def check_tp2_gloo_cuda(ctx: dict) -> dict:
-    from tp_engine.launch import launch
+    from gatherwise.tp_engine.launch import launch
 
     device, vocab, batch = ctx["device"], 1001, 3
     try:
@@ -268,9 +267,9 @@ def check_tp2_gloo_cuda(ctx: dict) -> dict:
 def check_event_timing(ctx: dict) -> dict:
     """Per mode: the recorded path time (CUDA events, resolved later) against synchronized wall time."""
     import torch
+    from gatherwise.sidecar.ring_reader import RingReader
 
     from gatherwise.modes import IMPLEMENTED
-    from sidecar.ring_reader import RingReader
 
     device, batch = ctx["device"], 64
     vocab, calls = (32000, 12) if ctx["cpu"] else (SAMPLER_VOCAB, 30)
@@ -315,8 +314,8 @@ def check_graphs(ctx: dict) -> dict:
 
     if ctx["cpu"]:
         raise Skip("needs CUDA (tests/test_graphs.py covers the logic on the CPU with a stand-in graph)")
-    from engine_hooks.graphs import CAPTURABLE, ModeGraphs  # sharded calls run eagerly, never in a graph
-    from engine_hooks.table_source import InProcessTableSource
+    from gatherwise.engine_hooks.graphs import CAPTURABLE, ModeGraphs  # sharded calls run eagerly, never in a graph
+    from gatherwise.engine_hooks.table_source import InProcessTableSource
 
     device, vocab, steps = ctx["device"], 32000, [1, 8, 8, 1, 8, 1, 1, 8, 8, 1, 8, 1]
     out: dict[str, Any] = {"vocab": vocab, "rows": [1, 8], "starts": {}}
@@ -397,8 +396,8 @@ def check_sampler(ctx: dict) -> dict:
     """Per mode, B, kind: the path call as that mode runs it (collective + that mode's sampling) at TP=1, and
     the shared sampler alone on the received [P, B, V/P] layout for P = 1 and 8."""
     import torch
+    from gatherwise.engine_hooks.sampling import sample
 
-    from engine_hooks.sampling import sample
     from gatherwise.modes import IMPLEMENTED
 
     # On the CPU (the plumbing test in make test) a smaller vocab: the GPU shapes would take minutes there.
@@ -487,9 +486,9 @@ def check_event_costs(ctx: dict) -> dict:
     import torch
 
     if ctx["cpu"]:
-        raise Skip("needs CUDA (the CPU path records with perf_counter_ns; gatherwise_bench.hook_overhead)")
-    from engine_hooks.cuda_timing import CurrentStream, EventClock, EventResolver
-    from engine_hooks.recorder import RingRecorder
+        raise Skip("needs CUDA (the CPU path records with perf_counter_ns; gatherwise.bench.hook_overhead)")
+    from gatherwise.engine_hooks.cuda_timing import CurrentStream, EventClock, EventResolver
+    from gatherwise.engine_hooks.recorder import RingRecorder
 
     device = torch.device(ctx["device"])
     x = torch.zeros(1, device=device)
@@ -534,7 +533,7 @@ def check_event_costs(ctx: dict) -> dict:
 
 def _compiled_writer() -> bool:
     try:
-        from engine_hooks import _ring_writer  # noqa: F401
+        from gatherwise.engine_hooks import _ring_writer  # noqa: F401
     except ImportError:
         return False
     return True
@@ -543,13 +542,13 @@ def _compiled_writer() -> bool:
 def check_header_metrics(ctx: dict) -> dict:
     """A ring written through the CUDA timing path, exported by the sidecar's metrics module."""
     try:
-        from sidecar.metrics import EngineCounters, SidecarMetrics, rank_counters
+        from gatherwise.sidecar.metrics import EngineCounters, SidecarMetrics, rank_counters
     except ImportError as exc:
         raise Skip(f"sidecar metrics need {exc.name}") from None
     import torch
+    from gatherwise.sidecar.ring_reader import RingReader
 
     from gatherwise.modes import IMPLEMENTED
-    from sidecar.ring_reader import RingReader
 
     device, vocab, batch = ctx["device"], 32000, 4
     clock, recorder, ring = _recording(device, ctx["tmp"], "metrics", vocab, "bfloat16")
@@ -688,7 +687,7 @@ def run(outdir: Path, *, cpu: bool, only: list[str] | None = None, budget_s: flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gatherwise_bench.gpu_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gatherwise.bench.gpu_check", description=__doc__.split("\n")[0])
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--cpu", action="store_true", help="run the checks on the CPU (no GPU parts)")
     parser.add_argument("--only", default="", help="comma-separated check names (default: all)")

@@ -1,6 +1,6 @@
 """Hook overhead per logits call: the path with recording on vs off vs the bare collective.
 
-    python -m gatherwise_bench.hook_overhead [--tp 2] [--iters 300] [--warmup 30] [--out out/hook_overhead]
+    python -m gatherwise.bench.hook_overhead [--tp 2] [--iters 300] [--warmup 30] [--out out/hook_overhead]
 
 Variants, interleaved call by call (a rotating order, so drift of the machine hits all alike), on TP ranks:
   bare — all_gather_into_tensor of the shard + greedy argmax over the gathered shards (no hooks at all)
@@ -23,8 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from gatherwise.bench.figures import pyplot, save
+
 from gatherwise.shm_format.ring import engine_dir_name
-from gatherwise_bench.figures import pyplot, save
 
 SHAPES = ((1, 32000), (16, 152064))  # (rows, vocab)
 SMALL_SHAPE_ITERS_FACTOR = 8  # B=1 calls cost < 1 ms: give that shape 8x the calls to tame the noise
@@ -34,7 +35,7 @@ VARIANTS = ("bare", "off", "on")
 
 
 def _rank_bench(rank: int, world: int, shapes, iters: int, warmup: int, shm_dir: str):
-    from engine_hooks.comm import TorchDistCommunicator
+    from gatherwise.engine_hooks.comm import TorchDistCommunicator
 
     comm = TorchDistCommunicator()
     def calls(rows: int, vocab: int) -> int:
@@ -48,10 +49,10 @@ def _measure_shape(comm, rank: int, world: int, rows: int, vocab: int, iters: in
     """(start, end) ns per timed call of each variant on this rank."""
     import torch
     import torch.distributed as dist
+    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.recorder import RingRecorder
+    from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
 
-    from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.recorder import RingRecorder
-    from engine_hooks.sampling import SamplingParams, SamplingRow
     from gatherwise.modes import Mode, ModeTable
     from gatherwise.shm_format.ring import ring_path
 
@@ -93,7 +94,7 @@ def _measure_shape(comm, rank: int, world: int, rows: int, vocab: int, iters: in
 
 def _ring_recorder(path: str, *, pure_python: bool, **kw):
     """A RingRecorder with the compiled record() (when built) or the pure-Python fallback."""
-    from engine_hooks.recorder import PURE_PYTHON_ENV, RingRecorder
+    from gatherwise.engine_hooks.recorder import PURE_PYTHON_ENV, RingRecorder
 
     before = os.environ.get(PURE_PYTHON_ENV)
     os.environ[PURE_PYTHON_ENV] = "1" if pure_python else "0"
@@ -143,10 +144,10 @@ def single_rank_path_us(rounds: int = 60, block: int = 100) -> dict:
     with its pure-Python record() (`on_python`: the writer before the compiled one) and with the compiled
     record() (`on`), in interleaved blocks of calls; per-call medians of thread CPU time in µs."""
     import torch
+    from gatherwise.engine_hooks.comm import SingleRankCommunicator
+    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
 
-    from engine_hooks.comm import SingleRankCommunicator
-    from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.sampling import SamplingParams, SamplingRow
     from gatherwise.modes import Mode, ModeTable
 
     torch.set_num_threads(1)
@@ -228,7 +229,7 @@ def plot(path: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gatherwise_bench.hook_overhead",
+    parser = argparse.ArgumentParser(prog="python -m gatherwise.bench.hook_overhead",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--iters", type=int, default=300)
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path-runs", type=int, default=5,
                         help="repeat the TP=1 path A/B this many times; the result is the median of the runs")
     args = parser.parse_args(argv)
-    from gatherwise_bench.launch import run_ranks
+    from gatherwise.bench.launch import run_ranks
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as shm_dir:

@@ -1,6 +1,6 @@
 """What a sidecar pays next to a full ring and next to many leftover engine directories.
 
-    python -m gatherwise_bench.ingest_bounds [--capacity 1048576] [--dirs 1000] [--out out/ingest_bounds]
+    python -m gatherwise.bench.ingest_bounds [--capacity 1048576] [--dirs 1000] [--out out/ingest_bounds]
 
 1. attach: a single-rank ring of --capacity records, full, then a fresh process (one per variant, so its peak
    RSS is its own) builds an Ingest and runs its first poll (discover, attach, read). Variants side by side:
@@ -25,10 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine_hooks.recorder import RingRecorder
+from gatherwise.bench.figures import pyplot, save
+from gatherwise.engine_hooks.recorder import RingRecorder
+
 from gatherwise.shm_format.liveness import LivenessLock, is_engine_dir_name
 from gatherwise.shm_format.ring import engine_dir, ring_path
-from gatherwise_bench.figures import pyplot, save
 
 
 def _peak_rss_kib() -> int:
@@ -45,8 +46,8 @@ def _fill(rec: RingRecorder, n: int) -> None:
 
 
 def _attach_once(shm: str, cap: int, out: mp.Queue) -> None:
-    from sidecar.ingest import Ingest
-    from sidecar.metrics import SidecarMetrics
+    from gatherwise.sidecar.ingest import Ingest
+    from gatherwise.sidecar.metrics import SidecarMetrics
 
     ingest = Ingest(shm, SidecarMetrics(), max_records_per_poll=cap, remove_dead_dirs=False)
     w0, c0 = time.perf_counter(), time.process_time()
@@ -87,8 +88,8 @@ def _leftovers(shm: str, n: int, with_locks: bool) -> None:
 
 
 def discovery(root: str, n: int, repeats: int = 40) -> dict:
-    from sidecar.ingest import Ingest
-    from sidecar.metrics import SidecarMetrics
+    from gatherwise.sidecar.ingest import Ingest
+    from gatherwise.sidecar.metrics import SidecarMetrics
 
     out = {}
     for name, with_locks in (("no_locks_kept", False), ("dead_removed", True)):
@@ -127,7 +128,7 @@ def plot(path: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gatherwise_bench.ingest_bounds", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gatherwise.bench.ingest_bounds", description=__doc__.split("\n\n")[0])
     p.add_argument("--capacity", type=int, default=1 << 20)
     p.add_argument("--dirs", type=int, default=1000)
     p.add_argument("--out", type=Path, default=Path("out/ingest_bounds"))

@@ -1,6 +1,6 @@
 """Sidecar ingest rate: how many ring records per second RingReader.read_new() turns into CallRecords on one core.
 
-    python -m gatherwise_bench.ingest_rate [--records 200000] [--repeats 5] [--out out/ingest_rate]
+    python -m gatherwise.bench.ingest_rate [--records 200000] [--repeats 5] [--out out/ingest_rate]
 
 1. drain: a ring (capacity 65536) is filled by a RingRecorder (not timed), then read back in batches of
    64, 512, 4096 and everything-at-once. Reported per batch size: records/s of wall time and of the reader's
@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine_hooks.recorder import RingRecorder
-from gatherwise_bench.figures import pyplot, save
-from sidecar.ring_reader import RingReader
+from gatherwise.bench.figures import pyplot, save
+from gatherwise.engine_hooks.recorder import RingRecorder
+from gatherwise.sidecar.ring_reader import RingReader
 
 BATCHES = (64, 512, 4096, 0)  # 0: everything available in one read_new()
 TARGET = 200_000
@@ -132,7 +132,7 @@ def plot(path: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gatherwise_bench.ingest_rate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gatherwise.bench.ingest_rate", description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=60_000, help="records per drain repeat (max 65535)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=2.0, help="duration of the live run")

@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from tp_engine.launch import launch
+from gatherwise.tp_engine.launch import launch
 
 
 def run_ranks(fn: Callable, world: int, *args: Any, backend: str = "gloo", timeout: float = 1800.0) -> list[Any]:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gatherwise.bench.figures import pyplot, save
+from gatherwise.bench.report import CLEAR_WIN_SHARE, SweepResult
 from matplotlib.ticker import NullLocator
-
-from gatherwise_bench.figures import pyplot, save
-from gatherwise_bench.report import CLEAR_WIN_SHARE, SweepResult
 
 
 def plot_crossover(path: Path, result: SweepResult) -> Path:

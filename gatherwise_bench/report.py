@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from engine_hooks.logits_path import shard_width
-from engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
-from gatherwise_bench.sweep import CallTimes, ShapeKey, SweepConfig
+from gatherwise.bench.sweep import CallTimes, ShapeKey, SweepConfig
+from gatherwise.engine_hooks.logits_path import shard_width
+from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 
 # A winner counts for crossovers only when it won this share of the interleaved pairs: 0.75 is ~2.7 sigma
 # away from a coin flip at 30 pairs, so scheduler noise on a shared machine does not draw crossovers.

@@ -1,6 +1,6 @@
 """Sidecar ingest pipeline rate: ring records -> cross-rank join -> histograms (-> traces), on one core.
 
-    python -m gatherwise_bench.sidecar_ingest [--calls 50000] [--tp 2] [--repeats 5] [--trace-ratio 0.01] [--out FILE]
+    python -m gatherwise.bench.sidecar_ingest [--calls 50000] [--tp 2] [--repeats 5] [--trace-ratio 0.01] [--out FILE]
 
 gatherwise_bench/ingest_rate.py measures RingReader alone; this measures everything Ingest.poll_once() does per record.
 The rings are filled by a RingRecorder first (not timed). Reported: records/s of the reader's CPU time
@@ -17,14 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from gatherwise.engine_hooks.recorder import RingRecorder
+from gatherwise.sidecar.ingest import Ingest
+from gatherwise.sidecar.metrics import SidecarMetrics
+from gatherwise.sidecar.traces import CallTracer, new_provider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from engine_hooks.recorder import RingRecorder
 from gatherwise.shm_format.ring import engine_dir, ring_path
-from sidecar.ingest import Ingest
-from sidecar.metrics import SidecarMetrics
-from sidecar.traces import CallTracer, new_provider
 
 TARGET = 200_000
 
@@ -57,7 +57,7 @@ def one_run(shm: Path, trace_ratio: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gatherwise_bench.sidecar_ingest", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gatherwise.bench.sidecar_ingest", description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=50_000)
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)

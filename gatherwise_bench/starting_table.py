@@ -1,6 +1,6 @@
 """The measured winners as a starting table for the auto policy (one file per vocab, dtype and sampling).
 
-A bucket is decided when every measured rows value in it has the same clear winner (gatherwise_bench.report: the
+A bucket is decided when every measured rows value in it has the same clear winner (gatherwise.bench.report: the
 winner won >= CLEAR_WIN_SHARE of the interleaved pairs). Every other bucket — ties, and buckets beyond or
 between the measured rows — takes the mode of the nearest decided bucket (gatherwise.table_file), so noise
 between two equal modes does not make the table flip back and forth. With no decided bucket at all, each
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gatherwise.bench.report import ShapeResult, shape_group
+from gatherwise.bench.sweep import SweepConfig
+
 from gatherwise.modes import Mode, ModeTable, bucket_of
 from gatherwise.table_file import fill_nearest, save_table_file
-from gatherwise_bench.report import ShapeResult, shape_group
-from gatherwise_bench.sweep import SweepConfig
 
 
 def best_table(shapes: list[ShapeResult]) -> ModeTable:

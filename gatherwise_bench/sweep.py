@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from gatherwise.bench.sampling_spec import parse_sampling
+from gatherwise.engine_hooks.comm import default_communicator
+from gatherwise.engine_hooks.logits_path import LogitsPath
+from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
+from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 
-from engine_hooks.comm import default_communicator
-from engine_hooks.logits_path import LogitsPath
-from engine_hooks.sampling import SamplingParams, SamplingRow
-from engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 from gatherwise.modes import Mode, ModeTable
-from gatherwise_bench.sampling_spec import parse_sampling
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class SweepConfig:
     warmup: int
     device: str = "cpu"  # "cpu" (gloo) or "cuda" (NCCL, rank r on cuda:r)
     seed: int = 0
-    samplings: tuple[str, ...] = ("greedy",)  # gatherwise_bench.sampling_spec labels
+    samplings: tuple[str, ...] = ("greedy",)  # gatherwise.bench.sampling_spec labels
     logit_scale: float = 1.0
 
     @property

@@ -1,9 +1,9 @@
 """Modes side by side inside one vLLM engine: greedy throughput per mode and batch size, paired, and where each
 mode's time goes (the path's marks, the time between calls, each rank's wait).
 
-    .venv-vllm/bin/python -m gatherwise_bench.vllm_paired --out out/vllm-paired [--batches 1,8,32,64]
+    .venv-vllm/bin/python -m gatherwise.bench.vllm_paired --out out/vllm-paired [--batches 1,8,32,64]
         [--samples 12] [--tokens 32] [--shape qwen2.5-0.5b-shape]
-    .venv/bin/python -m gatherwise_bench.vllm_paired --plot out/vllm-paired/results.json   # the PNG
+    .venv/bin/python -m gatherwise.bench.vllm_paired --plot out/vllm-paired/results.json   # the PNG
 
 One engine (TP=2 on CPU, vLLM's offline LLM with the engine core in process, the plugin on), the random-weight
 checkpoint of `gatherwise bench serve`. For every sample and batch size the modes run back to back in an order
@@ -51,11 +51,11 @@ class _Rings:
     """Every rank's records, read as they come."""
 
     def __init__(self, shm_dir: str) -> None:
-        from sidecar.ring_reader import RingReader, discover_engines
+        from gatherwise.sidecar.ring_reader import RingReader, discover_engines
 
         (engine,) = discover_engines(shm_dir)[:1]
         self.readers = {rank: RingReader(path) for rank, path in sorted(engine.rings.items())}
-        from sidecar.control_client import ControlClient
+        from gatherwise.sidecar.control_client import ControlClient
 
         self.control = ControlClient(engine.control)
         self.records: dict[int, dict[int, object]] = {rank: {} for rank in self.readers}
@@ -89,7 +89,7 @@ def _median(values: list[int]) -> float | None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from gatherwise_bench.serve.checkpoints import MODEL_SHAPES, build_checkpoint
+    from gatherwise.bench.serve.checkpoints import MODEL_SHAPES, build_checkpoint
 
     shape = MODEL_SHAPES[args.shape]
     model = str(build_checkpoint(shape, Path(args.models) / shape.name))
@@ -163,7 +163,7 @@ def table(summary: list[dict]) -> str:
 
 
 def plot(results: Path) -> Path:
-    from gatherwise_bench.figures import pyplot, save
+    from gatherwise.bench.figures import pyplot, save
 
     data = json.loads(results.read_text())
     plt = pyplot()
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(plot(path))
     except ImportError:
-        print(f"for the PNG: .venv/bin/python -m gatherwise_bench.vllm_paired --plot {path}")
+        print(f"for the PNG: .venv/bin/python -m gatherwise.bench.vllm_paired --plot {path}")
     return 0
 
 

@@ -16,11 +16,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
 mkdir -p "$outdir"
 cd "$root"
-if ! "$python" -c "import engine_hooks._ring_writer" 2>/dev/null && command -v cc >/dev/null; then
+if ! "$python" -c "import gatherwise.engine_hooks._ring_writer" 2>/dev/null && command -v cc >/dev/null; then
   suffix=$("$python" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
   include=$("$python" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
   cc -O2 -shared -fPIC -I"$include" engine_hooks/_ring_writer.c -o "engine_hooks/_ring_writer$suffix" \
     2>"$outdir/build_ring_writer.log" || echo "compiled record writer not built (see build_ring_writer.log)"
 fi
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout 480 "$python" -m gatherwise_bench.gpu_check "$outdir" "$@"
+# Uninstalled, the checkout's floors are laid out as the one installed `gatherwise` package (symlinks).
+tree=$("$python" scripts/package_tree.py "$root/build/package-tree")
+export PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}"
+exec timeout 480 "$python" -m gatherwise.bench.gpu_check "$outdir" "$@"

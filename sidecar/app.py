@@ -1,6 +1,6 @@
 """The sidecar's FastAPI app: metrics, health, engine info and the /v1 control routes.
 
-create_app() starts the sidecar's loop (sidecar.controller) with the app's lifespan and stops it on shutdown.
+create_app() starts the sidecar's loop (gatherwise.sidecar.controller) with the app's lifespan and stops it on shutdown.
 OpenAPI at /docs.
 """
 
@@ -11,11 +11,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from gatherwise.sidecar import routes_control, routes_status
+from gatherwise.sidecar.body_limit import BodySizeLimit
+from gatherwise.sidecar.state import SidecarState
 
 from gatherwise import HOOKS_VERSION
-from sidecar import routes_control, routes_status
-from sidecar.body_limit import BodySizeLimit
-from sidecar.state import SidecarState
 
 # Routers and their prefixes
 ROUTERS = [

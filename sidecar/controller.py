@@ -1,6 +1,6 @@
 """The sidecar's loop: ingest the rings, feed the policy, write commands to the control block, keep its state.
 
-One thread (sidecar.loop) does it all, in this order, at the deadlines it computes: poll the rings (batching
+One thread (gatherwise.sidecar.loop) does it all, in this order, at the deadlines it computes: poll the rings (batching
 calls: see BATCH_RECORDS; at each discovery deadline while no engine is attached; `Ingest.poll_once` hands every
 joined call to `_on_call`, which feeds the policy and ends a probe the moment its last call arrives), follow
 the attached engine, and step the policy (every STEP_INTERVAL_S while calls arrive; while none do, every
@@ -8,7 +8,7 @@ IDLE_TICK_S for probe timeouts and saves). API handlers and the metrics scrape r
 `Loop.call`: they hand the loop a function and get values the loop copied back (PolicyView, StatsResponse, decisions),
 so the policy has one thread and no lock.
 What the engine runs is read from the control block (status area), never assumed. The decision state is saved
-next to the block (sidecar.policy_state), so a restarted sidecar continues where the killed one stopped.
+next to the block (gatherwise.sidecar.policy_state), so a restarted sidecar continues where the killed one stopped.
 """
 
 from __future__ import annotations
@@ -21,17 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gatherwise.sidecar.control_client import AreaMidWriteError, ControlClient, ControlSnapshot, InvalidTableWordError
+from gatherwise.sidecar.control_models import BucketModeStats, StatsResponse
+from gatherwise.sidecar.decision_events import ControlView, DecisionEvents
+from gatherwise.sidecar.estimates import Estimate
+from gatherwise.sidecar.ingest import AttachedEngine, Ingest
+from gatherwise.sidecar.loop import Loop, on_loop
+from gatherwise.sidecar.policy import AutoPolicy, Decision, PolicyParams
+from gatherwise.sidecar.policy_state import load_state, policy_from_json, policy_to_json, save_state
+
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
 from gatherwise.shm_format.control import CONTROL_NAME, ControlFormatError, sidecar_state_path
-from sidecar.control_client import AreaMidWriteError, ControlClient, ControlSnapshot, InvalidTableWordError
-from sidecar.control_models import BucketModeStats, StatsResponse
-from sidecar.decision_events import ControlView, DecisionEvents
-from sidecar.estimates import Estimate
-from sidecar.ingest import AttachedEngine, Ingest
-from sidecar.loop import Loop, on_loop
-from sidecar.policy import AutoPolicy, Decision, PolicyParams
-from sidecar.policy_state import load_state, policy_from_json, policy_to_json, save_state
 
 log = logging.getLogger("gatherwise.sidecar.control")
 # Saving the state (decision log, sample windows: up to ~0.5 MB of JSON) costs milliseconds of CPU the engine's

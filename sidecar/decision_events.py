@@ -1,6 +1,6 @@
 """Where decisions and the control state become visible: Prometheus families and trace span events.
 
-The switch counter is defined in sidecar.metrics (gatherwise_mode_switches_total); the span event is
+The switch counter is defined in gatherwise.sidecar.metrics (gatherwise_mode_switches_total); the span event is
 sidecar.traces.CallTracer.mode_switch_event. gatherwise_active_mode and gatherwise_policy_estimate_seconds are
 computed when /metrics is scraped, from the controller's view (ControlGaugesCollector): setting prometheus_client
 Gauges for every bucket x mode at every policy step cost the sidecar several % of a core next to an idle engine,
@@ -20,9 +20,9 @@ from prometheus_client.registry import Collector
 from gatherwise.modes import IMPLEMENTED
 
 if TYPE_CHECKING:  # sidecar.metrics registers the collector below (and the GPU check imports sidecar.metrics
-    # without pydantic, which sidecar.policy needs): import these for type checks only
-    from sidecar.metrics import SidecarMetrics
-    from sidecar.policy import Decision
+    # without pydantic, which gatherwise.sidecar.policy needs): import these for type checks only
+    from gatherwise.sidecar.metrics import SidecarMetrics
+    from gatherwise.sidecar.policy import Decision
 
 log = logging.getLogger("gatherwise.sidecar.control")
 

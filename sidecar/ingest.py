@@ -1,6 +1,6 @@
 """Ingest: shared-memory rings of the newest engine instance -> metrics, traces and the policy's samples.
 
-The sidecar's loop (sidecar.controller) calls `poll_once()` when it expects a batch of records while an
+The sidecar's loop (gatherwise.sidecar.controller) calls `poll_once()` when it expects a batch of records while an
 engine is attached, and at each discovery deadline (`next_discovery_ns`) while none is. Each poll reads the new
 records of every rank (read-only mmaps: the engine never waits for it), joins them across ranks by call index,
 and turns each call into histogram observations and, when sampled, a trace; every joined call goes to
@@ -28,15 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gatherwise.sidecar.histograms import Series
+from gatherwise.sidecar.hooks_off import HooksOffWatch
+from gatherwise.sidecar.metrics import CallSeries, EngineCounters, SidecarMetrics, rank_counters
+from gatherwise.sidecar.ring_reader import EngineFiles, RingFormatError, RingReader, discover_engines
+from gatherwise.sidecar.traces import CallTracer
+
 from gatherwise.modes import Mode, bucket_label, bucket_of
 from gatherwise.shm_format.hooks_off import HooksOffNotice
 from gatherwise.shm_format.liveness import Liveness, is_removable, liveness
 from gatherwise.shm_format.private_files import check_shm_dir_for_reading
-from sidecar.histograms import Series
-from sidecar.hooks_off import HooksOffWatch
-from sidecar.metrics import CallSeries, EngineCounters, SidecarMetrics, rank_counters
-from sidecar.ring_reader import EngineFiles, RingFormatError, RingReader, discover_engines
-from sidecar.traces import CallTracer
 
 log = logging.getLogger("gatherwise.sidecar.ingest")
 
@@ -55,7 +56,7 @@ class _Pending:
 @dataclass
 class AttachedEngine:
     """The engine instance being ingested and what has been read from it so far: the sidecar's one record of the
-    attached engine (its control side, sidecar.controller.EngineControl, refers to it)."""
+    attached engine (its control side, gatherwise.sidecar.controller.EngineControl, refers to it)."""
 
     engine_id: int
     label: str  # engine id as 16 hex digits: the `engine` label of every series
@@ -125,7 +126,7 @@ class Ingest:
         self.clock = clock
         self.engine: AttachedEngine | None = None
         self.engines_seen = 0
-        self.on_call: CallSink | None = None  # the policy's input (sidecar.controller)
+        self.on_call: CallSink | None = None  # the policy's input (gatherwise.sidecar.controller)
         self.next_discovery_ns = 0  # clock() value from which the next poll looks for engines
         metrics.header_collector._snapshot = self.counters
 

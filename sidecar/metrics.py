@@ -13,6 +13,8 @@ import collections
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from gatherwise.sidecar.decision_events import ControlGaugesCollector
+from gatherwise.sidecar.histograms import HistogramFamily, Series
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
@@ -21,8 +23,6 @@ from prometheus_client.registry import Collector
 from gatherwise.modes import IMPLEMENTED, Mode
 from gatherwise.shm_format.hooks_off import HooksOffNotice
 from gatherwise.shm_format.ring import MODE_OPS, RingHeader
-from sidecar.decision_events import ControlGaugesCollector
-from sidecar.histograms import HistogramFamily, Series
 
 # -- family names (the dashboards, alerts and checks use exactly these) ------------------------------------
 COLLECTIVE_SECONDS = "gatherwise_collective_seconds"
@@ -40,7 +40,7 @@ LOGITS_PATH_BYTES = "gatherwise_logits_path_bytes"  # exposed as ..._total: the 
 ENGINE_UP = "gatherwise_engine_up"
 ENGINE_HEARTBEAT_AGE_SECONDS = "gatherwise_engine_heartbeat_age_seconds"
 ENGINE_HOOKS_OFF = "gatherwise_engine_hooks_off"  # engine processes whose hooks are off (their notices)
-# Control families, fed by sidecar.controller:
+# Control families, fed by gatherwise.sidecar.controller:
 MODE_SWITCHES = "gatherwise_mode_switches"  # exposed as ..._total
 # gatherwise_active_mode and gatherwise_policy_estimate_seconds: sidecar.decision_events (computed at scrape time)
 
@@ -188,7 +188,7 @@ class CallSeries:
 
 
 class SidecarMetrics:
-    """The registry: record histograms (sidecar.histograms), header counters, and the control families."""
+    """The registry: record histograms (gatherwise.sidecar.histograms), header counters, and the control families."""
 
     def __init__(self, snapshot: Callable[[], EngineCounters | None] = lambda: None,
                  hooks_off: Callable[[], Sequence[HooksOffNotice]] = tuple) -> None:

@@ -18,11 +18,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
-from gatherwise.modes import parse_buckets
-from gatherwise.shm_format.control import ControlFormatError, seq_reached
-from sidecar.control_client import ControlSnapshot, InvalidTableWordError
-from sidecar.control_models import (
+from gatherwise.sidecar.control_client import ControlSnapshot, InvalidTableWordError
+from gatherwise.sidecar.control_models import (
     DecisionsResponse,
     ErrorResponse,
     LearnedTable,
@@ -33,9 +30,12 @@ from sidecar.control_models import (
     SetModeResult,
     StatsResponse,
 )
-from sidecar.controller import Controller, NotAttached, PolicyView
-from sidecar.state import StateDep
-from sidecar.strict_json import StrictJSONRoute
+from gatherwise.sidecar.controller import Controller, NotAttached, PolicyView
+from gatherwise.sidecar.state import StateDep
+from gatherwise.sidecar.strict_json import StrictJSONRoute
+
+from gatherwise.modes import parse_buckets
+from gatherwise.shm_format.control import ControlFormatError, seq_reached
 
 router = APIRouter(tags=["control"], route_class=StrictJSONRoute)  # a repeated JSON key is a 422
 bearer = HTTPBearer(auto_error=False, description="the sidecar's API token (sidecar.api_token or "

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from gatherwise.sidecar.ingest import EngineInfo
+from gatherwise.sidecar.state import StateDep
 from pydantic import BaseModel
-
-from sidecar.ingest import EngineInfo
-from sidecar.state import StateDep
 
 router = APIRouter()
 

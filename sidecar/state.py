@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
+from gatherwise.sidecar.controller import Controller
+from gatherwise.sidecar.decision_events import DecisionEvents
+from gatherwise.sidecar.hooks_off import HooksOffWatch
+from gatherwise.sidecar.ingest import Ingest
+from gatherwise.sidecar.metrics import SidecarMetrics
+from gatherwise.sidecar.traces import CallTracer, build_tracer
 
 from gatherwise.config import GatherwiseConfig
-from sidecar.controller import Controller
-from sidecar.decision_events import DecisionEvents
-from sidecar.hooks_off import HooksOffWatch
-from sidecar.ingest import Ingest
-from sidecar.metrics import SidecarMetrics
-from sidecar.traces import CallTracer, build_tracer
 
 
 @dataclass

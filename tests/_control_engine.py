@@ -54,12 +54,12 @@ def rows_for(spec: LoopSpec, call: int) -> int:
 
 def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
     import torch
+    from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.install import install_hooks
+    from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
+    from gatherwise.tp_engine.synthetic_load import stop_on_every_rank
 
-    from engine_hooks.comm import default_communicator
-    from engine_hooks.install import install_hooks
-    from engine_hooks.sampling import SamplingParams, SamplingRow
     from gatherwise.config import load_config
-    from tp_engine.synthetic_load import stop_on_every_rank
 
     cfg = load_config(spec.config_path)
     if not spec.control:

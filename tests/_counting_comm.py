@@ -3,7 +3,7 @@ tests (a model's own all_reduces bypass it: they go through torch.distributed di
 
 from __future__ import annotations
 
-from engine_hooks.comm import Communicator
+from gatherwise.engine_hooks.comm import Communicator
 
 
 class CountingComm:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tp_engine.launch import free_port, launch
+from gatherwise.tp_engine.launch import free_port, launch
 
 __all__ = ["free_port", "run_ranks"]
 

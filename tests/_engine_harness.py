@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dashboards.child_process import stop_child
+from gatherwise.dashboards.child_process import stop_child
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT_TIMEOUT_S = 300
@@ -171,7 +171,7 @@ def read_rings(shm_dir: str, settle_s: float = 20.0) -> dict:
     """Every rank's ring records of the one engine in `shm_dir`: {rank: {"missed": n, "calls": [[call_index,
     mode, rows, collective_ns], ...]}}. The reply comes from rank 0; the other ranks may still be writing the
     record of the last call, so read until every ring reached the same last call (or settle_s passed)."""
-    from sidecar.ring_reader import RingReader, discover_engines
+    from gatherwise.sidecar.ring_reader import RingReader, discover_engines
 
     engines = discover_engines(shm_dir)
     if not engines:

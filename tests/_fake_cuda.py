@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_hooks.comm import SingleRankCommunicator
-from engine_hooks.cuda_timing import EventClock, EventResolver
-from engine_hooks.logits_path import LogitsPath
-from engine_hooks.recorder import RingRecorder
+from gatherwise.engine_hooks.comm import SingleRankCommunicator
+from gatherwise.engine_hooks.cuda_timing import EventClock, EventResolver
+from gatherwise.engine_hooks.logits_path import LogitsPath
+from gatherwise.engine_hooks.recorder import RingRecorder
+
 from gatherwise.modes import ModeTable
 
 

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from gatherwise_bench.serve.checkpoints import initialise_random
+from gatherwise.bench.serve.checkpoints import initialise_random
 
 
 @dataclass(frozen=True)

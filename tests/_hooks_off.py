@@ -14,7 +14,7 @@ DETAIL = "vLLM builds Model Runner V2 (vllm.v1.worker.gpu.model_runner.GPUModelR
 # A process that reports its hooks off twice for one reason (once said is enough) and waits for stdin to close.
 REPORTER = f"""
 import logging, os, sys
-from engine_hooks.adapters.hooks_off import report_hooks_off
+from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
 from gatherwise.config import load_config
 logging.basicConfig(level=logging.INFO)
 log = logging.getLogger("gatherwise.vllm")

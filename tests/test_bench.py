@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from gatherwise.bench.cli import build_parser, main
 
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
 from gatherwise.table_file import load_table_file, read_table_file, save_table_file
-from gatherwise_bench.cli import build_parser, main
 
 
 @pytest.mark.parametrize(
@@ -175,10 +175,11 @@ def test_bucket_labels_in_the_file_are_the_api_labels(tmp_path):
 
 def test_bench_table_file_is_the_engines_starting_table(tmp_path):
     """engine.initial_table_file (config) loads what the bench writes: the engine starts on the measured table."""
-    from engine_hooks.install import initial_table
+    from gatherwise.bench.report import ModeStats, ShapeResult
+    from gatherwise.bench.starting_table import best_table
+    from gatherwise.engine_hooks.install import initial_table
+
     from gatherwise.config import EngineSection, GatherwiseConfig
-    from gatherwise_bench.report import ModeStats, ShapeResult
-    from gatherwise_bench.starting_table import best_table
 
     def shape(rows: int, ag: float, g: float, wins: float = 1.0) -> ShapeResult:
         st = lambda t: ModeStats(t, t, t, 0.0, 0.0, 0.0, 0.0, 0.0)
@@ -200,7 +201,7 @@ def test_bench_table_file_is_the_engines_starting_table(tmp_path):
 
 
 def test_crossovers_skip_ties_and_interpolate_log_log():
-    from gatherwise_bench.report import ModeStats, ShapeResult, find_crossovers
+    from gatherwise.bench.report import ModeStats, ShapeResult, find_crossovers
 
     def shape(rows: int, ag: float, g: float, wins: float) -> ShapeResult:
         st = lambda t: ModeStats(t, t, t, 0.0, 0.0, 0.0, 0.0, 0.0)
@@ -217,8 +218,8 @@ def test_crossovers_skip_ties_and_interpolate_log_log():
 
 def test_bench_table_file_round_trips_through_the_auto_policy(tmp_path):
     """bench table file -> policy.table_file load -> AutoPolicy starts from it -> exported -> loads back equal."""
-    from sidecar.control_models import LearnedTable
-    from sidecar.policy import AutoPolicy, PolicyParams
+    from gatherwise.sidecar.control_models import LearnedTable
+    from gatherwise.sidecar.policy import AutoPolicy, PolicyParams
 
     measured = ModeTable.uniform(Mode.GATHER).with_buckets(Mode.ALL_GATHER, [0, 1])
     path = save_table_file(tmp_path / "table_tp2_v32000_float32.yaml", measured,
@@ -242,7 +243,7 @@ def test_table_file_module_never_imports_torch():
     import subprocess
     import sys
 
-    code = ("import sys, gatherwise.table_file, gatherwise_bench.cli\n"
+    code = ("import sys, gatherwise.table_file, gatherwise.bench.cli\n"
             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

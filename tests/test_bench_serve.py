@@ -7,12 +7,11 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from gatherwise_bench.cli import main
-from gatherwise_bench.serve.configurations import interleaved
-from gatherwise_bench.serve.greedy_match import TokenCounter, compare_outputs
-from gatherwise_bench.serve.logits_share import logits_share
-from gatherwise_bench.serve.tokenizer import write_tokenizer
+from gatherwise.bench.cli import main
+from gatherwise.bench.serve.configurations import interleaved
+from gatherwise.bench.serve.greedy_match import TokenCounter, compare_outputs
+from gatherwise.bench.serve.logits_share import logits_share
+from gatherwise.bench.serve.tokenizer import write_tokenizer
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from gatherwise.engine_hooks.cuda_timing import EventClock, EventResolver
 
-from engine_hooks.cuda_timing import EventClock, EventResolver
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
 from tests._fake_cuda import FakeCudaEvent, FakeGpuStream

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gatherwise.dashboards import build, promql
+from gatherwise.dashboards.local_prometheus import start_prometheus, write_local_config
 
-from dashboards import build, promql
-from dashboards.local_prometheus import start_prometheus, write_local_config
 from tests._dist import free_port
 from tests.conftest import require_tool
 
@@ -75,7 +75,8 @@ def test_committed_json_is_what_the_generator_writes(tmp_path):
     assert {p.name for p in written} == set(dashboards()), "a dashboard file is missing or stale"
     for path in written:
         committed = (build.OUT_DIR / path.name).read_text()
-        assert path.read_text() == committed, f"{path.name} differs: run `.venv/bin/python -m dashboards.build`"
+        assert path.read_text() == committed, (
+            f"{path.name} differs: run `.venv/bin/python -m gatherwise.dashboards.build`")
 
 
 def test_required_panels_exist_with_units_and_the_fixed_datasource():

@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from gatherwise.engine_hooks.handshake import HandshakeError, handshake
+from gatherwise.engine_hooks.sampling import SamplingParams
+from gatherwise.engine_hooks.sharded_exchange import collectives_for
+from gatherwise.tp_engine.hf_config import config_from_hf
+from gatherwise.tp_engine.launch import LaunchError, launch
+from gatherwise.tp_engine.runner import DTYPES, Engine, GenerateSpec, ModelSpec, generate_rank, make_path
+from gatherwise.tp_engine.scheduler import make_requests
+from gatherwise.tp_engine.weights import RandomSource
 
-from engine_hooks.handshake import HandshakeError, handshake
-from engine_hooks.sampling import SamplingParams
-from engine_hooks.sharded_exchange import collectives_for
 from gatherwise.modes import Mode, ModeTable
 from tests._counting_comm import CountingComm
 from tests._generate_cli import assert_refused, generate_json
-from tp_engine.hf_config import config_from_hf
-from tp_engine.launch import LaunchError, launch
-from tp_engine.runner import DTYPES, Engine, GenerateSpec, ModelSpec, generate_rank, make_path
-from tp_engine.scheduler import make_requests
-from tp_engine.weights import RandomSource
 
 SAMPLING = (
     SamplingParams(),
@@ -59,8 +59,8 @@ def probe_tokens(vocab: int) -> list[int]:
 
 def run_suite(rank: int, world: int, models: list[ModelSpec], cases: list[Case]) -> dict:
     """Rank main (also the in-process P=1 reference): every case on models loaded once."""
-    from engine_hooks.comm import default_communicator
-    from tp_engine.layers import TPGroup
+    from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.tp_engine.layers import TPGroup
 
     torch.set_num_threads(1)
     tp, comm = TPGroup.from_dist(), CountingComm(default_communicator())

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from gatherwise.tp_engine.cli import generate_main
 
 from tests._generate_cli import assert_refused, generate_json
 from tests._hf_checkpoints import TinyCheckpoint, build, load_reference, reference_greedy, write_tokenizer
-from tp_engine.cli import generate_main
 
 TEXTS = ("the quick brown fox", "what is the capital of france?")
 MAX_NEW = 6

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from gatherwise_bench import gpu_check
+from gatherwise.bench import gpu_check
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU: run scripts/gpu_check.sh OUTDIR on a GPU machine")]
@@ -18,7 +17,7 @@ def ctx(tmp_path):
     return {"device": "cuda:0", "cpu": False, "tmp": str(tmp_path), "root": ".", "left": lambda: 300.0}
 
 
-# What each check of gatherwise_bench.gpu_check establishes on the device:
+# What each check of gatherwise.bench.gpu_check establishes on the device:
 CHECKS = {
     "the path never synchronizes in steady state, in any mode": gpu_check.check_sync_free,
     "one captured variant per mode replays the eager tokens and switches": gpu_check.check_graphs,

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from gatherwise_bench import gpu_check
+from gatherwise.bench import gpu_check
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(280)]
 ROOT = Path(__file__).resolve().parents[1]

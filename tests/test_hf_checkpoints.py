@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from gatherwise.tp_engine.hf_config import eos_token_ids
+from gatherwise.tp_engine.launch import launch
+from gatherwise.tp_engine.runner import GenerateSpec, ModelSpec, generate_rank
 
 from gatherwise.modes import IMPLEMENTED
 from tests._hf_checkpoints import TinyCheckpoint, build, load_reference, reference_greedy
-from tp_engine.hf_config import eos_token_ids
-from tp_engine.launch import launch
-from tp_engine.runner import GenerateSpec, ModelSpec, generate_rank
 
 MODES = (*(m.label for m in IMPLEMENTED), "schedule:5")
 PROMPTS = ([5, 17, 3, 99, 42, 8, 61, 23, 7], [1], [88, 2, 14], [30, 31, 32, 33, 34, 35])
@@ -121,7 +121,7 @@ def test_greedy_tokens_match_transformers_in_every_mode(world, checkpoints, expe
 def test_logits_match_transformers_at_every_position(checkpoints):
     """Closer than tokens: the whole logits rows of a prompt, against transformers' float64 forward. transformers
     computes RoPE in float32, so agreement is ~1e-6, not bit-exact; a wrong bias, window or RoPE is off by >1e-2."""
-    from tp_engine.layers import TPGroup
+    from gatherwise.tp_engine.layers import TPGroup
 
     prompt = torch.tensor(PROMPTS[0] + PROMPTS[3])  # 15 positions: past the sliding window and the yarn ramp
     for spec, ckpt in zip(CHECKPOINTS, checkpoints, strict=True):

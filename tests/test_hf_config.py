@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from tests._hf_checkpoints import TinyCheckpoint, build
-from tp_engine.hf_config import (
+from gatherwise.tp_engine.hf_config import (
     IRRELEVANT_KEYS,
     READ_KEYS,
     REFUSED_UNLESS,
@@ -20,8 +18,10 @@ from tp_engine.hf_config import (
     eos_token_ids,
     load_hf_config,
 )
-from tp_engine.rope import RopeConfig, attention_scaling, inverse_frequencies
-from tp_engine.runner import ModelSpec
+from gatherwise.tp_engine.rope import RopeConfig, attention_scaling, inverse_frequencies
+from gatherwise.tp_engine.runner import ModelSpec
+
+from tests._hf_checkpoints import TinyCheckpoint, build
 
 LLAMA = dict(model_type="llama", vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2)

@@ -1,15 +1,14 @@
-"""sidecar.histograms agrees with prometheus_client's Histogram, sample for sample, exemplars included."""
+"""gatherwise.sidecar.histograms agrees with prometheus_client's Histogram, sample for sample, exemplars included."""
 
 from __future__ import annotations
 
 import random
 
+from gatherwise.sidecar.histograms import HistogramFamily, HistogramsCollector
+from gatherwise.sidecar.metrics import BUCKETS
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 from prometheus_client.parser import text_string_to_metric_families
-
-from sidecar.histograms import HistogramFamily, HistogramsCollector
-from sidecar.metrics import BUCKETS
 
 
 def _samples(registry: CollectorRegistry) -> dict:

@@ -2,7 +2,7 @@
 process, and a real `gatherwise sidecar` shows it in /metrics, GET /v1/engine and /readyz, then forgets it.
 
 The engine processes here are real processes that publish through the adapters' own reporter
-(engine_hooks.adapters.hooks_off), the way vLLM's and SGLang's workers do when their hooks refuse.
+(gatherwise.engine_hooks.adapters.hooks_off), the way vLLM's and SGLang's workers do when their hooks refuse.
 """
 
 from __future__ import annotations

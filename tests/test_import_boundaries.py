@@ -7,6 +7,7 @@ Modules are globbed at test time, so new files are covered without editing this 
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ for name in {modules!r}:
         if (exc.name or "").split(".")[0] in optional:
             continue
         raise
-    bad = sorted(m for m in sys.modules if m.split(".")[0] in forbidden)
+    bad = sorted(m for m in sys.modules if any(m == f or m.startswith(f + ".") for f in forbidden))
     if bad:
         print(f"{{name}} imported {{', '.join(bad[:5])}}")
         sys.exit(1)
@@ -35,11 +36,20 @@ print("ok")
 """
 
 
+def _package_of_folder() -> dict[str, str]:
+    spec = importlib.util.spec_from_file_location("package_tree", ROOT / "scripts" / "package_tree.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {folder: name for name, folder in module.package_dirs().items()}
+
+
 def _modules(*patterns: str) -> list[str]:
+    packages = _package_of_folder()
     names = []
     for pattern in patterns:
         for path in sorted(ROOT.glob(pattern)):
             parts = path.relative_to(ROOT).with_suffix("").parts
+            parts = (packages[parts[0]], *parts[1:])
             names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return list(dict.fromkeys(names))
 
@@ -49,29 +59,29 @@ def _check(modules: list[str], forbidden: set[str]) -> subprocess.CompletedProce
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-WEB_STACK = {"fastapi", "uvicorn", "starlette", "prometheus_client", "opentelemetry", "sidecar"}
+WEB_STACK = {"fastapi", "uvicorn", "starlette", "prometheus_client", "opentelemetry", "gatherwise.sidecar"}
 
 
 @pytest.mark.timeout(150)
 def test_the_core_imports_neither_torch_nor_the_web_stack():
     modules = [m for m in _modules("gatherwise/*.py", "gatherwise/**/*.py") if m != "gatherwise.__main__"]
     assert "gatherwise.shm_format.ring" in modules and "gatherwise.config" in modules and "gatherwise.cli" in modules
-    result = _check(modules, {"torch", "engine_hooks", "tp_engine"} | WEB_STACK)
+    result = _check(modules, {"torch", "gatherwise.engine_hooks", "gatherwise.tp_engine"} | WEB_STACK)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
 
 @pytest.mark.timeout(150)
 def test_sidecar_never_imports_torch():
     modules = _modules("sidecar/*.py", "sidecar/**/*.py")
-    assert "sidecar.ring_reader" in modules
-    result = _check(modules, {"torch", "engine_hooks"})
+    assert "gatherwise.sidecar.ring_reader" in modules
+    result = _check(modules, {"torch", "gatherwise.engine_hooks"})
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
 
 @pytest.mark.timeout(150)
 def test_engine_hooks_never_import_the_sidecar_stack():
     modules = _modules("engine_hooks/*.py", "engine_hooks/**/*.py")
-    assert "engine_hooks.recorder" in modules and "engine_hooks.cuda_timing" in modules
+    assert "gatherwise.engine_hooks.recorder" in modules and "gatherwise.engine_hooks.cuda_timing" in modules
     result = _check(modules, WEB_STACK)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
@@ -85,9 +95,9 @@ def test_the_checker_notices_a_violation():
 def test_the_gpu_check_needs_only_torch_pyyaml_and_prometheus_client():
     """scripts/gpu_check.sh runs on GPU machines that have torch, pyyaml and prometheus-client and nothing else
     (no network, nothing installed): nothing it imports may need another third-party package."""
-    modules = ["gatherwise_bench.gpu_check", "engine_hooks.table_source", "engine_hooks.comm", "engine_hooks.graphs",
-               "engine_hooks.sampling", "engine_hooks.cuda_timing", "engine_hooks.logits_path",
-               "engine_hooks.recorder", "sidecar.ring_reader", "sidecar.metrics"]
+    hooks = ["table_source", "comm", "graphs", "sampling", "cuda_timing", "logits_path", "recorder"]
+    modules = ["gatherwise.bench.gpu_check", *(f"gatherwise.engine_hooks.{name}" for name in hooks),
+               "gatherwise.sidecar.ring_reader", "gatherwise.sidecar.metrics"]
     result = _check(modules, {"pydantic", "fastapi", "starlette", "uvicorn", "opentelemetry", "httpx", "jinja2",
                               "tokenizers", "safetensors", "transformers"})
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr

@@ -10,7 +10,7 @@ BATCHES = [1, 3, 8, 16, 2, 5, 7, 1, 12, 4]
 
 
 def _rows(step: int, batch: int):
-    from engine_hooks.sampling import SamplingParams, SamplingRow
+    from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
 
     params = [SamplingParams(t, k, p, seed=11) for t, k, p in SAMPLING]
     return [SamplingRow(params[i % len(params)], request_id=i, position=step) for i in range(batch)]
@@ -23,9 +23,10 @@ def _fill(path, rank: int, full: torch.Tensor) -> None:
 
 
 def _run_path(rank, world, vocab, mode, dtype_name, switch_at=None):
-    from engine_hooks.comm import default_communicator
-    from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.table_source import InProcessTableSource, ScheduleTableSource, initial_schedule_table
+    from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.table_source import InProcessTableSource, ScheduleTableSource, initial_schedule_table
+
     from gatherwise.modes import Mode, ModeTable
 
     source = None
@@ -75,8 +76,8 @@ def by_mode(request):
 
 def _expected_collectives(modes: list[str], world: int) -> list[int]:
     """all_gather: 1; gather: 2 (gather + broadcast); sharded: 1, or 2 with temperature or top-p rows."""
-    from engine_hooks.logits_path import shard_width
-    from engine_hooks.sharded_exchange import collectives_for
+    from gatherwise.engine_hooks.logits_path import shard_width
+    from gatherwise.engine_hooks.sharded_exchange import collectives_for
 
     width = shard_width(1001, world)
     return [1 if m == "all_gather" else 2 if m == "gather" else collectives_for(_rows(step, batch), width)
@@ -99,7 +100,7 @@ def test_tokens_match_single_rank_and_ranks_agree_on_modes(reference, by_mode, m
 @pytest.mark.parametrize("first", ["all_gather", "gather"])
 def test_requested_switch_applies_on_every_rank_at_the_reported_call(first):
     results = run_ranks(_run_path, 2, 999, first, "float32", 4, timeout=120)
-    from engine_hooks.deferred_word import ADOPT_LAG
+    from gatherwise.engine_hooks.deferred_word import ADOPT_LAG
 
     assert ADOPT_LAG == 2  # part of the protocol: docs/architecture.md and docs/api.md say "two calls later"
     (seq, apply_call, epoch, reported_during), = results[0][4]
@@ -118,8 +119,9 @@ def test_bfloat16_logits_agree_across_modes():
 
 
 def _mismatched_handshake(rank, world):
-    from engine_hooks.comm import default_communicator
-    from engine_hooks.handshake import HandshakeError, handshake
+    from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.handshake import HandshakeError, handshake
+
     from gatherwise.modes import Mode, ModeTable
 
     table = ModeTable.uniform(Mode.GATHER if rank == 1 else Mode.ALL_GATHER)
@@ -136,8 +138,9 @@ def test_handshake_refuses_mismatched_tables_on_every_rank():
 
 
 def test_run_without_filled_buffer_is_a_clear_error():
-    from engine_hooks.comm import SingleRankCommunicator
-    from engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.comm import SingleRankCommunicator
+    from gatherwise.engine_hooks.logits_path import LogitsPath
+
     from gatherwise.modes import Mode, ModeTable
 
     path = LogitsPath(SingleRankCommunicator(), 10, initial_table=ModeTable.uniform(Mode.GATHER))

@@ -16,9 +16,10 @@ VOCAB = 1000  # shard width 500 with P=2: no padding
 
 
 def _split_path(rank, world, first_mode):
-    from engine_hooks.comm import default_communicator
-    from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.table_source import InProcessTableSource
+    from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.table_source import InProcessTableSource
+
     from gatherwise.modes import Mode, ModeTable
 
     source = InProcessTableSource()

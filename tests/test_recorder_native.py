@@ -3,12 +3,12 @@
 import os
 
 import pytest
+from gatherwise.engine_hooks import recorder as recorder_module
+from gatherwise.engine_hooks.recorder import PURE_PYTHON_ENV, RingRecorder
 
-from engine_hooks import recorder as recorder_module
-from engine_hooks.recorder import PURE_PYTHON_ENV, RingRecorder
 from gatherwise.shm_format import ring as fmt
 
-native = pytest.importorskip("engine_hooks._ring_writer",
+native = pytest.importorskip("gatherwise.engine_hooks._ring_writer",
                              reason="the compiled record writer was not built (no C compiler at install)")
 
 CALLS = [  # (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, bcast_start, bcast_end,

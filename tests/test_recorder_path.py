@@ -6,11 +6,11 @@ import os
 
 import pytest
 import torch
+from gatherwise.sidecar.ring_reader import RingReader
 
 from gatherwise.call_kind import Sampling, call_kind, split_tag
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
-from sidecar.ring_reader import RingReader
 from tests._dist import run_ranks
 
 VOCAB = 1001
@@ -21,7 +21,7 @@ TOP_P_STEPS = (1, 3)  # one row of these calls samples with top-p: the call's ki
 
 
 def _rows(step: int, batch: int):
-    from engine_hooks.sampling import SamplingParams, SamplingRow
+    from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
 
     top_p = SamplingParams(temperature=0.8, top_p=0.9)
     return [SamplingRow(top_p if step in TOP_P_STEPS and i == 0 else SamplingParams(), request_id=i, position=step)
@@ -35,9 +35,9 @@ def _table():
 
 
 def _run_recorded(rank, world, shm_dir, engine_id):
-    from engine_hooks.comm import default_communicator
-    from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.recorder import RingRecorder
+    from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.recorder import RingRecorder
 
     recorder = RingRecorder(fmt.ring_path(shm_dir, engine_id, rank), engine_id=engine_id, rank=rank, tp_size=world,
                             vocab=VOCAB, dtype=torch.float32, capacity=64)
@@ -117,7 +117,8 @@ def test_event_clock_through_the_real_path_into_a_ring(tmp_path):
 def test_event_clock_marks_of_a_sharded_call_are_its_own_events(tmp_path):
     """Sharded calls through the event clock (fake events on CPU): every mark of a record is an event of that
     call, in order — never a token computed from other tokens — greedy (one collective) and temperature (two)."""
-    from engine_hooks.sampling import SamplingParams, SamplingRow
+    from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
+
     from gatherwise.modes import ModeTable
     from tests._fake_cuda import event_clock_path
 
@@ -143,10 +144,11 @@ def test_event_clock_marks_of_a_sharded_call_are_its_own_events(tmp_path):
 def _run_lagging_device(rank, world, shm_dir, engine_ids):
     """The same calls twice on real gloo ranks: once timed on the CPU clock, once through the CUDA timing design
     with a stand-in device that falls far behind (tests._fake_cuda's fake events)."""
-    from engine_hooks.comm import default_communicator
-    from engine_hooks.cuda_timing import EventClock, EventResolver
-    from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.recorder import RingRecorder
+    from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.cuda_timing import EventClock, EventResolver
+    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.recorder import RingRecorder
+
     from tests._fake_cuda import FakeCudaEvent, FakeGpuStream
 
     _plain_id, _lagging_id = engine_ids

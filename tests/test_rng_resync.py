@@ -23,9 +23,8 @@ def _draw(rows: int):
 
 def _run(rank, world, schedule, resync):
     import torch
-
-    from engine_hooks.comm import default_communicator
-    from engine_hooks.rng_resync import RandomStateResync
+    from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.rng_resync import RandomStateResync
 
     torch.manual_seed(1234)
     sync = RandomStateResync(default_communicator(), "cpu")
@@ -64,8 +63,8 @@ def test_without_the_hand_over_ranks_diverge():
 
 
 def test_greedy_and_single_rank_never_hand_over():
-    from engine_hooks.comm import SingleRankCommunicator
-    from engine_hooks.rng_resync import RandomStateResync
+    from gatherwise.engine_hooks.comm import SingleRankCommunicator
+    from gatherwise.engine_hooks.rng_resync import RandomStateResync
 
     sync = RandomStateResync(SingleRankCommunicator(), "cpu")
     for all_ranks_sample, draws in SCHEDULE:
@@ -82,9 +81,8 @@ SEEDS = {"a": 11, "b": 22}
 
 def _run_seeded(rank, world, schedule):
     import torch
-
-    from engine_hooks.comm import default_communicator
-    from engine_hooks.rng_resync import RandomStateResync
+    from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.rng_resync import RandomStateResync
 
     sync = RandomStateResync(default_communicator(), "cpu")
     generators = {}
@@ -119,8 +117,8 @@ def test_seeded_requests_draw_what_they_would_have_drawn():
 
 
 def test_finished_requests_are_forgotten():
-    from engine_hooks.comm import SingleRankCommunicator
-    from engine_hooks.rng_resync import RandomStateResync
+    from gatherwise.engine_hooks.comm import SingleRankCommunicator
+    from gatherwise.engine_hooks.rng_resync import RandomStateResync
 
     sync = RandomStateResync(SingleRankCommunicator(), "cpu")
     sync.stale_requests.update({"a", "b"})

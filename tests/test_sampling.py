@@ -1,12 +1,11 @@
-"""Sampling semantics of engine_hooks.sampling: exact, layout-independent, randomness a pure function."""
+"""Sampling semantics of gatherwise.engine_hooks.sampling: exact, layout-independent, randomness a pure function."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-
-from engine_hooks.logits_path import shard_width
-from engine_hooks.sampling import SamplingParams, SamplingRow, row_uniform, sample
+from gatherwise.engine_hooks.logits_path import shard_width
+from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow, row_uniform, sample
 
 PARAMS = [
     SamplingParams(),
@@ -105,7 +104,7 @@ LARGEST_BELOW_ONE = 1.0 - 2.0**-53  # the largest uniform row_uniform can return
 def test_a_draw_at_the_top_of_the_cdf_stays_in_the_vocab(u, dtype, monkeypatch):
     """u at (or, forced, past) the end of the CDF: rounding puts the target at or beyond the last cumulative
     mass; the search must stop at the last real token with mass, never run into padding columns."""
-    import engine_hooks.shard_sampling as shard_sampling
+    import gatherwise.engine_hooks.shard_sampling as shard_sampling
 
     monkeypatch.setattr(shard_sampling, "row_uniform", lambda *_: u)
     gen = torch.Generator().manual_seed(5)
@@ -121,7 +120,7 @@ def test_a_draw_at_the_top_of_the_cdf_stays_in_the_vocab(u, dtype, monkeypatch):
 
 
 def test_the_in_shard_search_is_clamped_to_the_last_column_with_mass():
-    from engine_hooks.shard_sampling import find_in_shard
+    from gatherwise.engine_hooks.shard_sampling import find_in_shard
 
     cum = torch.tensor([[0.5, 1.0, 1.0, 1.0], [0.25, 0.5, 0.75, 1.0]], dtype=torch.float64)  # row 0: 2 zero columns
     beyond = torch.tensor([1.0 + 2**-52, 1.0], dtype=torch.float64)  # targets past the end by rounding
@@ -134,7 +133,7 @@ def test_the_cuda_top_k_without_host_decisions_keeps_the_same_set(dtype):
     """canonical_top (what CUDA runs: one top-k over tie-free keys) against the CPU way (float top-k, border ties
     rebuilt on the host), on rows full of ties, signed zeros and -inf padding: the same k best, in canonical
     order (value desc, index asc)."""
-    from engine_hooks.shard_sampling import canonical_top, shard_top
+    from gatherwise.engine_hooks.shard_sampling import canonical_top, shard_top
 
     gen = torch.Generator().manual_seed(3)
     x = torch.randint(-4, 4, (32, 300), generator=gen).to(dtype) / 2

@@ -62,7 +62,7 @@ class StandInDecodeGraphRunner:
         self.bs = 0
         self.replayed: list = []  # keys of the graphs execute() replayed
         self.processor = SimpleNamespace(vocab_size=VOCAB)
-        from engine_hooks.adapters.sglang_patches import _HookedGatherer
+        from gatherwise.engine_hooks.adapters.sglang_patches import _HookedGatherer
 
         self.gatherer = _HookedGatherer(self._all_gather, self.processor, hooks)
 
@@ -120,7 +120,7 @@ class StandInDecodeGraphRunner:
 
 
 def _wrapped(hooks) -> dict:
-    from engine_hooks.adapters import sglang_patches as p
+    from gatherwise.engine_hooks.adapters import sglang_patches as p
 
     by_target = {target: fn for target, fn, _ in p.wrappers(hooks)}
     return {"key": by_target[p.GRAPH_KEY], "capture": by_target[p.GRAPH_CAPTURE],
@@ -135,10 +135,11 @@ def _logits_forward(hooks, original, processor, batch):
 
 
 def _hooks(comm, graph_modes: str, installed: bool = True):
-    from engine_hooks.adapters.sglang_step import SglangStepHooks
-    from engine_hooks.logits_path import LogitsPath
-    from engine_hooks.rng_resync import RandomStateResync
-    from engine_hooks.table_source import InProcessTableSource
+    from gatherwise.engine_hooks.adapters.sglang_step import SglangStepHooks
+    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.rng_resync import RandomStateResync
+    from gatherwise.engine_hooks.table_source import InProcessTableSource
+
     from gatherwise.config import EngineSection, GatherwiseConfig
     from gatherwise.modes import Mode, ModeTable
 
@@ -159,7 +160,8 @@ def _sampler(_sampler, logits_output, sampling_info, *args, **kwargs):  # SGLang
 def _serve(rank, world, graph_modes, schedule):
     """Capture, then decode steps of `schedule` [(rows, table requested before the step or None)]; returns what
     every step did and gave."""
-    from engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.comm import default_communicator
+
     from gatherwise.modes import Mode, ModeTable
 
     hooks, source = _hooks(default_communicator(), graph_modes)
@@ -193,7 +195,7 @@ def _serve(rank, world, graph_modes, schedule):
 
 SCHEDULE = [(1, None), (3, None), (4, "gather"), (2, None), (3, None), (1, None), (4, "sharded"), (2, None),
             (3, None), (1, "all_gather"), (2, None), (4, None)]
-# A request is adopted two calls after the call it arrived with (engine_hooks.deferred_word).
+# A request is adopted two calls after the call it arrived with (gatherwise.engine_hooks.deferred_word).
 MODES = ["all_gather"] * 4 + ["gather"] * 4 + ["sharded"] * 3 + ["all_gather"]
 
 
@@ -221,7 +223,7 @@ def test_a_mode_left_out_of_graph_modes_runs_eagerly():
 
 def _hooks_off(rank, world, disabled):
     """Hooks off before capture (disabled), or the gatherer never reached while capturing (not installed)."""
-    from engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.comm import default_communicator
 
     hooks, _ = _hooks(default_communicator(), "all_gather,gather", installed=False)
     if disabled:
@@ -248,8 +250,9 @@ def test_without_active_hooks_sglang_captures_and_replays_as_before(disabled):
 
 
 def test_graph_modes_setting():
-    from engine_hooks.adapters.sglang_graphs import GRAPH_MODES, fold_label, parse_graph_modes
-    from engine_hooks.graphs import CAPTURABLE
+    from gatherwise.engine_hooks.adapters.sglang_graphs import GRAPH_MODES, fold_label, parse_graph_modes
+    from gatherwise.engine_hooks.graphs import CAPTURABLE
+
     from gatherwise.config import load_config
     from gatherwise.modes import Mode
 

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from gatherwise.engine_hooks.logits_path import LogitsPath, shard_width
+from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow, sample
+from gatherwise.engine_hooks.sharded_exchange import collectives_for
+from gatherwise.tp_engine.launch import launch
+from gatherwise.tp_engine.runner import mode_setup
 
-from engine_hooks.logits_path import LogitsPath, shard_width
-from engine_hooks.sampling import SamplingParams, SamplingRow, sample
-from engine_hooks.sharded_exchange import collectives_for
 from gatherwise.modes import IMPLEMENTED, Mode
 from tests._counting_comm import CountingComm
-from tp_engine.launch import launch
-from tp_engine.runner import mode_setup
 
 GREEDY = SamplingParams()
 TOP_K = SamplingParams(temperature=0.9, top_k=7, seed=1)
@@ -71,7 +71,7 @@ class ListRecorder:
 
 
 def run_cases(rank: int, world: int, cases: list[Case]) -> list[dict]:
-    from engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.comm import default_communicator
 
     torch.set_num_threads(1)
     comm = CountingComm(default_communicator())

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gatherwise.engine_hooks.recorder import RingRecorder
+from gatherwise.sidecar.ingest import Ingest
+from gatherwise.sidecar.metrics import SidecarMetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_hooks.recorder import RingRecorder
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import engine_dir, ring_path
-from sidecar.ingest import Ingest
-from sidecar.metrics import SidecarMetrics
 
 
 class FakeClock:

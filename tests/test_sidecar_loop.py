@@ -8,8 +8,7 @@ import threading
 import time
 
 import pytest
-
-from sidecar.loop import Loop
+from gatherwise.sidecar.loop import Loop
 
 log = logging.getLogger("test.loop")
 

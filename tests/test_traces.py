@@ -11,14 +11,14 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from gatherwise.sidecar.ingest import Ingest
+from gatherwise.sidecar.metrics import SidecarMetrics
+from gatherwise.sidecar.traces import CallTracer, build_tracer, new_provider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import CallRecord
-from sidecar.ingest import Ingest
-from sidecar.metrics import SidecarMetrics
-from sidecar.traces import CallTracer, build_tracer, new_provider
 from tests._otlp_receiver import OtlpReceiver
 from tests._sidecar import start_engine, start_sidecar, wait_for
 from tests.test_sidecar_ingest import make_engine, write_call
@@ -159,7 +159,7 @@ def test_otlp_http_export_from_real_rings(tmp_path: Path) -> None:
 
 
 def _reread(reader):
-    from sidecar.ring_reader import RingReader
+    from gatherwise.sidecar.ring_reader import RingReader
 
     with RingReader(reader.path) as fresh:
         return fresh.read_new()[0]

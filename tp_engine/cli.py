@@ -135,12 +135,11 @@ def generate_main(argv: list[str] | None = None) -> int:
         parser.error("--chat applies to --prompt TEXT")
 
     import torch
-
-    from engine_hooks.sampling import SamplingParams
-    from tp_engine.hf_config import eos_token_ids
-    from tp_engine.launch import LaunchError, launch
-    from tp_engine.runner import GenerateSpec, ModelSpec, generate_rank
-    from tp_engine.tokenizer import CheckpointTokenizer
+    from gatherwise.engine_hooks.sampling import SamplingParams
+    from gatherwise.tp_engine.hf_config import eos_token_ids
+    from gatherwise.tp_engine.launch import LaunchError, launch
+    from gatherwise.tp_engine.runner import GenerateSpec, ModelSpec, generate_rank
+    from gatherwise.tp_engine.tokenizer import CheckpointTokenizer
 
     model = ModelSpec(vocab=args.vocab or 32000, checkpoint=args.checkpoint, weights_seed=args.weights_seed,
                       compute_dtype=args.compute_dtype, device=args.device)
@@ -176,7 +175,7 @@ def generate_main(argv: list[str] | None = None) -> int:
         return 1
     tokens = [results[0].tokens[i] for i in sorted(results[0].tokens)]
     if not prompts:  # the random prompts the ranks drew: the same pure function of the seed, redrawn here
-        from tp_engine.scheduler import make_requests
+        from gatherwise.tp_engine.scheduler import make_requests
 
         prompts = [r.prompt for r in make_requests(spec.num_prompts, config.vocab_size, spec.max_new_tokens,
                                                    spec.seed)]
@@ -205,6 +204,6 @@ def generate_main(argv: list[str] | None = None) -> int:
 
 
 def engine_main(argv: list[str] | None = None) -> int:
-    from tp_engine.synthetic_load import engine_main as run_engine
+    from gatherwise.tp_engine.synthetic_load import engine_main as run_engine
 
     return run_engine(argv)

@@ -6,8 +6,9 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from gatherwise.tp_engine.rope import RopeConfig
+
 from gatherwise.stable_hash import stable_hash
-from tp_engine.rope import RopeConfig
 
 
 @dataclass(frozen=True)

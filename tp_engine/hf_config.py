@@ -13,8 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tp_engine.config import ModelConfig
-from tp_engine.rope import ROPE_TYPES, RopeConfig
+from gatherwise.tp_engine.config import ModelConfig
+from gatherwise.tp_engine.rope import ROPE_TYPES, RopeConfig
 
 MODEL_TYPES = ("llama", "qwen2")
 

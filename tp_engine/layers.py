@@ -16,9 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
-from engine_hooks.logits_path import shard_width
-from tp_engine.config import ModelConfig
+from gatherwise.engine_hooks.logits_path import shard_width
+from gatherwise.tp_engine.config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from tp_engine.config import ModelConfig
-from tp_engine.kv_cache import KVCache
-from tp_engine.layers import (
+from gatherwise.tp_engine.config import ModelConfig
+from gatherwise.tp_engine.kv_cache import KVCache
+from gatherwise.tp_engine.layers import (
     TPGroup,
     column_parallel,
     head_shard,
@@ -21,8 +20,8 @@ from tp_engine.layers import (
     vocab_parallel_embedding,
     vocab_span,
 )
-from tp_engine.rope import apply_rope, rope_tables
-from tp_engine.weights import RankWeights
+from gatherwise.tp_engine.rope import apply_rope, rope_tables
+from gatherwise.tp_engine.weights import RankWeights
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -17,21 +17,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
-
-from engine_hooks.comm import Communicator, default_communicator
-from engine_hooks.handshake import handshake
-from engine_hooks.logits_path import CallRecorder, LogitsPath
-from engine_hooks.sampling import SamplingParams, SamplingRow
-from engine_hooks.table_source import ScheduleTableSource, TableSource, initial_schedule_table
-from engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
-from gatherwise.modes import Mode, ModeTable
-from gatherwise.stable_hash import stable_hash
-from tp_engine.config import ModelConfig, tiny_config
-from tp_engine.hf_config import load_hf_config
-from tp_engine.kv_cache import KVCache
-from tp_engine.layers import TPGroup
-from tp_engine.model import TPModel
-from tp_engine.scheduler import (
+from gatherwise.engine_hooks.comm import Communicator, default_communicator
+from gatherwise.engine_hooks.handshake import handshake
+from gatherwise.engine_hooks.logits_path import CallRecorder, LogitsPath
+from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
+from gatherwise.engine_hooks.table_source import ScheduleTableSource, TableSource, initial_schedule_table
+from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
+from gatherwise.tp_engine.config import ModelConfig, tiny_config
+from gatherwise.tp_engine.hf_config import load_hf_config
+from gatherwise.tp_engine.kv_cache import KVCache
+from gatherwise.tp_engine.layers import TPGroup
+from gatherwise.tp_engine.model import TPModel
+from gatherwise.tp_engine.scheduler import (
     Request,
     Scheduler,
     StepBatch,
@@ -39,7 +36,16 @@ from tp_engine.scheduler import (
     max_sequence_length,
     prompt_requests,
 )
-from tp_engine.weights import RandomSource, SafetensorsSource, TensorSource, check_tensor_names, shard_weights
+from gatherwise.tp_engine.weights import (
+    RandomSource,
+    SafetensorsSource,
+    TensorSource,
+    check_tensor_names,
+    shard_weights,
+)
+
+from gatherwise.modes import Mode, ModeTable
+from gatherwise.stable_hash import stable_hash
 
 GREEDY = SamplingParams()
 DTYPES = {"float64": torch.float64, **TORCH_LOGITS_DTYPES}  # compute (float64 is the reference) and logits dtypes

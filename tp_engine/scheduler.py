@@ -12,8 +12,8 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from engine_hooks.sampling import SamplingParams, SamplingRow
-from tp_engine.kv_cache import KVCache
+from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
+from gatherwise.tp_engine.kv_cache import KVCache
 
 GREEDY = SamplingParams()
 

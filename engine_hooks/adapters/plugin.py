@@ -2,7 +2,7 @@
 adapter does not know (engine version, unusable shm_dir), else install the hooks and clean up at exit.
 
 A broken gatherwise config fails loudly instead: the operator asked for the hooks. A refusal is also published
-to the sidecar as a hooks-off notice (engine_hooks.adapters.hooks_off).
+to the sidecar as a hooks-off notice (gatherwise.engine_hooks.adapters.hooks_off).
 
 Each engine's patches module provides the same three things: `compatibility_problems()` (empty when the engine
 is one the adapter knows), `install(config)` (wrap the engine around that engine's step hooks) and `applied()`.
@@ -15,9 +15,9 @@ import logging
 import os
 from collections.abc import Callable
 
-from engine_hooks.adapters.enable import enabled
-from engine_hooks.adapters.engine_dirs import clean_at_exit, shm_dir_problem
-from engine_hooks.adapters.hooks_off import report_hooks_off
+from gatherwise.engine_hooks.adapters.enable import enabled
+from gatherwise.engine_hooks.adapters.engine_dirs import clean_at_exit, shm_dir_problem
+from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
 
 
 class EnginePlugin:

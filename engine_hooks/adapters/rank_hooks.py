@@ -10,10 +10,10 @@ import logging
 from typing import Any
 
 import torch
+from gatherwise.engine_hooks.adapters.placeholder_logits import PlaceholderLogits
+from gatherwise.engine_hooks.logits_path import LogitsPath, shard_width
+from gatherwise.engine_hooks.sampling_params import SamplingParams, SamplingRow
 
-from engine_hooks.adapters.placeholder_logits import PlaceholderLogits
-from engine_hooks.logits_path import LogitsPath, shard_width
-from engine_hooks.sampling_params import SamplingParams, SamplingRow
 from gatherwise.call_kind import Sampling, call_kind
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import Mode
@@ -34,7 +34,7 @@ def shard_shape_problem(logits: torch.Tensor) -> str | None:
 class RankHooks:
     def __init__(self, config: GatherwiseConfig, log: logging.Logger) -> None:
         self.config, self.log = config, log
-        self.installed: Any = None  # engine_hooks.install.InstalledHooks once the first hooked call ran
+        self.installed: Any = None  # gatherwise.engine_hooks.install.InstalledHooks once the first hooked call ran
         self.disabled: str | None = None  # why the hooks stay off in this rank
         self._sharded_tokens: torch.Tensor | None = None  # tokens of a sharded call, for its sampler call
         self._greedy_rows: list[SamplingRow] = []  # reused for every sharded greedy call
@@ -43,7 +43,7 @@ class RankHooks:
     def _install(self, comm: Any, logits: torch.Tensor) -> LogitsPath:
         """Handshake, engine id, ring recorder and control block for this rank (every rank calls it at the same
         hooked call); returns the path."""
-        from engine_hooks.install import install_hooks
+        from gatherwise.engine_hooks.install import install_hooks
 
         self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
                                        device=logits.device, config=self.config)

@@ -18,9 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
-from engine_hooks.adapters.float_views import float_view
-from engine_hooks.adapters.group_coordinator_comm import GroupCoordinatorCommunicator
+from gatherwise.engine_hooks.adapters.float_views import float_view
+from gatherwise.engine_hooks.adapters.group_coordinator_comm import GroupCoordinatorCommunicator
 
 ShmAllGather = Callable[[torch.Tensor, int], torch.Tensor]
 

@@ -4,7 +4,7 @@ SGLang's DecodeCudaGraphRunner keys its graphs by `ShapeKey(size, stream_idx, va
 and builds every key, at capture and at replay alike, in `_make_graph_key`. The mode becomes one more part of
 that key: while a mode is *keyed* (a capture pass, or the replay decided for a step), `_make_graph_key` folds
 the mode's label into `variant_label`. SGLang's capture loop runs once per captured mode, the logits gatherer
-recording that mode's device work (engine_hooks.logits_path `capturing`); before a replay the host picks the
+recording that mode's device work (gatherwise.engine_hooks.logits_path `capturing`); before a replay the host picks the
 mode from the table (`LogitsPath.begin_call`, the same on every rank) and keys that mode's graph.
 
 This module holds the bookkeeping only (no SGLang, no torch): what was captured, the keyed mode, which graph a

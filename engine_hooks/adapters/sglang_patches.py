@@ -14,7 +14,7 @@ SGLang applies in every process right after loading its general plugins; nothing
   all_reduce of the ids; skipped by rank 0 when it samples alone (the others do not join it, and rank 0's ids
   reach them anyway).
 - `DecodeCudaGraphRunner._capture_one_stream(self, stream_idx)` (around): SGLang's decode graph capture loop,
-  run once per mode of `engine.graph_modes`, the logits gatherer recording that mode (engine_hooks.adapters.
+  run once per mode of `engine.graph_modes`, the logits gatherer recording that mode (gatherwise.engine_hooks.adapters.
   sglang_graphs).
 - `DecodeCudaGraphRunner._make_graph_key(self, size, stream_idx, variant_label, attention_variant)` (around):
   folds the mode being captured or replayed into `variant_label`, so each mode has its own graph per size.
@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine_hooks.adapters import patch_targets
-from engine_hooks.adapters.patch_targets import Target
-from engine_hooks.adapters.sglang_graphs import fold_label
+from gatherwise.engine_hooks.adapters import patch_targets
+from gatherwise.engine_hooks.adapters.patch_targets import Target
+from gatherwise.engine_hooks.adapters.sglang_graphs import fold_label
 
 SUPPORTED_VERSIONS = ("0.5.23",)  # the SGLang releases this adapter was written and tested against
 
@@ -84,7 +84,7 @@ def applied() -> bool:
 def install(config: Any) -> None:
     """Register the wrappers around the step hooks of `config` (engine_hooks.adapters.plugin calls this once per
     process)."""
-    from engine_hooks.adapters.sglang_step import SglangStepHooks
+    from gatherwise.engine_hooks.adapters.sglang_step import SglangStepHooks
 
     apply(SglangStepHooks(config))
 

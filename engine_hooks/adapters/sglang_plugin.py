@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 
-from engine_hooks.adapters.plugin import EnginePlugin
+from gatherwise.engine_hooks.adapters.plugin import EnginePlugin
 
-PLUGIN = EnginePlugin("SGLang", "engine_hooks.adapters.sglang_patches", logging.getLogger("gatherwise.sglang"))
+PLUGIN = EnginePlugin("SGLang", "gatherwise.engine_hooks.adapters.sglang_patches",
+                      logging.getLogger("gatherwise.sglang"))
 register = PLUGIN.register  # the entry point; leaves SGLang untouched (one warning) when it does not know this SGLang

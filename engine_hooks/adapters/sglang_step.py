@@ -23,16 +23,16 @@ hooked calls is the same on every rank and each one is followed by exactly one s
   other batches in a sharded bucket run all_gather (recorded as such).
 - Sampled batches run all_gather or gather. SGLang's sampler draws from torch's default generator, seeded alike on
   every rank; ranks that skipped draws in gather mode adopt rank 0's generator state right before they draw
-  again (engine_hooks.rng_resync), so every rank draws what plain SGLang draws.
+  again (gatherwise.engine_hooks.rng_resync), so every rank draws what plain SGLang draws.
 - Features the adapter does not support (speculative decoding, pipeline parallelism, DP attention, the DP or
   all-to-all LM head) are detected at the first step: the hooks stay off with one warning, SGLang runs as is.
 
 With CUDA graphs, SGLang's decode graph capture runs once per mode and each step replays the graph of its mode,
-chosen on the host before replay (capture_decode_graphs, can_replay, replay_decode; engine_hooks.adapters.
+chosen on the host before replay (capture_decode_graphs, can_replay, replay_decode; gatherwise.engine_hooks.adapters.
 sglang_graphs holds the bookkeeping, docs/sglang.md the design).
 
 The hooks are installed lazily at the first hooked call (torch.distributed and SGLang's TP group exist by
-then): handshake, engine id, ring recorder and control block come from engine_hooks.install.install_hooks.
+then): handshake, engine id, ring recorder and control block come from gatherwise.engine_hooks.install.install_hooks.
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
+from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
+from gatherwise.engine_hooks.adapters.sglang_graphs import DecodeGraphModes, parse_graph_modes
+from gatherwise.engine_hooks.adapters.sglang_patches import TP_WORKER_FORWARD
 
-from engine_hooks.adapters.hooks_off import report_hooks_off
-from engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
-from engine_hooks.adapters.sglang_graphs import DecodeGraphModes, parse_graph_modes
-from engine_hooks.adapters.sglang_patches import TP_WORKER_FORWARD
 from gatherwise.call_kind import call_kind, sampling_of_rows
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import Mode
@@ -149,7 +149,7 @@ class _Pending:
 class SglangStepHooks(RankHooks):
     def __init__(self, config: GatherwiseConfig) -> None:
         super().__init__(config, log)
-        self.resync: Any = None  # engine_hooks.rng_resync.RandomStateResync, with the hooks
+        self.resync: Any = None  # gatherwise.engine_hooks.rng_resync.RandomStateResync, with the hooks
         self.root_samples_alone = False  # rank 0 inside SGLang's sampler in gather mode
         self._in_step = False  # inside TpModelWorker.forward_batch_generation (not a verify pass)
         self._worker: Any = None  # the TpModelWorker of this rank (seen at its first step)
@@ -217,8 +217,8 @@ class SglangStepHooks(RankHooks):
             self._disable("logits_shape" if problems == [shape_problem] else "unsupported_feature",
                           ", ".join(problems) + " (not supported by gatherwise)", rank)
             return None
-        from engine_hooks.adapters.sglang_comm import SglangGroupCommunicator
-        from engine_hooks.rng_resync import RandomStateResync
+        from gatherwise.engine_hooks.adapters.sglang_comm import SglangGroupCommunicator
+        from gatherwise.engine_hooks.rng_resync import RandomStateResync
 
         if getattr(getattr(self._worker, "model_runner", None), "decode_cuda_graph_runner", None) is not None and \
                 not self.graphs.passes and rank == 0:  # graphs captured without gatherwise's capture passes

@@ -20,9 +20,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from engine_hooks.adapters.float_views import float_view
-from engine_hooks.adapters.group_coordinator_comm import GroupCoordinatorCommunicator
+from gatherwise.engine_hooks.adapters.float_views import float_view
+from gatherwise.engine_hooks.adapters.group_coordinator_comm import GroupCoordinatorCommunicator
 
 
 class VllmGroupCommunicator(GroupCoordinatorCommunicator):

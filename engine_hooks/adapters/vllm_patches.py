@@ -9,7 +9,7 @@ Three functions carry the hooks:
 Three more only watch, so that the hooks never go off silently:
 - V1 `GPUModelRunner._dummy_sampler_run` and `_get_prompt_logprobs_dict`: the logits calls vLLM makes outside
   a step on purpose (warm-up, prompt logprobs); they keep vLLM's all_gather without a warning. Any other logits
-  call outside a hooked step is reported once (engine_hooks.adapters.vllm_step).
+  call outside a hooked step is reported once (gatherwise.engine_hooks.adapters.vllm_step).
 - Model Runner V2's `GPUModelRunner.__init__` (`vllm.v1.worker.gpu.model_runner`, vLLM's default on GPUs): the
   adapter does not hook V2, so building one refuses the hooks with one warning naming the way out.
 
@@ -23,8 +23,8 @@ import functools
 import logging
 from typing import Any
 
-from engine_hooks.adapters import patch_targets
-from engine_hooks.adapters.patch_targets import Target
+from gatherwise.engine_hooks.adapters import patch_targets
+from gatherwise.engine_hooks.adapters.patch_targets import Target
 
 log = logging.getLogger("gatherwise.vllm")
 
@@ -67,7 +67,7 @@ def applied() -> bool:
 
 def install(config: Any) -> None:
     """Wrap vLLM around the step hooks of `config` (engine_hooks.adapters.plugin calls this once per process)."""
-    from engine_hooks.adapters.vllm_step import VllmStepHooks
+    from gatherwise.engine_hooks.adapters.vllm_step import VllmStepHooks
 
     apply(VllmStepHooks(config))
 

@@ -14,7 +14,7 @@ Two things vLLM does not do for us:
   "gatherwise: vLLM plugin active" and each worker's "hooks installed" appear in vLLM's log.
 - Cleanup: vLLM's workers are forked multiprocessing children that exit without running atexit, and vLLM kills
   the ones that do not exit in time; every process of the tree removes the directories of exited engines when
-  it exits (engine_hooks.adapters.engine_dirs).
+  it exits (gatherwise.engine_hooks.adapters.engine_dirs).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from engine_hooks.adapters.plugin import EnginePlugin
+from gatherwise.engine_hooks.adapters.plugin import EnginePlugin
 
 log = logging.getLogger("gatherwise.vllm")
 
@@ -41,5 +41,5 @@ def attach_log_handler() -> None:
     root.propagate = False  # one line per record even if someone configures the root logger later
 
 
-PLUGIN = EnginePlugin("vLLM", "engine_hooks.adapters.vllm_patches", log, attach_log_handler)
+PLUGIN = EnginePlugin("vLLM", "gatherwise.engine_hooks.adapters.vllm_patches", log, attach_log_handler)
 register = PLUGIN.register  # the entry point; leaves vLLM untouched (one warning) when it does not know this vLLM

@@ -6,7 +6,7 @@ structured-output requests has been applied to the full logits. Only that call g
 logits calls vLLM makes outside a step on purpose (the warm-up sampler run, prompt logprobs) keep vLLM's own
 all_gather, so the sequence of hooked calls is the same on every rank and each one is followed by exactly one
 sampler call. Any other logits call outside a hooked step means the hooks do not see the engine's steps: it is
-reported once, by name, in the log and to the sidecar (engine_hooks.adapters.hooks_off).
+reported once, by name, in the log and to the sidecar (gatherwise.engine_hooks.adapters.hooks_off).
 
 - all_gather mode: the hooked collective returns the full logits to vLLM as usual; every rank samples with
   vLLM's sampler, as vLLM does without the plugin.
@@ -15,9 +15,9 @@ reported once, by name, in the log and to the sidecar (engine_hooks.adapters.hoo
   (plus the control word) by one broadcast, then go on as if they had sampled. Sampled batches too: vLLM keeps
   its ranks in step by drawing alike on every rank (torch's default generator, and one generator per seeded
   request); a rank that skipped draws adopts rank 0's generator states right before it draws again
-  (engine_hooks.rng_resync), so every rank holds what it would have held had it sampled itself.
+  (gatherwise.engine_hooks.rng_resync), so every rank holds what it would have held had it sampled itself.
 - sharded mode: every rank reduces its own shard to (max, index) per row and one all_gather of those pairs
-  gives every rank the argmax (engine_hooks.sharded_exchange); all ranks get placeholder logits, skip vLLM's
+  gives every rank the argmax (gatherwise.engine_hooks.sharded_exchange); all ranks get placeholder logits, skip vLLM's
   sampler and return those tokens. Only for batches whose greedy token is the argmax of the raw logits
   (`sharded_greedy_ok`, `raw_argmax_is_kept`: no soft cap or logit scale, which vLLM applies after the gather)
   and that hold no structured-output request (the grammar bitmask is applied after the collective, to the full
@@ -27,7 +27,7 @@ reported once, by name, in the log and to the sidecar (engine_hooks.adapters.hoo
   runs all_gather instead (`gather_ok`), recorded as such.
 
 The hooks are installed lazily at the first hooked call (torch.distributed and vLLM's TP group exist by then):
-handshake, engine id, ring recorder and control block come from engine_hooks.install.install_hooks.
+handshake, engine id, ring recorder and control block come from gatherwise.engine_hooks.install.install_hooks.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
+from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 
-from engine_hooks.adapters.hooks_off import report_hooks_off
-from engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 from gatherwise.call_kind import call_kind, sampling_of_rows
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import Mode
@@ -60,7 +60,7 @@ class VllmStepHooks(RankHooks):
         self._unhooked_depth = 0  # inside one of vLLM's own logits calls outside a step (warm-up, prompt logprobs)
         self._unhooked_reported = False  # a logits gather outside every hooked step was reported
         self._pending: Mode | None = None  # mode of the hooked call whose sampling is still to come
-        self._resync: Any = None  # engine_hooks.rng_resync.RandomStateResync, with the hooks
+        self._resync: Any = None  # gatherwise.engine_hooks.rng_resync.RandomStateResync, with the hooks
 
     # -- scope: the step's logits call --------------------------------------------------------------------
     @contextmanager
@@ -127,8 +127,8 @@ class VllmStepHooks(RankHooks):
         if problem:
             self._disable("logits_shape", problem, rank)
             return None
-        from engine_hooks.adapters.vllm_comm import VllmGroupCommunicator
-        from engine_hooks.rng_resync import RandomStateResync
+        from gatherwise.engine_hooks.adapters.vllm_comm import VllmGroupCommunicator
+        from gatherwise.engine_hooks.rng_resync import RandomStateResync
 
         comm = VllmGroupCommunicator(get_tp_group())
         path = self._install(comm, logits)
@@ -241,7 +241,7 @@ def _runner_frame_name() -> str:
     frame = sys._getframe(2)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
-        if not module.startswith(("vllm.model_executor", "torch", "engine_hooks")):
+        if not module.startswith(("vllm.model_executor", "torch", "gatherwise.engine_hooks")):
             return f"{module}.{frame.f_code.co_qualname}"
         frame = frame.f_back
     return "an unknown caller"

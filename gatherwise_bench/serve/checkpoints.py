@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gatherwise_bench.serve.tokenizer import write_tokenizer
+from gatherwise.bench.serve.tokenizer import write_tokenizer
 
 BUILT_MARKER = ".gatherwise-built"  # written last: a directory without it is an interrupted build
 

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gatherwise_bench.cli import _int_list, _name_list, _positive
-from gatherwise_bench.serve.cells import SAMPLINGS, build_cells
-from gatherwise_bench.serve.configurations import CONFIGURATIONS, QUICK_CONFIGURATIONS, interleaved
-from gatherwise_bench.serve.engine_spec import EngineSpec, Workload
+from gatherwise.bench.cli import _int_list, _name_list, _positive
+from gatherwise.bench.serve.cells import SAMPLINGS, build_cells
+from gatherwise.bench.serve.configurations import CONFIGURATIONS, QUICK_CONFIGURATIONS, interleaved
+from gatherwise.bench.serve.engine_spec import EngineSpec, Workload
 
 # What an option left out means, for the full benchmark and for --quick (explicit options win in both).
 DEFAULTS = dict(model="qwen2.5-0.5b-shape,llama-32k", configurations=tuple(CONFIGURATIONS), passes=2,
@@ -73,23 +73,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _shape_names() -> list[str]:
-    from gatherwise_bench.serve.checkpoints import MODEL_SHAPES
+    from gatherwise.bench.serve.checkpoints import MODEL_SHAPES
 
     return list(MODEL_SHAPES)
 
 
 def _engine(name: str) -> EngineSpec:
     if name == "vllm":
-        from gatherwise_bench.serve.vllm_engine import VllmEngine
+        from gatherwise.bench.serve.vllm_engine import VllmEngine
 
         return VllmEngine()
-    from gatherwise_bench.serve.sglang_engine import SglangEngine
+    from gatherwise.bench.serve.sglang_engine import SglangEngine
 
     return SglangEngine()
 
 
 def _checkpoint(name: str, models_dir: Path) -> tuple[Path, str]:
-    from gatherwise_bench.serve.checkpoints import MODEL_SHAPES, build_checkpoint
+    from gatherwise.bench.serve.checkpoints import MODEL_SHAPES, build_checkpoint
 
     if name in MODEL_SHAPES:
         shape = MODEL_SHAPES[name]
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    from gatherwise_bench.serve.run import ServeBench, run_configuration
+    from gatherwise.bench.serve.run import ServeBench, run_configuration
 
     engine = _engine(args.engine)
     configurations = list(args.configurations)
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configurations: list[str], order: list[str],
            cells: list, workload: Workload, runs: list[dict[str, Any]], started: float, load_start: tuple,
            argv: list[str] | None) -> None:
-    from gatherwise_bench.serve.report import auto_decisions, format_decisions, format_table, summarize, write_results
+    from gatherwise.bench.serve.report import auto_decisions, format_decisions, format_table, summarize, write_results
 
     rows = summarize(runs, model)
     decisions = auto_decisions(runs)
@@ -163,7 +163,7 @@ def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configura
     (out_dir / "table.txt").write_text(table + "\n")
     print(table)
     try:
-        from gatherwise_bench.serve.plot import plot_serve
+        from gatherwise.bench.serve.plot import plot_serve
 
         plot_serve(out_dir / "serve.png", rows, configurations,
                    f"gatherwise bench serve: {engine.name} TP=2, {model.name}, {os.cpu_count()} CPU cores")

@@ -7,8 +7,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from gatherwise_bench.serve.cells import Cell
-from gatherwise_bench.serve.client_result import ClientResult
+from gatherwise.bench.serve.cells import Cell
+from gatherwise.bench.serve.client_result import ClientResult
 
 SERVED_MODEL_NAME = "bench"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gatherwise_bench.figures import pyplot, save
+from gatherwise.bench.figures import pyplot, save
 
 
 def plot_serve(path: Path, rows: list[dict[str, Any]], configurations: list[str], title: str) -> Path:

@@ -8,8 +8,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from gatherwise_bench.serve.configurations import BASELINE
-from gatherwise_bench.serve.greedy_match import TokenCounter, compare_outputs
+from gatherwise.bench.serve.configurations import BASELINE
+from gatherwise.bench.serve.greedy_match import TokenCounter, compare_outputs
 
 TABLE_METRICS = ("ttft", "tpot", "itl")
 

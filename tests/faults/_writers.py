@@ -13,7 +13,8 @@ import os
 import sys
 import time
 
-from engine_hooks.recorder import RingRecorder
+from gatherwise.engine_hooks.recorder import RingRecorder
+
 from gatherwise.shm_format.liveness import LivenessLock
 from gatherwise.shm_format.private_files import ensure_private_dir
 from gatherwise.shm_format.ring import engine_dir, ring_path

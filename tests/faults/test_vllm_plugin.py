@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
+from gatherwise.engine_hooks.adapters import vllm_patches, vllm_plugin
 
-from engine_hooks.adapters import vllm_patches, vllm_plugin
 from tests._sidecar import ROOT
 
 
@@ -37,7 +37,8 @@ def test_unsafe_shm_dir_turns_the_plugin_off_with_one_warning(monkeypatch, caplo
 
 
 def test_plugin_lines_are_visible_without_logging_configuration():
-    code = ("import logging; from engine_hooks.adapters.vllm_plugin import attach_log_handler; attach_log_handler(); "
+    code = ("import logging; from gatherwise.engine_hooks.adapters.vllm_plugin import attach_log_handler; "
+            "attach_log_handler(); "
             "logging.getLogger('gatherwise.vllm').info('gatherwise: hooks installed on TP rank 0/2')")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
@@ -57,7 +58,7 @@ for name, keep in (("00000000000000aa", False), ("00000000000000bb", True)):
         kept = lock
     else:
         lock.close()
-from engine_hooks.adapters.engine_dirs import remove_dead_dirs
+from gatherwise.engine_hooks.adapters.engine_dirs import remove_dead_dirs
 remove_dead_dirs({shm_dir!r})
 print(sorted(os.listdir({shm_dir!r})))
 """

@@ -93,7 +93,7 @@ class PhaseMarks:
         if self.shm_dir is None:
             return
         if self.reader is None:
-            from sidecar.ring_reader import RingReader, discover_engines
+            from gatherwise.sidecar.ring_reader import RingReader, discover_engines
 
             engines = discover_engines(self.shm_dir)
             if not engines:

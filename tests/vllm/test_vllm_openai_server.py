@@ -21,12 +21,12 @@ import time
 
 import httpx
 import pytest
+from gatherwise.tp_engine.launch import free_port
 
 from gatherwise.shm_format.liveness import is_engine_dir_name
 from tests._engine_harness import remove_new_shm_files, shm_files, start_sidecar
 from tests.vllm.conftest import REQUIRED
 from tests.vllm.harness import VLLM_SHM_LEFTOVERS, base_env
-from tp_engine.launch import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 try:
