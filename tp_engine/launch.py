@@ -21,6 +21,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+# The most ranks one launch spawns on a node: beyond it a run is a mistake on a CPU (or a local node), not a workload.
+MAX_LOCAL_RANKS = 64
 POLL_S = 0.2  # how often the launcher looks at the ranks' pipes and the deadline
 EXIT_GRACE_S = 2.0  # a rank's time to exit after it reported or closed its pipe, before it is killed
 AFTER_FAILURE_S = 10.0  # how long the other ranks may still report once one has failed
