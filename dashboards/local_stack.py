@@ -19,7 +19,8 @@ from pathlib import Path
 
 from gatherwise.dashboards.child_process import start_child
 from gatherwise.dashboards.local_prometheus import LocalPrometheus, start_prometheus, write_local_config
-from gatherwise.tp_engine.launch import free_port
+
+from gatherwise.free_port import free_port
 
 
 def private_shm_dir() -> Path:

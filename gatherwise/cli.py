@@ -1,32 +1,41 @@
-"""`gatherwise` command line: dispatches to each subcommand's module, imported lazily.
+"""`gatherwise` command line: runs the subcommand each floor declares (gatherwise.commands), importing only it.
 
-Lazy imports keep `gatherwise sidecar` and `gatherwise mode` free of torch.
+Importing only the chosen command keeps `gatherwise sidecar` and `gatherwise mode` free of torch, and the engine's
+commands free of the web stack. A command whose extra is not installed ends with one line naming that extra.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 
-COMMANDS = {
-    "generate": ("gatherwise.tp_engine.cli", "generate_main", "run the TP engine on prompts and print tokens as JSON"),
-    "engine": ("gatherwise.tp_engine.cli", "engine_main", "run the TP engine with hooks under a synthetic load"),
-    "sidecar": ("gatherwise.sidecar.cli", "main", "serve metrics, traces and the control API"),
-    "mode": ("gatherwise.sidecar.client", "main", "get or set the logits mode through the sidecar's HTTP API"),
-    "bench": ("gatherwise.bench.cli", "main", "sweep the logits path: which mode wins where"),
-    "demo": ("gatherwise.sidecar.demo", "main", "engine + sidecar (+ Prometheus) with a live terminal view"),
-}
+from gatherwise.commands import commands
+from gatherwise.missing_extra import extra_providing
+
+MISSING_EXTRA_EXIT = 2  # a usage problem, like argparse's: the install lacks what the command needs
+
+
+def _usage(available: dict) -> str:
+    width = max(map(len, available), default=0)
+    lines = [f"  {name.ljust(width)}  {command.help_line()}" for name, command in available.items()]
+    return "usage: gatherwise COMMAND [ARGS]\n\ncommands:\n" + "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        width = max(map(len, COMMANDS))
-        lines = [f"  {name.ljust(width)}  {help_}" for name, (_, _, help_) in COMMANDS.items()]
-        print("usage: gatherwise COMMAND [ARGS]\n\ncommands:\n" + "\n".join(lines), file=sys.stderr)
+    available = commands()
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in available:
+        print(_usage(available), file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    module, func, _ = COMMANDS[argv[0]]
-    return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+    name, args = argv[0], argv[1:]
+    try:
+        return int(available[name].load()(args) or 0)
+    except ModuleNotFoundError as exc:
+        extra = extra_providing(exc.name or "")
+        if extra is None:
+            raise
+        print(f"gatherwise {name}: needs the '{extra}' extra (No module named {exc.name!r}); "
+              f"install it with: pip install 'gatherwise[{extra}]'", file=sys.stderr)
+        return MISSING_EXTRA_EXIT
 
 
 if __name__ == "__main__":

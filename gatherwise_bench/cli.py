@@ -11,10 +11,10 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gatherwise.bench.arg_types import at_least, int_list, name_list
 from gatherwise.bench.sampling_spec import parse_sampling
 
 from gatherwise.logits_dtypes import LOGITS_DTYPES
@@ -26,60 +26,10 @@ if TYPE_CHECKING:  # torch-free at import: argument errors come before any heavy
 DEFAULT_ROWS = "1,2,4,8,16,32,64,128,256"
 
 
-def _int_list(what: str, minimum: int) -> Callable[[str], tuple[int, ...]]:
-    def parse(text: str) -> tuple[int, ...]:
-        items = [t.strip() for t in text.split(",")]
-        if not text.strip() or any(not t for t in items):
-            raise argparse.ArgumentTypeError(f"{what}: expected a comma-separated list like 1,2,4, got {text!r}")
-        values = []
-        for t in items:
-            try:
-                values.append(int(t))
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"{what}: {t!r} is not an integer") from None
-        bad = [v for v in values if v < minimum]
-        if bad:
-            raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, got {bad[0]}")
-        return tuple(sorted(set(values)))
-
-    return parse
-
-
-def _name_list(what: str, parse_one: Callable[[str], str]) -> Callable[[str], tuple[str, ...]]:
-    def parse(text: str) -> tuple[str, ...]:
-        items = [t.strip() for t in text.split(",")]
-        if not text.strip() or any(not t for t in items):
-            raise argparse.ArgumentTypeError(f"{what}: expected a comma-separated list, got {text!r}")
-        out: list[str] = []
-        for t in items:
-            try:
-                name = parse_one(t)
-            except ValueError as exc:
-                raise argparse.ArgumentTypeError(f"{what}: {exc}") from None
-            if name not in out:
-                out.append(name)
-        return tuple(out)
-
-    return parse
-
-
 def _dtype(text: str) -> str:
     if text.lower() not in LOGITS_DTYPES:
         raise ValueError(f"unknown dtype {text!r}: expected one of {', '.join(LOGITS_DTYPES)}")
     return text.lower()
-
-
-def _positive(what: str, minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what}: {text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,24 +38,24 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time the logits path (collectives + sampling + token distribution) per mode on P "
                     "local ranks; print which mode wins where, write results.json, crossover.png and "
                     "starting-table files for the auto policy.")
-    p.add_argument("--tp", type=_positive("--tp", 1), default=2, help="ranks (tensor-parallel size), default 2")
-    p.add_argument("--vocab", type=_int_list("--vocab", 1), default=(32000, 152064),
+    p.add_argument("--tp", type=at_least("--tp", 1), default=2, help="ranks (tensor-parallel size), default 2")
+    p.add_argument("--vocab", type=int_list("--vocab", 1), default=(32000, 152064),
                    help="comma-separated vocab sizes, default 32000,152064")
-    p.add_argument("--rows", type=_int_list("--rows", 1), default=_int_list("--rows", 1)(DEFAULT_ROWS),
+    p.add_argument("--rows", type=int_list("--rows", 1), default=int_list("--rows", 1)(DEFAULT_ROWS),
                    help=f"comma-separated batch rows, default {DEFAULT_ROWS}")
-    p.add_argument("--dtype", type=_name_list("--dtype", _dtype), default=("float32", "bfloat16"),
+    p.add_argument("--dtype", type=name_list("--dtype", _dtype), default=("float32", "bfloat16"),
                    help=f"comma-separated logits dtypes ({', '.join(LOGITS_DTYPES)}), default float32,bfloat16")
-    p.add_argument("--modes", type=_name_list("--modes", lambda t: Mode.parse(t).label),
+    p.add_argument("--modes", type=name_list("--modes", lambda t: Mode.parse(t).label),
                    default=IMPLEMENTED_LABELS, help="comma-separated modes, interleaved in this order; "
                    f"default {','.join(IMPLEMENTED_LABELS)}")
-    p.add_argument("--sampling", type=_name_list("--sampling", lambda t: parse_sampling(t).label),
+    p.add_argument("--sampling", type=name_list("--sampling", lambda t: parse_sampling(t).label),
                    default=("greedy",), help="comma-separated sampling of every row: greedy, top_k=K, top_p=P, "
                    "temperature=T (temperature 1 with top_k/top_p); default greedy")
     p.add_argument("--logit-scale", type=float, default=1.0,
                    help="logits are scale * N(0, 1); larger is more peaked (top-p nuclei fit the sharded "
                    "candidates), default 1.0")
-    p.add_argument("--iters", type=_positive("--iters", 1), default=30, help="timed calls per mode, default 30")
-    p.add_argument("--warmup", type=_positive("--warmup", 0), default=3,
+    p.add_argument("--iters", type=at_least("--iters", 1), default=30, help="timed calls per mode, default 30")
+    p.add_argument("--warmup", type=at_least("--warmup", 0), default=3,
                    help="untimed calls per mode before each shape, default 3")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: cuda (NCCL, rank r on cuda:r) when there are >= tp GPUs, else cpu (gloo)")

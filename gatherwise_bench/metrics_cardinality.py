@@ -2,7 +2,7 @@
 
     python -m gatherwise.bench.metrics_cardinality [--tp 8] [--calls-per-cell 24] [--scrapes 30] [--out out/cardinality]
 
-A real sidecar subprocess follows a telemetry stand-in (gatherwise.bench.synthetic_engine: 8 real rings and a real
+A real sidecar subprocess follows a telemetry stand-in (gatherwise.bench.telemetry_standin: 8 real rings and a real
 control block) that runs calls of every mode code the engine has (all_gather, gather, sharded; sharded calls alternate
 one and two collectives, some with top-p fallbacks) in all 16 batch-size buckets: the worst case, every label
 combination present. The policy is auto, so its estimate gauges exist for every (bucket, mode) it chooses among.
@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 from gatherwise.bench.bench_sidecar import start_sidecar
 from gatherwise.bench.figures import pyplot, save
-from gatherwise.bench.synthetic_engine import SyntheticEngine
+from gatherwise.bench.telemetry_standin import TelemetryStandIn
 
 from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, bucket_upper_bound
 
@@ -72,7 +72,7 @@ def run(tp: int, calls_per_cell: int, scrapes: int, workdir: str) -> dict:
         "engine": {"shm_dir": shm}, "traces": {"enabled": True, "sample_ratio": 0.05},
         "policy": {"mode": "auto", "probe_budget": 0.0, "min_samples": 1000}}))
     sidecar, url = start_sidecar(config)
-    engine = SyntheticEngine(shm, tp, capacity=1 << 16)
+    engine = TelemetryStandIn(shm, tp, capacity=1 << 16)
     try:
         engine.wait_attached(url, ATTACH_TIMEOUT_S)
         modes = [0, 1, 2]  # every mode code the ring format has, implemented in this checkout or not

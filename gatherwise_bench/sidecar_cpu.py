@@ -4,7 +4,7 @@
                                           [--out out/sidecar_cpu]
 
 A real sidecar subprocess (`gatherwise sidecar`) first runs with no engine (idle), then follows a telemetry
-stand-in (gatherwise.bench.synthetic_engine: real rings and a real control block, written from this process at a
+stand-in (gatherwise.bench.telemetry_standin: real rings and a real control block, written from this process at a
 fixed call rate, cycling batch sizes 1..32). For each rate and policy (manual, auto) it reads the sidecar's CPU
 time from the OS over a window: utime+stime from /proc/<pid>/stat (clock ticks, every thread, ended ones too) and
 the sum of /proc/<pid>/task/*/schedstat (nanoseconds, live threads), while a scraper GETs /metrics every 5 s as
@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import yaml
 from gatherwise.bench.bench_sidecar import auth_header, start_sidecar
-from gatherwise.bench.synthetic_engine import SyntheticEngine
+from gatherwise.bench.telemetry_standin import TelemetryStandIn
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (1, 2, 4, 8, 16, 32)
@@ -77,7 +77,7 @@ def scrape_every(url: str, period: float, stop: threading.Event) -> None:
             pass
 
 
-def measure(pid: int, engine: SyntheticEngine | None, rate: float, seconds: float) -> dict:
+def measure(pid: int, engine: TelemetryStandIn | None, rate: float, seconds: float) -> dict:
     a0, c0, r0, t0 = thread_activity(pid), cpu_seconds(pid), schedstat_seconds(pid), time.monotonic()
     calls = engine.run(seconds, rate, SIZES) if engine is not None and rate > 0 else time.sleep(seconds) or 0
     a1, c1, r1, t1 = thread_activity(pid), cpu_seconds(pid), schedstat_seconds(pid), time.monotonic()
@@ -116,7 +116,7 @@ def run(tp: int, rates: list[float], seconds: float, workdir: str, poll: float, 
         httpx.get(f"{url}/metrics", timeout=30)  # the first scrape builds what later ones reuse: not idle cost
         time.sleep(2.0)
         rows.append({"phase": "no engine", **measure(sidecar.pid, None, 0, seconds)})
-        engine = SyntheticEngine(shm, tp, capacity=1 << 17)
+        engine = TelemetryStandIn(shm, tp, capacity=1 << 17)
         engine.wait_attached(url, timeout_s=30)
         # auto first: its probe budget is a share of every call seen, so after a long manual phase it spends the
         # saved-up budget in back-to-back probes (a burst that ends) instead of its steady state

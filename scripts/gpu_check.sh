@@ -25,4 +25,4 @@ fi
 # Uninstalled, the checkout's floors are laid out as the one installed `gatherwise` package (symlinks).
 tree=$("$python" scripts/package_tree.py "$root/build/package-tree")
 export PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout 480 "$python" -m gatherwise.bench.gpu_check "$outdir" "$@"
+exec timeout 480 "$python" scripts/gpu_check.py "$outdir" "$@"

@@ -57,7 +57,7 @@ def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
     from gatherwise.engine_hooks.comm import default_communicator
     from gatherwise.engine_hooks.install import install_hooks
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
-    from gatherwise.tp_engine.synthetic_load import stop_on_every_rank
+    from gatherwise.tp_engine.decode_load import stop_on_every_rank
 
     from gatherwise.config import load_config
 

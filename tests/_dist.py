@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gatherwise.tp_engine.launch import free_port, launch
+from gatherwise.tp_engine.launch import launch
+
+from gatherwise.free_port import free_port
 
 __all__ = ["free_port", "run_ranks"]
 

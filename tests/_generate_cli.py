@@ -21,7 +21,7 @@ def generate_json(*args: str) -> dict:
 
 def assert_refused(argv: list[str], message: str, capsys) -> None:
     """`gatherwise generate ARGV` exits 2 before running anything and says `message` on stderr."""
-    from gatherwise.tp_engine.cli import generate_main
+    from gatherwise.tp_engine.generate_cli import generate_main
 
     with pytest.raises(SystemExit) as info:
         generate_main(argv)

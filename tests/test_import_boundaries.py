@@ -1,15 +1,19 @@
 """Import rules: the core (`gatherwise`) pulls in neither torch nor the web stack; the sidecar never pulls in torch
-or the engine hooks; the engine hooks never pull in the sidecar's web/telemetry stack.
+or the engine hooks; the engine hooks never pull in the sidecar's web/telemetry stack. And over the whole source
+tree, read with `ast` (every import, including those inside functions): no floor names a floor above it, and no
+modules import each other in a circle.
 
-Each check runs in a fresh interpreter, imports the modules one by one, and names the first one that broke the rule.
-Modules are globbed at test time, so new files are covered without editing this test.
+The import checks run in a fresh interpreter, import the modules one by one, and name the first one that broke the
+rule. Modules are globbed at test time, so new files are covered without editing this test.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,7 @@ ENGINE_ONLY_PACKAGES = ("vllm", "sglang")  # adapters for engines that are not i
 
 CHECK = """
 import importlib, sys
+sys.path[:0] = {paths!r}
 forbidden = {forbidden!r}
 optional = {optional!r}
 for name in {modules!r}:
@@ -36,11 +41,16 @@ print("ok")
 """
 
 
-def _package_of_folder() -> dict[str, str]:
+def _package_dirs() -> dict[str, str]:
+    """Installed package name -> its folder in the repository (pyproject.toml, read by scripts/package_tree.py)."""
     spec = importlib.util.spec_from_file_location("package_tree", ROOT / "scripts" / "package_tree.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return {folder: name for name, folder in module.package_dirs().items()}
+    return module.package_dirs()
+
+
+def _package_of_folder() -> dict[str, str]:
+    return {folder: name for name, folder in _package_dirs().items()}
 
 
 def _modules(*patterns: str) -> list[str]:
@@ -54,8 +64,9 @@ def _modules(*patterns: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _check(modules: list[str], forbidden: set[str]) -> subprocess.CompletedProcess:
-    code = CHECK.format(modules=modules, forbidden=sorted(forbidden), optional=ENGINE_ONLY_PACKAGES)
+def _check(modules: list[str], forbidden: set[str], paths: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`paths` go first on the checking interpreter's sys.path (for checkout tools that are no installed module)."""
+    code = CHECK.format(modules=modules, forbidden=sorted(forbidden), optional=ENGINE_ONLY_PACKAGES, paths=list(paths))
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
@@ -96,8 +107,155 @@ def test_the_gpu_check_needs_only_torch_pyyaml_and_prometheus_client():
     """scripts/gpu_check.sh runs on GPU machines that have torch, pyyaml and prometheus-client and nothing else
     (no network, nothing installed): nothing it imports may need another third-party package."""
     hooks = ["table_source", "comm", "graphs", "sampling", "cuda_timing", "logits_path", "recorder"]
-    modules = ["gatherwise.bench.gpu_check", *(f"gatherwise.engine_hooks.{name}" for name in hooks),
+    modules = ["gpu_check", *(f"gatherwise.engine_hooks.{name}" for name in hooks),
                "gatherwise.sidecar.ring_reader", "gatherwise.sidecar.metrics"]
     result = _check(modules, {"pydantic", "fastapi", "starlette", "uvicorn", "opentelemetry", "httpx", "jinja2",
-                              "tokenizers", "safetensors", "transformers"})
+                              "tokenizers", "safetensors", "transformers"}, paths=(str(ROOT / "scripts"),))
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+
+
+# -- floors and circles, from the source ---------------------------------------------------------------------------
+# The floors, lowest first: a module may import its own floor and the floors below it, never one above.
+FLOORS = (
+    ("gatherwise", "the torch-free core both sides must agree on (modes, shared-memory formats, config)"),
+    ("gatherwise.engine_hooks", "the logits path inside every TP rank, built on the core alone"),
+    ("gatherwise.tp_engine", "the reference engine, which runs the hooks it exists to exercise"),
+    ("gatherwise.dashboards", "dashboards and the local stack, which start engine and sidecar as processes"),
+    ("gatherwise.sidecar", "the observer: reads what the engine writes; its demo runs the local stack"),
+    ("gatherwise.bench", "benchmarks, which drive every floor below"),
+)
+# Circles another change is removing; each entry must still exist (the test says when one can go).
+KNOWN_CIRCLES = {frozenset({"gatherwise.sidecar.decision_events", "gatherwise.sidecar.metrics"})}
+
+
+def _source_modules() -> dict[str, Path]:
+    modules = {}
+    for package, folder in _package_dirs().items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            modules[".".join((package, *parts))] = path
+    return modules
+
+
+def _imported_names(module: str, path: Path) -> Iterator[str]:
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)  # `from pkg import submodule`
+
+
+def import_graph(modules: Mapping[str, Path]) -> dict[str, set[str]]:
+    """module -> the source modules it imports (a name resolves to its longest prefix that is a module here)."""
+    graph = {}
+    for module, path in modules.items():
+        targets = set()
+        for imported in _imported_names(module, path):
+            name = imported
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def floor_of(module: str) -> int:
+    matches = [i for i, (floor, _) in enumerate(FLOORS) if module == floor or module.startswith(floor + ".")]
+    return max(matches, key=lambda i: len(FLOORS[i][0]))
+
+
+def upward_imports(graph: Mapping[str, set[str]]) -> list[str]:
+    return sorted(f"{a} ({FLOORS[floor_of(a)][0]}) imports {b} ({FLOORS[floor_of(b)][0]})"
+                  for a, targets in graph.items() for b in targets if floor_of(b) > floor_of(a))
+
+
+def circles(graph: Mapping[str, set[str]]) -> set[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset[str]] = set()
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.add(frozenset(component))
+    return found
+
+
+def test_the_floors_cover_every_source_folder():
+    assert {package for package, _ in FLOORS} == set(_package_dirs())
+
+
+def test_no_floor_imports_a_floor_above_it():
+    graph = import_graph(_source_modules())
+    assert "gatherwise.dashboards.local_stack" in graph and "gatherwise.cli" in graph
+    assert upward_imports(graph) == []
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    found = circles(import_graph(_source_modules()))
+    assert found - KNOWN_CIRCLES == set(), "import circles: " + "; ".join(" <-> ".join(sorted(c)) for c in found)
+    gone = KNOWN_CIRCLES - found
+    assert not gone, f"no longer a circle, remove it from KNOWN_CIRCLES: {[sorted(c) for c in gone]}"
+
+
+def test_the_core_names_no_upper_floor_even_in_a_string():
+    """The core's command line finds the floors' commands by entry point; no module path of an upper floor is
+    spelled out in the core's code (a string to import would hide the dependency from the checks above).
+    Docstrings may name them."""
+    upper = tuple(floor + "." for floor, _ in FLOORS[1:]) + tuple(f"{floor}:" for floor, _ in FLOORS[1:])
+    named = []
+    for module, path in _source_modules().items():
+        if floor_of(module) != 0:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+        named += [f"{module}: {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                  and any(floor in node.value for floor in upper)]
+    assert named == []
+
+
+def test_the_graph_checks_notice_circles_and_upward_imports():
+    graph = {"gatherwise.modes": {"gatherwise.sidecar.app"}, "gatherwise.sidecar.app": {"gatherwise.modes"},
+             "gatherwise.sidecar.metrics": set()}
+    assert circles(graph) == {frozenset({"gatherwise.modes", "gatherwise.sidecar.app"})}
+    assert upward_imports(graph) == [
+        "gatherwise.modes (gatherwise) imports gatherwise.sidecar.app (gatherwise.sidecar)"]

@@ -21,6 +21,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from gatherwise.free_port import free_port
+
+# The most ranks one launch spawns on a node: beyond it a run is a mistake on a CPU (or a local node), not a workload.
+MAX_LOCAL_RANKS = 64
 POLL_S = 0.2  # how often the launcher looks at the ranks' pipes and the deadline
 EXIT_GRACE_S = 2.0  # a rank's time to exit after it reported or closed its pipe, before it is killed
 AFTER_FAILURE_S = 10.0  # how long the other ranks may still report once one has failed
@@ -28,13 +32,6 @@ AFTER_FAILURE_S = 10.0  # how long the other ranks may still report once one has
 
 class LaunchError(RuntimeError):
     pass
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (the engine's rendezvous, the local stack's servers)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(fn: Callable, rank: int, world: int, port: int, backend: str, threads: int, timeout: float,

@@ -48,7 +48,7 @@ import torch
 from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
 from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 from gatherwise.engine_hooks.adapters.sglang_graphs import DecodeGraphModes, parse_graph_modes
-from gatherwise.engine_hooks.adapters.sglang_patches import TP_WORKER_FORWARD
+from gatherwise.engine_hooks.adapters.sglang_targets import TP_WORKER_FORWARD
 
 from gatherwise.call_kind import call_kind, sampling_of_rows
 from gatherwise.config import GatherwiseConfig

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gatherwise.bench.cli import _int_list, _name_list, _positive
+from gatherwise.bench.arg_types import at_least, int_list, name_list
 from gatherwise.bench.serve.cells import SAMPLINGS, build_cells
 from gatherwise.bench.serve.configurations import CONFIGURATIONS, QUICK_CONFIGURATIONS, interleaved
 from gatherwise.bench.serve.engine_spec import EngineSpec, Workload
@@ -48,19 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
                    f"({', '.join(_shape_names())}) or checkpoint directories; default {DEFAULTS['model']}")
     p.add_argument("--models-dir", type=Path, default=Path("out/bench_serve/models"),
                    help="where the built checkpoints are kept (reused), default out/bench_serve/models")
-    p.add_argument("--configurations", type=_name_list("--configurations", _choice("configuration", CONFIGURATIONS)),
+    p.add_argument("--configurations", type=name_list("--configurations", _choice("configuration", CONFIGURATIONS)),
                    help=f"comma-separated, in order; default {','.join(CONFIGURATIONS)}")
-    p.add_argument("--passes", type=_positive("--passes", 1),
+    p.add_argument("--passes", type=at_least("--passes", 1),
                    help="server starts per configuration, alternating order A B .. then .. B A; default 2")
-    p.add_argument("--concurrency", type=_int_list("--concurrency", 1),
+    p.add_argument("--concurrency", type=int_list("--concurrency", 1),
                    help="comma-separated --max-concurrency levels, default 1,8,32,64")
-    p.add_argument("--sampling", type=_name_list("--sampling", _choice("sampling", SAMPLINGS)),
+    p.add_argument("--sampling", type=name_list("--sampling", _choice("sampling", SAMPLINGS)),
                    help="greedy (temperature 0) and/or sampled (temperature 0.8, top-p 0.9); default both")
-    p.add_argument("--input-len", type=_positive("--input-len", 1), help="prompt tokens per request, default 64")
-    p.add_argument("--output-len", type=_positive("--output-len", 1), help="output tokens per request, default 64")
-    p.add_argument("--prompts-per-slot", type=_positive("--prompts-per-slot", 1),
+    p.add_argument("--input-len", type=at_least("--input-len", 1), help="prompt tokens per request, default 64")
+    p.add_argument("--output-len", type=at_least("--output-len", 1), help="output tokens per request, default 64")
+    p.add_argument("--prompts-per-slot", type=at_least("--prompts-per-slot", 1),
                    help="requests per run = this x concurrency (at least --min-prompts); default 4")
-    p.add_argument("--min-prompts", type=_positive("--min-prompts", 1), help="default 8")
+    p.add_argument("--min-prompts", type=at_least("--min-prompts", 1), help="default 8")
     p.add_argument("--seed", type=int, default=0, help="seed of the random dataset (same prompts everywhere)")
     p.add_argument("--python", default=sys.executable,
                    help="the interpreter with the engine installed (runs the server and the client); default this one")

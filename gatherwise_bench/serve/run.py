@@ -21,7 +21,8 @@ from gatherwise.bench.serve.load_wait import wait_for_load
 from gatherwise.bench.serve.logits_share import logits_share
 from gatherwise.bench.serve.server_process import ServerProcess
 from gatherwise.bench.serve.sidecar_link import SidecarLink
-from gatherwise.tp_engine.launch import free_port
+
+from gatherwise.free_port import free_port
 
 CLIENT_TIMEOUT_S = 1800.0
 LENGTH_MARGIN = 64  # a random prompt re-encoded by the client may come out a few tokens longer

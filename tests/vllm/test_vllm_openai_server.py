@@ -21,8 +21,8 @@ import time
 
 import httpx
 import pytest
-from gatherwise.tp_engine.launch import free_port
 
+from gatherwise.free_port import free_port
 from gatherwise.shm_format.liveness import is_engine_dir_name
 from tests._engine_harness import remove_new_shm_files, shm_files, start_sidecar
 from tests.vllm.conftest import REQUIRED

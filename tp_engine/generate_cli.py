@@ -12,11 +12,12 @@ import argparse
 import json
 import sys
 
+from gatherwise.tp_engine.launch import MAX_LOCAL_RANKS
+
 from gatherwise.logits_dtypes import LOGITS_DTYPES
 
 SHOWN_TOKENS = 12  # of each request, in the plain-text output
-# Upper bounds of the arguments: beyond them a run is a mistake on a CPU (or a local node), not a workload.
-MAX_LOCAL_RANKS = 64
+# Upper bounds of the other arguments: beyond them a run is a mistake on a CPU (or a local node), not a workload.
 MAX_REQUESTS = 4096
 MAX_NEW_TOKENS = 4096
 MAX_BATCH = 1024
@@ -202,8 +203,3 @@ def generate_main(argv: list[str] | None = None) -> int:
     print(f"  modes identical on all {len(results)} ranks: {agree}")
     return 0
 
-
-def engine_main(argv: list[str] | None = None) -> int:
-    from gatherwise.tp_engine.synthetic_load import engine_main as run_engine
-
-    return run_engine(argv)

@@ -34,7 +34,7 @@ RESOLVE_SHARE = 0.5  # of sharded calls that have temperature/top-p rows (a seco
 COST_NS = {0: (300_000, 40_000), 1: (200_000, 60_000), 2: (350_000, 2_000), 3: (400_000, 50_000)}
 
 
-class SyntheticEngine:
+class TelemetryStandIn:
     def __init__(self, shm_dir: str | os.PathLike, tp: int, *, capacity: int = 1 << 16, engine_id: int | None = None,
                  initial: ModeTable | None = None, control: bool = True, seed: int = 0) -> None:
         self.engine_id = engine_id if engine_id is not None else random.Random(seed).getrandbits(63) | 1

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gatherwise.tp_engine.cli import MAX_LOCAL_RANKS
+from gatherwise.tp_engine.launch import MAX_LOCAL_RANKS
 
 from gatherwise.shm_format.ring import engine_dir_name
 

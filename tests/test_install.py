@@ -1,0 +1,67 @@
+"""What `pip install .` puts into site-packages: one top-level package, `gatherwise`, whose dist-info declares the
+engine plugins' entry points and the floors' commands, and whose base requirements (no extra) carry none of the
+sidecar's web/metrics/tracing stack, so an engine-side install pulls in no FastAPI, uvicorn or OpenTelemetry."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+ROOT = Path(__file__).resolve().parents[1]
+# What a checkout holds beyond the source (environments, build outputs, caches): not copied into the build.
+NOT_SOURCE = (".git", ".venv*", "build", "dist", "out", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache")
+SIDECAR_STACK = ("fastapi", "uvicorn", "starlette", "opentelemetry", "prometheus_client", "httpx")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """`pip install --no-deps --target` of a copy of the checkout (the build writes build/ next to its source)."""
+    tmp = tmp_path_factory.mktemp("install")
+    source = tmp / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCE))
+    target = tmp / "site-packages"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+                           "--target", str(target), str(source)], capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return target
+
+
+def _dist_info(target: Path) -> Path:
+    (dist_info,) = target.glob("gatherwise-*.dist-info")
+    return dist_info
+
+
+def test_one_top_level_package(installed: Path):
+    tops = {p.name for p in installed.iterdir()} - {"bin", _dist_info(installed).name}  # bin: the console script
+    assert tops == {"gatherwise"}
+    floors = {p.name for p in (installed / "gatherwise").iterdir() if (p / "__init__.py").is_file()}
+    assert {"shm_format", "engine_hooks", "tp_engine", "dashboards", "sidecar", "bench"} <= floors
+
+
+def test_the_engine_plugins_and_the_commands_are_declared_entry_points(installed: Path):
+    text = (_dist_info(installed) / "entry_points.txt").read_text()
+    sections = dict(re.findall(r"^\[([^\]]+)\]\n((?:[^\[\n].*\n?)*)", text, flags=re.M))
+    assert "gatherwise = gatherwise.engine_hooks.adapters.vllm_plugin:register" in sections["vllm.general_plugins"]
+    assert "gatherwise = gatherwise.engine_hooks.adapters.sglang_plugin:register" in sections["sglang.srt.plugins"]
+    assert "gatherwise = gatherwise.cli:main" in sections["console_scripts"]
+    commands = dict(line.split(" = ") for line in sections["gatherwise.commands"].strip().splitlines())
+    assert set(commands) == {"bench", "demo", "engine", "generate", "mode", "sidecar"}
+    for value in commands.values():  # every command's module is in the installed tree
+        module = value.split(":")[0]
+        assert (installed / Path(*module.split("."))).with_suffix(".py").is_file(), value
+
+
+def test_the_base_requirements_carry_no_sidecar_stack(installed: Path):
+    metadata = (_dist_info(installed) / "METADATA").read_text()
+    requires = re.findall(r"^Requires-Dist: (.+)$", metadata, flags=re.M)
+    base = [r for r in requires if "extra ==" not in r]
+    names = {re.sub(r"[-_.]+", "_", re.match(r"[A-Za-z0-9._-]+", r).group(0)).lower() for r in base}
+    assert names and not {n for n in names if n.startswith(SIDECAR_STACK)}, base
+    sidecar_extra = [r for r in requires if re.search(r"""extra == ["']sidecar["']""", r)]
+    assert any(r.startswith("fastapi") for r in sidecar_extra)
