@@ -23,6 +23,8 @@ from grafana_foundation_sdk.models.dashboard import (
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import MODE_OPS
 
+Panel = timeseries.Panel | stat.Panel | statetimeline.Panel  # the panel builders this dashboard uses
+
 PROMETHEUS_UID = "gw-prometheus"  # fixed in dashboards/grafana/provisioning/datasources/datasources.yml
 JAEGER_UID = "gw-jaeger"
 
@@ -105,7 +107,7 @@ def variable(name: str, label: str, expr: str) -> dash.QueryVariable:
     )
 
 
-def mode_panels() -> list[object]:
+def mode_panels() -> list[Panel]:
     by_mode = ValueMap(
         {
             str(int(m)): ValueMappingResult(text=m.label, color=MODE_COLORS[m.label], index=int(m))
@@ -158,7 +160,7 @@ def mode_panels() -> list[object]:
     return [active, estimates, switches]
 
 
-def latency_panels() -> list[object]:
+def latency_panels() -> list[Panel]:
     critical = latency(
         "Critical path p50/p99 by mode and bucket",
         "Last rank in to last rank holding its tokens, per call; the cost the policy minimises.",
@@ -196,7 +198,7 @@ def latency_panels() -> list[object]:
     return [p.height(9).span(12) for p in (critical, logits, ratio, skew)]
 
 
-def per_op_panels() -> list[object]:
+def per_op_panels() -> list[Panel]:
     panels = []
     for op in OP_NAMES:
         if op in OPTIONAL_OPS:
@@ -239,7 +241,7 @@ def per_op_panels() -> list[object]:
     return [p.height(8).span(6) for p in [*panels, fallback]]
 
 
-def traffic_panels() -> list[object]:
+def traffic_panels() -> list[Panel]:
     bytes_ = (
         timeseries.Panel()
         .title("Collective bytes/s by mode and op")
@@ -271,7 +273,7 @@ def traffic_panels() -> list[object]:
     return [p.height(8).span(12) for p in (bytes_, calls)]
 
 
-def health_panels() -> list[object]:
+def health_panels() -> list[Panel]:
     down, up = (
         ValueMappingResult(text="down", color="red", index=0),
         ValueMappingResult(text="up", color="green", index=1),

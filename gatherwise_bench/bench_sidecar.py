@@ -23,6 +23,7 @@ def start_sidecar(config: str, source: str | None = None) -> tuple[subprocess.Po
         env["PYTHONPATH"] = source
     proc = subprocess.Popen([sys.executable, "-m", "gatherwise.cli", "sidecar", "--port", "0", "--config", config],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=source)
+    assert proc.stdout is not None  # piped above
     line = proc.stdout.readline()
     found = re.search(r"(http://127\.0\.0\.1:\d+)", line)
     if found is None:

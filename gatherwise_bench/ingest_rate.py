@@ -21,6 +21,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from gatherwise.bench.figures import pyplot, save
 from gatherwise.engine_hooks.recorder import RingRecorder
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as shm:
-        result = {"drain": drain(shm, args.records, args.repeats), "live": live(shm, args.seconds)}
+        result: dict[str, Any] = {"drain": drain(shm, args.records, args.repeats), "live": live(shm, args.seconds)}
     result.update(host=platform.node(), cpus=os.cpu_count(), python=platform.python_version(),
                   loadavg_before=load_before, loadavg_after=os.getloadavg(), target_rps=TARGET)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -233,7 +233,8 @@ def write_results_json(path: Path, result: SweepResult, tables: dict[str, str]) 
 def load_results(path: Path) -> SweepResult:
     """A SweepResult back from results.json (to re-render the table, plot and table files without re-running)."""
     doc = json.loads(Path(path).read_text())
-    cfg = SweepConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc["config"].items()})
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in doc["config"].items()}
+    cfg = SweepConfig(**fields)
     shapes = [ShapeResult(s["vocab"], s["dtype"], s["rows"], s["bytes"],
                           {m: ModeStats(**st) for m, st in s["modes"].items()}, s["winner"], s["ratio"],
                           s["paired_win_share"], s.get("sampling", "greedy")) for s in doc["results"]]

@@ -79,7 +79,11 @@ def scrape_every(url: str, period: float, stop: threading.Event) -> None:
 
 def measure(pid: int, engine: TelemetryStandIn | None, rate: float, seconds: float) -> dict:
     a0, c0, r0, t0 = thread_activity(pid), cpu_seconds(pid), schedstat_seconds(pid), time.monotonic()
-    calls = engine.run(seconds, rate, SIZES) if engine is not None and rate > 0 else time.sleep(seconds) or 0
+    if engine is not None and rate > 0:
+        calls = engine.run(seconds, rate, SIZES)
+    else:
+        time.sleep(seconds)
+        calls = 0
     a1, c1, r1, t1 = thread_activity(pid), cpu_seconds(pid), schedstat_seconds(pid), time.monotonic()
     cpu, ran, wall = c1 - c0, r1 - r0, t1 - t0
     threads = {name: {"wakeups_per_second": (n - a0.get(name, (0, 0.0))[0]) / wall,

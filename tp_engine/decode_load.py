@@ -32,7 +32,7 @@ CALLS_PER_CHECK = 8  # logits calls between two stop checks (one tiny broadcast 
 MIXED_DWELL = 32  # calls at one batch size before the mixed workload moves on
 # Sampling kinds given to the rows of every call, row j taking entry j mod len: "mixed" has one row of each kind
 # (greedy, top-k, top-p, temperature only), so every mode runs each of its code paths and every op shows up.
-SAMPLING_MIXES = {
+SAMPLING_MIXES: dict[str, tuple[dict[str, Any], ...]] = {
     "greedy": ({},),
     "mixed": ({}, {"temperature": 0.8, "top_k": 50}, {"temperature": 0.8, "top_p": 0.9}, {"temperature": 1.0}),
 }

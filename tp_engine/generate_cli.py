@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from gatherwise.tp_engine.launch import MAX_LOCAL_RANKS
 
@@ -104,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _encode_prompts(parser: argparse.ArgumentParser, items: list[tuple[str, object]], tokenizer, chat: bool,
+def _encode_prompts(parser: argparse.ArgumentParser, items: list[tuple[str, Any]], tokenizer, chat: bool,
                     vocab: int) -> list[tuple[int, ...]]:
     """Token ids of every --prompt / --prompt-ids, in command-line order; a bad one ends with argparse's exit 2."""
     prompts = []

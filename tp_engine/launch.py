@@ -19,7 +19,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from gatherwise.free_port import free_port
 
@@ -101,7 +101,8 @@ def launch(fn: Callable, world: int, *args: Any, device: str = "cpu", timeout: f
     deadline = time.monotonic() + timeout
     try:
         while len(done) + len(errors) < world:
-            for reader in mp_connection.wait(list(readers), timeout=POLL_S):
+            ready = cast("list[mp_connection.Connection]", mp_connection.wait(list(readers), timeout=POLL_S))
+            for reader in ready:
                 r = readers.pop(reader)
                 try:
                     rank, status, value = reader.recv()

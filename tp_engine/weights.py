@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from gatherwise.tp_engine.config import ModelConfig
@@ -92,7 +92,8 @@ def shard_weights(source: TensorSource, config: ModelConfig, rank: int, world_si
              "mlp": split_evenly(config.intermediate_size, world_size, rank)}
     layers = []
     for i in range(config.num_layers):
-        tensors: dict[str, torch.Tensor | None] = {f: read(layer_name(i, n)) for f, n in _NORMS.items()}
+        # the norms and projections are tensors; a bias is None where the config has none
+        tensors: dict[str, Any] = {f: read(layer_name(i, n)) for f, n in _NORMS.items()}
         for field, (prefix, (dim, part), bias_flag) in _PROJECTIONS.items():
             tensors[field] = read(layer_name(i, f"{prefix}.weight"), dim, parts[part])
             bias_rows = parts[part] if dim == 0 else None

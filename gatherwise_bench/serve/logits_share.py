@@ -51,7 +51,7 @@ def logits_share(before_text: str, after_text: str, duration_s: float) -> dict[s
         calls_by_rank[rank] += n
     if not path_by_rank:
         return {"share": None, "path_seconds": None, "calls": 0, "path_us_per_call": None, "calls_by_mode": {}}
-    slowest = max(path_by_rank, key=path_by_rank.get)
+    slowest = max(path_by_rank, key=lambda rank: path_by_rank[rank])
     n_calls = calls_by_rank.get(slowest, 0.0)
     return {"share": path_by_rank[slowest] / duration_s if duration_s > 0 else None,
             "path_seconds": path_by_rank[slowest], "calls": int(n_calls),

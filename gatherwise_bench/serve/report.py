@@ -60,8 +60,9 @@ def summarize(runs: list[dict[str, Any]], model: Path) -> list[dict[str, Any]]:
         if first["sampling"] == "greedy":
             found = [matches.get((name, p, key)) for p in passes[(name, key)]]
             row["greedy_vs_plain"] = found
-            known = found and all(m is not None for m in found)  # None: no plain run to compare with
-            row["greedy_equal_to_plain"] = all(m["all_equal"] for m in found) if known else None
+            compared = [m for m in found if m is not None]  # None: no plain run to compare with
+            known = bool(found) and len(compared) == len(found)
+            row["greedy_equal_to_plain"] = all(m["all_equal"] for m in compared) if known else None
         rows.append(row)
     baseline = {r["cell"]: r for r in rows if r["configuration"] == BASELINE}
     for row in rows:

@@ -124,7 +124,7 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
                          "concurrency": cell.concurrency, "num_prompts": cell.num_prompts,
                          "client_wall_s": round(time.monotonic() - started, 1), **result.summary(),
                          "logits_path": logits_share(before, sidecar.metrics_text(), result.duration_s)
-                         if sidecar else None}
+                         if sidecar and before is not None else None}
                 record["cells"].append(entry)
                 if phase == "measured":
                     record["outputs"][cell.key] = result.generated_texts
