@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 APT_PACKAGES := prometheus docker-compose
 
-.PHONY: demo test test-vllm test-sglang lint deps apt bench clean
+.PHONY: demo test test-vllm test-sglang lint typecheck deps apt bench clean
 
 $(STAMP): pyproject.toml constraints.txt engine_hooks/_ring_writer.c
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,7 @@ demo: $(STAMP)
 
 test: $(STAMP) apt
 	$(BIN)/ruff check .
+	$(MAKE) --no-print-directory typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 test-vllm:
@@ -41,5 +42,11 @@ test-sglang:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# mypy reads the installed package shape (one `gatherwise` package), laid out from the checkout as symlinks,
+# and the checkout's scripts and tests against it; its cache stays in build/.
+typecheck: $(STAMP)
+	@$(BIN)/python scripts/package_tree.py build/package-tree >/dev/null
+	$(BIN)/mypy --cache-dir build/mypy-cache -p gatherwise scripts tests
+
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-sglang .pytest_cache .ruff_cache out
+	rm -rf $(VENV) .venv-vllm .venv-sglang .pytest_cache .ruff_cache out build
