@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gatherwise.config import ModeLabel, PolicyParams
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
 from gatherwise.shm_format.private_files import read_small_file, write_private_file
+from gatherwise.validation_errors import dotted_location, error_text, joined_errors
 
 # 2: probes, their times and back-off per (bucket, mode); 3: call kinds (pairs per kind, kind windows, the
 # traffic mix, probe cost in seconds). A version 2 file is read (its pairs as kind 0) and written back as 3.
@@ -128,8 +129,7 @@ def policy_from_json(text: str) -> AutoPolicy:
     try:
         state = PolicyState.model_validate_json(text)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'document'}: {e['msg'].removeprefix('Value error, ')}"
-                             for e in exc.errors())
+        problems = joined_errors(exc, lambda e: f"{dotted_location(e['loc'], 'document')}: {error_text(e)}")
         raise ValueError(f"unreadable sidecar state: {problems}") from None
     try:
         policy = AutoPolicy(state.params, ModeTable(tuple(Mode.parse(m) for m in state.choice)), auto=True)

@@ -36,6 +36,7 @@ from gatherwise.sidecar.strict_json import StrictJSONRoute
 
 from gatherwise.modes import parse_buckets
 from gatherwise.shm_format.control import ControlFormatError, seq_reached
+from gatherwise.validation_errors import request_error_details
 
 router = APIRouter(tags=["control"], route_class=StrictJSONRoute)  # a repeated JSON key is a 422
 bearer = HTTPBearer(auto_error=False, description="the sidecar's API token (sidecar.api_token or "
@@ -154,13 +155,4 @@ def get_policy_table(ctl: ControllerDep) -> LearnedTable:
 
 
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    detail = [{"loc": list(e.get("loc", ())), "msg": _message(e), "type": str(e.get("type", ""))}
-              for e in exc.errors()]
-    return JSONResponse({"detail": detail}, status_code=422)
-
-
-def _message(error: dict) -> str:
-    """pydantic's message; for a body that is no JSON, with the decoder's reason (e.g. the repeated key)."""
-    message = str(error.get("msg", ""))
-    reason = (error.get("ctx") or {}).get("error") if error.get("type") == "json_invalid" else None
-    return f"{message}: {str(reason)[:200]}" if reason else message
+    return JSONResponse({"detail": request_error_details(exc.errors())}, status_code=422)
