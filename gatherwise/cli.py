@@ -12,7 +12,7 @@ COMMANDS = {
     "generate": ("gatherwise.tp_engine.cli", "generate_main", "run the TP engine on prompts and print tokens as JSON"),
     "engine": ("gatherwise.tp_engine.cli", "engine_main", "run the TP engine with hooks under a synthetic load"),
     "sidecar": ("gatherwise.sidecar.cli", "main", "serve metrics, traces and the control API"),
-    "mode": ("gatherwise.sidecar.client", "main", "get or set the logits mode through the sidecar's HTTP API"),
+    "mode": ("gatherwise.sidecar.mode_cli", "main", "get or set the logits mode through the sidecar's HTTP API"),
     "bench": ("gatherwise.bench.cli", "main", "sweep the logits path: which mode wins where"),
     "demo": ("gatherwise.sidecar.demo", "main", "engine + sidecar (+ Prometheus) with a live terminal view"),
 }

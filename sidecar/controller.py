@@ -21,7 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gatherwise.sidecar.control_client import AreaMidWriteError, ControlClient, ControlSnapshot, InvalidTableWordError
+from gatherwise.sidecar.control_block_client import (
+    AreaMidWriteError,
+    ControlClient,
+    ControlSnapshot,
+    InvalidTableWordError,
+)
 from gatherwise.sidecar.control_models import BucketModeStats, StatsResponse
 from gatherwise.sidecar.decision_events import ControlView, DecisionEvents
 from gatherwise.sidecar.estimates import Estimate

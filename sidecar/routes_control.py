@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from gatherwise.sidecar.control_client import ControlSnapshot, InvalidTableWordError
+from gatherwise.sidecar.control_block_client import ControlSnapshot, InvalidTableWordError
 from gatherwise.sidecar.control_models import (
     DecisionsResponse,
     ErrorResponse,
