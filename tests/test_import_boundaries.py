@@ -97,7 +97,8 @@ def test_the_gpu_check_needs_only_torch_pyyaml_and_prometheus_client():
     (no network, nothing installed): nothing it imports may need another third-party package."""
     hooks = ["table_source", "comm", "graphs", "sampling", "cuda_timing", "logits_path", "recorder"]
     modules = ["gatherwise.bench.gpu_check", *(f"gatherwise.engine_hooks.{name}" for name in hooks),
-               "gatherwise.sidecar.ring_reader", "gatherwise.sidecar.metrics"]
+               "gatherwise.sidecar.ring_reader", "gatherwise.sidecar.metrics",
+               "gatherwise.sidecar.header_counters"]
     result = _check(modules, {"pydantic", "fastapi", "starlette", "uvicorn", "opentelemetry", "httpx", "jinja2",
                               "tokenizers", "safetensors", "transformers"})
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
