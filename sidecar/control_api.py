@@ -21,7 +21,7 @@ from gatherwise.sidecar.control_sessions import ControlSessions
 from gatherwise.sidecar.decision_publisher import DecisionPublisher
 from gatherwise.sidecar.estimates import Estimate
 from gatherwise.sidecar.loop import Loop, on_loop
-from gatherwise.sidecar.policy import AutoPolicy, Decision
+from gatherwise.sidecar.policy import Decision, ModePolicy
 from gatherwise.sidecar.session_store import SessionStore
 
 from gatherwise.config import PolicyParams
@@ -186,7 +186,7 @@ class ControlApi:
         return session.policy.learned_table(), meta
 
 
-def _estimates(policy: AutoPolicy) -> list[tuple[int, Mode, Estimate]]:
+def _estimates(policy: ModePolicy) -> list[tuple[int, Mode, Estimate]]:
     """(bucket, mode, estimate) of every window of the policy that has samples."""
     now = time.monotonic()
     return [(b, m, est) for b in range(NUM_BUCKETS) for m in policy.modes

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from gatherwise.sidecar.attached_engine import AttachedEngine
 from gatherwise.sidecar.control_block_client import ControlClient, InvalidTableWordError
-from gatherwise.sidecar.policy import AutoPolicy
+from gatherwise.sidecar.policy import ModePolicy
 
 from gatherwise.modes import ModeTable
 
@@ -20,7 +20,7 @@ from gatherwise.modes import ModeTable
 class ControlSession:
     engine: AttachedEngine
     client: ControlClient
-    policy: AutoPolicy
+    policy: ModePolicy
     state_path: str  # the saved decision state (gatherwise.sidecar.policy_state)
     requested: ModeTable | None  # table last written (or found) in the command area
     last_call_index: int = -1  # newest call fed to the policy (ring records re-read after a restart are skipped)

@@ -37,7 +37,7 @@ class RankCounters:
     bytes: dict[tuple[str, str], int] = field(default_factory=dict)  # (op, mode label) -> bytes
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> records that never reached the histograms
     seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (op, mode label) -> seconds
-    path_bytes: dict[str, int] = field(default_factory=dict)  # mode label -> bytes of every op of the path
+    logits_path_bytes: dict[str, int] = field(default_factory=dict)  # mode label -> bytes of every op of the path
     topp_rows: int = 0  # top-p rows sampled in sharded mode (every rank counts the same rows)
     topp_fallback_rows: int = 0  # of those, rows that took the full-row fallback
 
@@ -62,8 +62,8 @@ def rank_counters(header: RingHeader, rank: int, reader_dropped: dict[str, int])
     calls = {m.label: rows[int(m)].calls for m in IMPLEMENTED}
     nbytes = {(op, m.label): rows[int(m)].ops[op].bytes for op, m in bytes_series()}
     seconds = {(OP_LABELS.get(op, op), m.label): rows[int(m)].ops[op].ns / 1e9 for op, m in seconds_series()}
-    path_bytes = {m.label: rows[int(m)].ops["path"].bytes for m in IMPLEMENTED}
-    return RankCounters(rank, calls, nbytes, {**reader_dropped, **header.drops}, seconds, path_bytes,
+    logits_path_bytes = {m.label: rows[int(m)].ops["path"].bytes for m in IMPLEMENTED}
+    return RankCounters(rank, calls, nbytes, {**reader_dropped, **header.drops}, seconds, logits_path_bytes,
                         header.topp_rows, header.topp_fallback_rows)
 
 
@@ -102,7 +102,7 @@ class HeaderCountersCollector(Collector):
         seconds = CounterMetricFamily(OP_SECONDS, "Time spent in each op of the logits path, per rank and mode "
                                       "(ring header; op=logits_path is the whole path).",
                                       labels=["engine", "rank", "op", "mode"], unit="seconds")
-        path_bytes = CounterMetricFamily(LOGITS_PATH_BYTES, "Bytes received by every collective of the logits "
+        logits_path_bytes = CounterMetricFamily(LOGITS_PATH_BYTES, "Bytes received by every collective of the logits "
                                          "path together, per rank and mode (ring header).",
                                          labels=["engine", "rank", "mode"], unit="bytes")
         topp = CounterMetricFamily(TOPP_ROWS, "Top-p rows (without top-k) sampled in sharded mode (ring header).",
@@ -122,8 +122,8 @@ class HeaderCountersCollector(Collector):
                     nbytes.add_metric([snap.engine, rank, op, mode], value)
                 for (op, mode), value in sorted(rc.seconds.items()):
                     seconds.add_metric([snap.engine, rank, op, mode], value)
-                for mode, value in sorted(rc.path_bytes.items()):
-                    path_bytes.add_metric([snap.engine, rank, mode], value)
+                for mode, value in sorted(rc.logits_path_bytes.items()):
+                    logits_path_bytes.add_metric([snap.engine, rank, mode], value)
                 for reason, value in sorted(rc.dropped.items()):
                     dropped.add_metric([snap.engine, rank, reason], value)
             if snap.ranks:  # every rank decides the fallback identically and counts the same rows: rank 0 speaks
@@ -132,4 +132,4 @@ class HeaderCountersCollector(Collector):
             up.add_metric([snap.engine], 1.0 if snap.up else 0.0)
             if snap.newest_record_age_seconds is not None:
                 age.add_metric([snap.engine], snap.newest_record_age_seconds)
-        yield from (calls, nbytes, seconds, path_bytes, dropped, topp, fallback, up, age)
+        yield from (calls, nbytes, seconds, logits_path_bytes, dropped, topp, fallback, up, age)

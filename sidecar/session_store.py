@@ -14,7 +14,7 @@ from typing import Any
 
 from gatherwise.sidecar.control_block_client import ControlSnapshot
 from gatherwise.sidecar.control_session import ControlSession, readable_table
-from gatherwise.sidecar.policy import AutoPolicy
+from gatherwise.sidecar.policy import ModePolicy
 from gatherwise.sidecar.policy_state import load_state, policy_from_json, policy_to_json, save_state
 
 from gatherwise.config import PolicyParams
@@ -33,7 +33,7 @@ class SessionStore:
         self._unsaved: set[str] = set()  # state files a save failed for (warned once)
 
     def recover(self, state_path: str, snap: ControlSnapshot, params: PolicyParams
-                ) -> tuple[AutoPolicy, dict[str, Any]]:
+                ) -> tuple[ModePolicy, dict[str, Any]]:
         """(policy, what the session saved with it); without a readable saved state, a policy `params` starts
         from what the engine was last asked to run, and no extra."""
         try:
@@ -51,7 +51,7 @@ class SessionStore:
         # No saved state (a sidecar before us could not write it): start from what the engine was last asked to run
         start = readable_table(lambda: snap.requested_table) or readable_table(lambda: snap.active_table) or \
             ModeTable.uniform(Mode.parse(self.initial_mode))
-        return AutoPolicy(params, start, auto=self.auto), {}
+        return ModePolicy(params, start, auto=self.auto), {}
 
     def save(self, session: ControlSession) -> None:
         if session.read_only:
