@@ -26,6 +26,7 @@ from gatherwise.bounded_yaml import NotUTF8Error, YAMLInputError, parse_yaml, re
 from gatherwise.logits_dtypes import LOGITS_DTYPES
 from gatherwise.modes import IMPLEMENTED_LABELS
 from gatherwise.stable_hash import stable_hash
+from gatherwise.validation_errors import dotted_location, error_text, joined_errors
 
 DEFAULT_SHM_DIR = "/dev/shm/gatherwise"
 ENV_PREFIX = "GATHERWISE_"
@@ -54,9 +55,9 @@ class Schema(BaseModel):
         try:
             return type(self).model_validate({**dict(self), **changes})
         except ValidationError as exc:
-            raise ConfigError("; ".join(f"{type(self).__name__}.{'.'.join(map(str, e['loc']))}: "
-                                        f"{_problem(e, *_schema_at(e['loc'], type(self)))}"
-                                        for e in exc.errors())) from None
+            raise ConfigError(joined_errors(exc, lambda e: f"{type(self).__name__}.{dotted_location(e['loc'])}: "
+                                                           f"{_problem(e, *_schema_at(e['loc'], type(self)))}")
+                              ) from None
 
 
 def _mode_labels(value: str) -> str:
@@ -187,7 +188,7 @@ def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | 
     try:
         return GatherwiseConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError("\n".join(_explain(e, source, origins) for e in exc.errors())) from None
+        raise ConfigError(joined_errors(exc, lambda e: _explain(e, source, origins), "\n")) from None
 
 
 def _read_yaml(path: str | os.PathLike, source: str) -> dict[Any, Any]:
@@ -285,7 +286,7 @@ def _problem(error: Any, holder: Any, field: FieldInfo | None) -> str:
             f"must be >= {lo}, got {short(value)}"
     if kind == "finite_number":
         return f"must be a finite number, got {short(value)}"
-    return short_message(str(error["msg"]).removeprefix("Value error, "))
+    return short_message(error_text(error))
 
 
 def config_hash(cfg: GatherwiseConfig) -> int:

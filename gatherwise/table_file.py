@@ -25,6 +25,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from gatherwise.bounded_yaml import read_yaml_file, short_message
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_from_upper_bound, bucket_label
+from gatherwise.validation_errors import error_text, joined_errors
 
 
 def _bucket_modes(labels: Any) -> dict[str, str]:
@@ -103,7 +104,7 @@ def read_table_file(path: str | Path) -> TableDocument:
     try:
         return TableDocument.model_validate({"table": None, **doc})  # a missing table gets the table's message
     except ValidationError as exc:
-        raise ValueError(f"{path}: " + short_message("; ".join(_explain(e) for e in exc.errors()))) from None
+        raise ValueError(f"{path}: " + short_message(joined_errors(exc, _explain))) from None
 
 
 def load_table_file(path: str | Path) -> ModeTable:
@@ -112,7 +113,7 @@ def load_table_file(path: str | Path) -> ModeTable:
 
 
 def _explain(error: Any) -> str:
-    message = str(error["msg"]).removeprefix("Value error, ")
+    message = error_text(error)
     key = error["loc"][0] if error["loc"] else None
     return message if key in (None, "table") else f"key {key!r} {message}"
 

@@ -46,12 +46,14 @@ def _fill(rec: RingRecorder, n: int) -> None:
 
 
 def _attach_once(shm: str, cap: int, out: mp.Queue) -> None:
+    from gatherwise.sidecar.hooks_off import HooksOffWatch
     from gatherwise.sidecar.ingest import Ingest
-    from gatherwise.sidecar.metrics import SidecarMetrics
+    from gatherwise.sidecar.record_histograms import RecordHistograms
 
-    ingest = Ingest(shm, SidecarMetrics(), max_records_per_poll=cap, remove_dead_dirs=False)
+    ingest = Ingest(shm, RecordHistograms(), HooksOffWatch(shm, remove_dead=False), max_records_per_poll=cap,
+                    remove_dead_dirs=False)
     w0, c0 = time.perf_counter(), time.process_time()
-    read = ingest.poll_once()
+    read = ingest.poll_once().records
     out.put({"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0, "records": read,
              "peak_rss_mib": _peak_rss_kib() / 1024})
 
@@ -88,14 +90,15 @@ def _leftovers(shm: str, n: int, with_locks: bool) -> None:
 
 
 def discovery(root: str, n: int, repeats: int = 40) -> dict:
+    from gatherwise.sidecar.hooks_off import HooksOffWatch
     from gatherwise.sidecar.ingest import Ingest
-    from gatherwise.sidecar.metrics import SidecarMetrics
+    from gatherwise.sidecar.record_histograms import RecordHistograms
 
     out = {}
     for name, with_locks in (("no_locks_kept", False), ("dead_removed", True)):
         shm = tempfile.mkdtemp(dir=root, prefix=f"{name}-")
         _leftovers(shm, n, with_locks)
-        ingest = Ingest(shm, SidecarMetrics(), discover_interval=0.0)
+        ingest = Ingest(shm, RecordHistograms(), HooksOffWatch(shm), discover_interval=0.0)
         c0 = time.process_time()
         ingest.poll_once()
         first = time.process_time() - c0

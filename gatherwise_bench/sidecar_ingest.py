@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 from gatherwise.engine_hooks.recorder import RingRecorder
+from gatherwise.sidecar.hooks_off import HooksOffWatch
 from gatherwise.sidecar.ingest import Ingest
-from gatherwise.sidecar.metrics import SidecarMetrics
+from gatherwise.sidecar.record_histograms import RecordHistograms
 from gatherwise.sidecar.traces import CallTracer, new_provider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -50,9 +51,9 @@ def one_run(shm: Path, trace_ratio: float) -> float:
     if trace_ratio > 0:
         tracer = CallTracer(new_provider("bench", SimpleSpanProcessor(InMemorySpanExporter())),
                             sample_ratio=trace_ratio)
-    ingest = Ingest(shm, SidecarMetrics(), tracer, join_timeout=3600)
+    ingest = Ingest(shm, RecordHistograms(), HooksOffWatch(shm), tracer, join_timeout=3600)
     c0 = time.process_time()
-    n = ingest.poll_once()
+    n = ingest.poll_once().records
     return n / (time.process_time() - c0)
 
 

@@ -55,7 +55,7 @@ class _Rings:
 
         (engine,) = discover_engines(shm_dir)[:1]
         self.readers = {rank: RingReader(path) for rank, path in sorted(engine.rings.items())}
-        from gatherwise.sidecar.control_client import ControlClient
+        from gatherwise.sidecar.control_block_client import ControlClient
 
         self.control = ControlClient(engine.control)
         self.records: dict[int, dict[int, object]] = {rank: {} for rank in self.readers}

@@ -543,7 +543,9 @@ def _compiled_writer() -> bool:
 def check_header_metrics(ctx: dict) -> dict:
     """A ring written through the CUDA timing path, exported by the sidecar's metrics module."""
     try:
-        from gatherwise.sidecar.metrics import EngineCounters, SidecarMetrics, rank_counters
+        from gatherwise.sidecar.header_counters import EngineCounters, HeaderCountersCollector, rank_counters
+        from gatherwise.sidecar.metrics import SidecarMetrics
+        from gatherwise.sidecar.record_histograms import RecordHistograms
     except ImportError as exc:
         raise Skip(f"sidecar metrics need {exc.name}") from None
     import torch
@@ -569,7 +571,8 @@ def check_header_metrics(ctx: dict) -> dict:
         header = reader.header()
     ring.close(unlink=True)
     rc = rank_counters(header, 0, {"overwritten": 0, "torn": 0})
-    metrics = SidecarMetrics(lambda: EngineCounters("0000000000000001", True, 0.0, [rc]))
+    counters = HeaderCountersCollector(lambda: EngineCounters("0000000000000001", True, 0.0, [rc]))
+    metrics = SidecarMetrics(RecordHistograms(), [counters])
     body, _ = metrics.exposition(None)
     text = body.decode()
     exported_calls = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()

@@ -1,6 +1,6 @@
 """The sidecar's FastAPI app: metrics, health, engine info and the /v1 control routes.
 
-create_app() starts the sidecar's loop (gatherwise.sidecar.controller) with the app's lifespan and stops it on shutdown.
+create_app() starts the sidecar's loop (gatherwise.sidecar.schedule) with the app's lifespan and stops it on shutdown.
 OpenAPI at /docs.
 """
 
@@ -27,11 +27,11 @@ ROUTERS = [
 def create_app(state: SidecarState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state.control.start()
+        state.schedule.start()
         try:
             yield
         finally:
-            state.control.stop()
+            state.schedule.stop()
             if state.tracer is not None:
                 state.tracer.shutdown()
 

@@ -16,7 +16,7 @@ from gatherwise.modes import NUM_BUCKETS, bucket_from_upper_bound
 from gatherwise.table_file import TableDocument
 
 BucketTable = dict[str, ModeLabel]  # bucket upper bound ("1", "2", "4", ... "32768") -> mode
-PolicyLabel = Literal["manual", "auto", "mixed"]  # gatherwise.sidecar.policy.AutoPolicy.policy_label
+PolicyLabel = Literal["manual", "auto", "mixed"]  # gatherwise.sidecar.policy.ModePolicy.policy_label
 MAX_BUCKET = 1 << (NUM_BUCKETS - 1)
 
 

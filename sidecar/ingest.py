@@ -1,12 +1,13 @@
 """Ingest: shared-memory rings of the newest engine instance -> metrics, traces and the policy's samples.
 
-The sidecar's loop (gatherwise.sidecar.controller) calls `poll_once()` when it expects a batch of records while an
-engine is attached, and at each discovery deadline (`next_discovery_ns`) while none is. Each poll reads the new
-records of every rank (read-only mmaps: the engine never waits for it), joins them across ranks by call index,
-and turns each call into histogram observations and, when sampled, a trace; every joined call goes to
-`on_call` (the policy's input). A call is joined when every rank's record has arrived, or after a bounded delay
-(then it counts as incomplete and only its per-rank parts are observed). A new engine instance id in shm_dir is
-an engine restart: ingest switches to it and drops the old instance's series, so series never mix.
+The sidecar's schedule (gatherwise.sidecar.schedule) calls `poll_once()` when it expects a batch of records while an
+engine is attached, and at each discovery deadline (`Poll.seconds_to_discovery`) while none is. Each poll reads
+the new records of every rank (read-only mmaps: the engine never waits for it), joins them across ranks by call
+index, and turns each call into histogram observations and, when sampled, a trace; the poll returns every
+joined call (the policy's input: the schedule hands them on). A call is joined when every rank's record has
+arrived, or after a bounded delay (then it counts as incomplete and only its per-rank parts are observed). A new
+engine instance id in shm_dir is an engine restart: ingest switches to it and drops the old instance's series, so
+series never mix.
 
 Discovery is built for a directory other processes may litter: it tries engine directories newest first until
 one attaches (an empty or half-built directory never hides a live engine; a directory without liveness locks,
@@ -26,16 +27,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from gatherwise.sidecar.histograms import Series
+from gatherwise.sidecar.attached_engine import AttachedEngine, EngineInfo, PendingCall
+from gatherwise.sidecar.header_counters import EngineCounters, rank_counters
 from gatherwise.sidecar.hooks_off import HooksOffWatch
-from gatherwise.sidecar.metrics import CallSeries, EngineCounters, SidecarMetrics, rank_counters
+from gatherwise.sidecar.record_histograms import RecordHistograms
 from gatherwise.sidecar.ring_reader import EngineFiles, RingFormatError, RingReader, discover_engines
 from gatherwise.sidecar.traces import CallTracer
 
 from gatherwise.modes import Mode, bucket_label, bucket_of
-from gatherwise.shm_format.hooks_off import HooksOffNotice
 from gatherwise.shm_format.liveness import Liveness, is_removable, liveness
 from gatherwise.shm_format.private_files import check_shm_dir_for_reading
 
@@ -43,74 +44,39 @@ log = logging.getLogger("gatherwise.sidecar.ingest")
 
 _MODE_LABEL = {int(m): m.label for m in Mode}
 DEFAULT_MAX_RECORDS_PER_POLL = 16384  # sidecar.max_records_per_poll
-# A joined call: (engine, call index, mode code, bucket, critical-path seconds, call tag: gatherwise.call_kind).
-CallSink = Callable[["AttachedEngine", int, int, int, float, int], None]
+
+
+class JoinedCall(NamedTuple):
+    """A call every rank's record arrived for: what the policy learns from."""
+
+    engine: AttachedEngine
+    call_index: int
+    mode: int  # mode code
+    bucket: int
+    seconds: float  # critical path: last rank in to last rank holding its tokens
+    tag: int  # call kind (gatherwise.call_kind)
 
 
 @dataclass
-class _Pending:
-    first_seen_ns: int
-    by_rank: dict[int, Any] = field(default_factory=dict)
+class Poll:
+    """What one poll read."""
 
-
-@dataclass
-class AttachedEngine:
-    """The engine instance being ingested and what has been read from it so far: the sidecar's one record of the
-    attached engine (its control side, gatherwise.sidecar.controller.EngineControl, refers to it)."""
-
-    engine_id: int
-    label: str  # engine id as 16 hex digits: the `engine` label of every series
-    dir: Path
-    tp_size: int
-    vocab: int
-    dtype: str
-    readers: list[RingReader]
-    attached_ns: int
-    headers: list[Any] = field(default_factory=list)  # latest RingHeader per rank
-    dropped: list[int] = field(default_factory=list)
-    unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why its ring is no longer read
-    exited: bool = False  # its liveness locks were found free: every rank's process has ended
-    last_record_end_ns: int = 0
-    pending: dict[int, _Pending] = field(default_factory=dict)
-    rank_paths: dict[tuple[int, int], Series] = field(default_factory=dict)  # (rank, mode)
-    call_series: dict[tuple[int, int], CallSeries] = field(default_factory=dict)  # (mode, bucket)
-    records: int = 0
-    calls_joined: int = 0
-    calls_incomplete: int = 0
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """What the sidecar knows of the attached engine and has ingested from it."""
-
-    attached: bool
-    shm_dir: str
-    engine_id: str | None = None
-    tp_size: int | None = None
-    vocab: int | None = None
-    dtype: str | None = None
-    up: bool = False
-    heartbeat_age_seconds: float | None = None
-    records_ingested: int = 0
-    records_dropped: int = 0
-    calls_joined: int = 0
-    calls_incomplete: int = 0
-    calls_pending: int = 0
-    traces_started: int = 0
-    engines_seen: int = 0
-    hooks_off: tuple[HooksOffNotice, ...] = ()  # engine processes whose hooks refused or never engaged
+    records: int  # records read, every rank together
+    calls: list[JoinedCall] = field(default_factory=list)  # complete calls, in the order they were joined
+    engine: AttachedEngine | None = None  # the engine read (the newest one running), None before the first
+    seconds_to_discovery: float = 0.0  # until the next poll looks for engines
 
 
 class Ingest:
-    def __init__(self, shm_dir: str | Path, metrics: SidecarMetrics, tracer: CallTracer | None = None, *,
-                 poll_interval: float = 0.02, join_timeout: float = 0.5, heartbeat_stale: float = 5.0,
+    def __init__(self, shm_dir: str | Path, histograms: RecordHistograms, hooks_off: HooksOffWatch,
+                 tracer: CallTracer | None = None, *, join_timeout: float = 0.5, heartbeat_stale: float = 5.0,
                  discover_interval: float = 0.5, clock: Callable[[], int] = time.monotonic_ns,
-                 max_records_per_poll: int = DEFAULT_MAX_RECORDS_PER_POLL, remove_dead_dirs: bool = True,
-                 hooks_off: HooksOffWatch | None = None) -> None:
+                 max_records_per_poll: int = DEFAULT_MAX_RECORDS_PER_POLL, remove_dead_dirs: bool = True) -> None:
+        """`hooks_off` is re-read at each discovery pass (the same watch feeds /metrics and /readyz)."""
         if max_records_per_poll < 1:
             raise ValueError(f"max_records_per_poll must be >= 1, got {max_records_per_poll}")
         self.shm_dir = Path(shm_dir)
-        self.hooks_off = hooks_off if hooks_off is not None else HooksOffWatch(shm_dir, remove_dead_dirs)
+        self.hooks_off = hooks_off
         self.max_records_per_poll = max_records_per_poll
         self.remove_dead_dirs = remove_dead_dirs
         self._dir_cache: dict = {}  # discover_engines' per-directory cache
@@ -118,28 +84,31 @@ class Ingest:
         self._unattachable: dict[str, EngineFiles] = {}  # directory -> its listing that did not attach
         self._no_locks: dict[str, EngineFiles] = {}  # directory -> its listing that had no liveness locks
         self._warned_dirs: set[str] = set()
-        self.metrics, self.tracer = metrics, tracer
-        self.poll_interval = poll_interval
+        self.histograms, self.tracer = histograms, tracer
         self.join_timeout_ns = int(join_timeout * 1e9)
         self.heartbeat_stale = heartbeat_stale
         self.discover_interval_ns = int(discover_interval * 1e9)
         self.clock = clock
         self.engine: AttachedEngine | None = None
         self.engines_seen = 0
-        self.on_call: CallSink | None = None  # the policy's input (gatherwise.sidecar.controller)
         self.next_discovery_ns = 0  # clock() value from which the next poll looks for engines
-        metrics.header_collector._snapshot = self.counters
 
     # -- one iteration (on the sidecar's loop) -----------------------------------------------------------
-    def poll_once(self) -> int:
-        """Discover (when due), read every rank's new records, join and emit. Returns records read."""
+    def poll_once(self) -> Poll:
+        """Discover (when due), read every rank's new records, join and emit."""
         now = self.clock()
         if now >= self.next_discovery_ns:
             self.next_discovery_ns = now + self.discover_interval_ns
             self._discover(now)
         eng = self.engine
-        if eng is None:
-            return 0
+        poll = Poll(0, engine=eng)
+        if eng is not None:
+            poll.records = self._read(eng, now, poll.calls)
+        poll.seconds_to_discovery = max(0.0, (self.next_discovery_ns - self.clock()) * 1e-9)
+        return poll
+
+    def _read(self, eng: AttachedEngine, now: int, calls: list[JoinedCall]) -> int:
+        """Every rank's new records, joined into `calls`; returns the records read."""
         read = 0
         pending, tp = eng.pending, eng.tp_size
         for rank, reader in enumerate(eng.readers):
@@ -157,19 +126,20 @@ class Ingest:
             for rec in records:
                 slot = pending.get(rec.call_index)
                 if slot is None:
-                    slot = pending[rec.call_index] = _Pending(now)
+                    slot = pending[rec.call_index] = PendingCall(now)
                 slot.by_rank[rank] = rec
                 if len(slot.by_rank) == tp:
                     del pending[rec.call_index]
-                    self._emit(eng, rec.call_index, slot.by_rank, True)
+                    self._emit(eng, rec.call_index, slot.by_rank, True, calls)
         eng.records += read
         if pending:
             expired = [ci for ci, slot in pending.items() if now - slot.first_seen_ns > self.join_timeout_ns]
             for ci in expired:
-                self._emit(eng, ci, pending.pop(ci).by_rank, False)
+                self._emit(eng, ci, pending.pop(ci).by_rank, False, calls)
         return read
 
-    def _emit(self, eng: AttachedEngine, call_index: int, by_rank: dict[int, Any], complete: bool) -> None:
+    def _emit(self, eng: AttachedEngine, call_index: int, by_rank: dict[int, Any], complete: bool,
+              joined: list[JoinedCall]) -> None:
         first = next(iter(by_rank.values()))
         mode, bucket = first.mode, bucket_of(max(first.rows, 1))  # the bucket of the call, for every consumer
         label = _MODE_LABEL.get(mode)
@@ -182,23 +152,24 @@ class Ingest:
             exemplar = {"trace_id": tracer.trace_call(eng.label, eng.tp_size, call_index, by_rank, complete)}
         calls = eng.call_series.get((mode, bucket))
         if calls is None:
-            calls = eng.call_series[(mode, bucket)] = self.metrics.call_series(eng.label, mode, bucket_label(bucket))
-        paths = eng.rank_paths
+            calls = eng.call_series[(mode, bucket)] = self.histograms.call_series(eng.label, mode,
+                                                                                  bucket_label(bucket))
+        rank_paths = eng.rank_path_series
         max_start = max_end = 0
         min_start = None
         for rank, rec in by_rank.items():
-            path = paths.get((rank, mode))
-            if path is None:
-                path = paths[(rank, mode)] = self.metrics.rank_path(eng.label, str(rank), label)
+            rank_path = rank_paths.get((rank, mode))
+            if rank_path is None:
+                rank_path = rank_paths[(rank, mode)] = self.histograms.rank_path_series(eng.label, str(rank), label)
             calls.first_op.observe(rec.collective_ns * 1e-9, exemplar)
             if rec.second_op is not None:
-                series = calls.second_ops.get(rec.second_op) or self.metrics.second_op(
+                series = calls.second_ops.get(rec.second_op) or self.histograms.second_op_series(
                     eng.label, calls, rec.second_op, label, bucket_label(bucket))
                 series.observe(rec.broadcast_ns * 1e-9, exemplar)
             if rec.sample_ns or rank == 0:  # ranks that did not sample (gather mode, rank > 0) record 0
                 calls.sample.observe(rec.sample_ns * 1e-9, exemplar)
             start, end = rec.start_ns, rec.end_ns
-            path.observe((end - start) * 1e-9, exemplar)
+            rank_path.observe((end - start) * 1e-9, exemplar)
             if start > max_start:
                 max_start = start
             if end > max_end:
@@ -214,8 +185,7 @@ class Ingest:
         critical = (max_end - max_start) * 1e-9
         calls.critical_path.observe(critical, exemplar)
         calls.skew.observe((max_start - min_start) * 1e-9, exemplar)
-        if self.on_call is not None:
-            self.on_call(eng, call_index, mode, bucket, critical, first.tag)
+        joined.append(JoinedCall(eng, call_index, mode, bucket, critical, first.tag))
 
     # -- discovery and engine restarts ------------------------------------------------------------------
     def _discover(self, now: int) -> None:
@@ -256,7 +226,7 @@ class Ingest:
         """True when `files` is the attached engine (kept) or attaches now (switched to)."""
         if current is not None and files.engine_id == current.engine_id:
             return True  # the attached engine is still the newest one running
-        attached = self._try_attach(files, now)
+        attached = self._try_open_rings(files, now)
         if attached is not None:
             self._switch(attached)
             return True
@@ -291,12 +261,12 @@ class Ingest:
                 log.debug("cannot remove %s: %s", files.dir, exc)
         return Liveness.DEAD
 
-    def _try_attach(self, files: EngineFiles, now: int) -> AttachedEngine | None:
+    def _try_open_rings(self, files: EngineFiles, now: int) -> AttachedEngine | None:
         name = files.dir.name
         if self._unattachable.get(name) is files:
             return None  # this very listing failed before: retry once the directory changes (new listing)
         try:
-            attached = self._attach(files, now)
+            attached = self._open_rings(files, now)
         except Exception as exc:  # rings still being created, or foreign files: try again when it changes
             log.debug("cannot attach engine %016x yet: %s", files.engine_id, exc)
             attached = None
@@ -311,7 +281,8 @@ class Ingest:
         self.engines_seen += 1
         if old is not None:
             log.info("engine restart: %s -> %s", old.label, attached.label)
-            self.metrics.forget_engine(old.label)
+            old.replaced = True
+            self.histograms.forget_engine(old.label)
             for reader in old.readers:
                 reader.close()
         else:
@@ -322,22 +293,7 @@ class Ingest:
             self._warned_dirs.add(key)
             log.warning(message)
 
-    def stopped_reason(self, eng: AttachedEngine) -> str | None:
-        """Why the attached engine is not running any more, or None while it may be (a command still reaches
-        it): it closed its rings, its processes are gone (liveness locks free), or its directory was removed."""
-        if any(h.closed for h in eng.headers):
-            return "it shut down (its rings are closed)"
-        if eng.exited:
-            return "its processes exited"
-        try:
-            state = liveness(eng.dir)
-        except FileNotFoundError:
-            return "its shared-memory directory was removed"
-        except OSError:
-            return None
-        return "its processes exited" if state is Liveness.DEAD else None
-
-    def _attach(self, files: EngineFiles, now: int) -> AttachedEngine | None:
+    def _open_rings(self, files: EngineFiles, now: int) -> AttachedEngine | None:
         if 0 not in files.rings:
             return None
         with RingReader(files.rings[0]) as probe:
@@ -362,15 +318,17 @@ class Ingest:
                               readers, now, headers, [0] * tp)
 
     # -- views for the header collector and GET /v1/engine (other threads; read-only, no policy state) -------
-    def heartbeat_age_seconds(self, eng: AttachedEngine) -> float:
-        """Seconds since the engine last finished a call (its newest record), or since attach if none yet."""
+    def newest_record_age_seconds(self, eng: AttachedEngine) -> float:
+        """Seconds since the engine last finished a call (its newest record), or since attach if none yet: the
+        engine heartbeat of /metrics, /readyz and /v1/engine. (GET /v1/mode's heartbeat is another one: since rank
+        0 started its latest call, from the control block.)"""
         return max(0.0, (self.clock() - (eng.last_record_end_ns or eng.attached_ns)) * 1e-9)
 
     def is_up(self, eng: AttachedEngine, age: float) -> bool:
         """Fresh heartbeat and no sign that the engine stopped (closed rings, exited processes, its directory
         removed). Asked at the moment of the scrape or API call: engines whose ranks exit without closing their
         rings remove the directory from their last process, which a discovery pass may not have seen yet."""
-        return age < self.heartbeat_stale and self.stopped_reason(eng) is None
+        return age < self.heartbeat_stale and eng.stopped_reason() is None
 
     def _refresh_headers(self, eng: AttachedEngine) -> None:
         """Read every rank's header now (scrapes and API calls; the poll loop does not parse headers it does not
@@ -389,7 +347,7 @@ class Ingest:
         if eng is None:
             return None
         self._refresh_headers(eng)
-        age = self.heartbeat_age_seconds(eng)
+        age = self.newest_record_age_seconds(eng)
         ranks = [rank_counters(h, rank, {"overwritten": r.overwritten, "torn": r.torn, "invalid": r.invalid})
                  for rank, (h, r) in enumerate(zip(eng.headers, eng.readers, strict=True))]
         return EngineCounters(eng.label, self.is_up(eng, age), age, ranks)
@@ -400,7 +358,7 @@ class Ingest:
             return EngineInfo(attached=False, shm_dir=str(self.shm_dir), engines_seen=self.engines_seen,
                               hooks_off=self.hooks_off.notices)
         self._refresh_headers(eng)
-        age = self.heartbeat_age_seconds(eng)
+        age = self.newest_record_age_seconds(eng)
         return EngineInfo(True, str(self.shm_dir), eng.label, eng.tp_size, eng.vocab, eng.dtype, self.is_up(eng, age),
                           age, eng.records, sum(eng.dropped), eng.calls_joined, eng.calls_incomplete,
                           len(eng.pending), self.tracer.traces_started if self.tracer else 0, self.engines_seen,

@@ -1,4 +1,5 @@
-"""The auto policy: per bucket, run the mode with the lowest critical path; pins override it.
+"""The sidecar's mode policy (ModePolicy): manual pins where set; elsewhere the auto choice: per bucket, run the
+mode with the lowest critical path.
 
 Pure decision logic, no I/O: the sidecar's loop feeds it samples (`observe`) and the monotonic time of every
 call (`now`), and writes whatever `desired_table()` says into the control block. The only clock it reads is
@@ -103,7 +104,9 @@ def should_switch(active: Estimate | None, challenger: Estimate | None, params: 
     return challenger.value < active.value * (1.0 - params.margin)
 
 
-class AutoPolicy:
+class ModePolicy:
+    """The mode of every bucket: a manual pin where one is set (`pin`, `release`), the auto choice elsewhere."""
+
     def __init__(self, params: PolicyParams, table: ModeTable, *, auto: bool,
                  modes: Sequence[Mode] | None = None, wall_clock: Callable[[], float] = time.time) -> None:
         self.params = params
@@ -130,7 +133,7 @@ class AutoPolicy:
         self.decisions: deque[Decision] = deque(maxlen=DECISION_LOG)
         self.next_decision_id = 1
         self.wall_clock = wall_clock  # stamps decisions (Decision.time)
-        self.restored_extra: dict[str, Any] = {}  # what the controller saved with the state (policy_state)
+        self.restored_extra: dict[str, Any] = {}  # what the control session saved with it (policy_state)
 
     # -- views ---------------------------------------------------------------------------------------------
     @property

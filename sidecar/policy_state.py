@@ -1,4 +1,4 @@
-"""The sidecar's durable decision state: an AutoPolicy <-> JSON, and an atomic file next to the control block.
+"""The sidecar's durable decision state: an ModePolicy <-> JSON, and an atomic file next to the control block.
 
 Why a JSON file and not a fixed area in the control block: the engine never reads this state, it is variable in
 size (decision log, sample windows), and only the sidecar writes it. Keeping it out of the block keeps the
@@ -21,12 +21,13 @@ from typing import Annotated, Any, Literal
 
 from gatherwise.sidecar.estimates import KindMix
 from gatherwise.sidecar.paired_evidence import Pair
-from gatherwise.sidecar.policy import PAIRS_KEPT, AutoPolicy, Decision, Probe
+from gatherwise.sidecar.policy import PAIRS_KEPT, Decision, ModePolicy, Probe
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gatherwise.config import ModeLabel, PolicyParams
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
 from gatherwise.shm_format.private_files import read_small_file, write_private_file
+from gatherwise.validation_errors import dotted_location, error_text, joined_errors
 
 # 2: probes, their times and back-off per (bucket, mode); 3: call kinds (pairs per kind, kind windows, the
 # traffic mix, probe cost in seconds). A version 2 file is read (its pairs as kind 0) and written back as 3.
@@ -75,7 +76,7 @@ class PolicyState(BaseModel):
     seconds_total: float = Field(0.0, ge=0.0)
     probe_extra_seconds: float = Field(0.0, ge=0.0)
     last_probe_end: dict[Bucket, float] = Field(default_factory=dict)
-    extra: dict[str, Any] = Field(default_factory=dict)  # what the controller saves with the state
+    extra: dict[str, Any] = Field(default_factory=dict)  # what the control session saves with it (session_store)
 
     @model_validator(mode="before")
     @classmethod
@@ -101,7 +102,7 @@ def _parse_key(key: str) -> tuple[int, Mode]:
     return int(bucket), Mode.parse(label)
 
 
-def policy_to_json(policy: AutoPolicy, extra: dict[str, Any] | None = None) -> str:
+def policy_to_json(policy: ModePolicy, extra: dict[str, Any] | None = None) -> str:
     probe = policy.probe
     return PolicyState(
         version=STATE_VERSION, params=policy.params, choice=[m.label for m in policy.choice],
@@ -122,17 +123,16 @@ def policy_to_json(policy: AutoPolicy, extra: dict[str, Any] | None = None) -> s
     ).model_dump_json()
 
 
-def policy_from_json(text: str) -> AutoPolicy:
+def policy_from_json(text: str) -> ModePolicy:
     """Rebuild a policy; any problem is a ValueError naming it (the caller then starts from the control block
     alone)."""
     try:
         state = PolicyState.model_validate_json(text)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'document'}: {e['msg'].removeprefix('Value error, ')}"
-                             for e in exc.errors())
+        problems = joined_errors(exc, lambda e: f"{dotted_location(e['loc'], 'document')}: {error_text(e)}")
         raise ValueError(f"unreadable sidecar state: {problems}") from None
     try:
-        policy = AutoPolicy(state.params, ModeTable(tuple(Mode.parse(m) for m in state.choice)), auto=True)
+        policy = ModePolicy(state.params, ModeTable(tuple(Mode.parse(m) for m in state.choice)), auto=True)
         policy.pins = {b: Mode.parse(m) for b, m in state.pins.items()}
         policy.last_switch = dict(state.last_switch)
         policy.last_probe = {_parse_key(k): t for k, t in state.last_probe.items()}

@@ -18,7 +18,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from gatherwise.sidecar.control_client import ControlSnapshot, InvalidTableWordError
+from gatherwise.sidecar.control_api import ControlApi, NotAttached, PolicyView
+from gatherwise.sidecar.control_block_client import ControlSnapshot, InvalidTableWordError
 from gatherwise.sidecar.control_models import (
     DecisionsResponse,
     ErrorResponse,
@@ -30,12 +31,12 @@ from gatherwise.sidecar.control_models import (
     SetModeResult,
     StatsResponse,
 )
-from gatherwise.sidecar.controller import Controller, NotAttached, PolicyView
 from gatherwise.sidecar.state import StateDep
 from gatherwise.sidecar.strict_json import StrictJSONRoute
 
 from gatherwise.modes import parse_buckets
 from gatherwise.shm_format.control import ControlFormatError, seq_reached
+from gatherwise.validation_errors import request_error_details
 
 router = APIRouter(tags=["control"], route_class=StrictJSONRoute)  # a repeated JSON key is a 422
 bearer = HTTPBearer(auto_error=False, description="the sidecar's API token (sidecar.api_token or "
@@ -46,14 +47,14 @@ AUTH = {401: {"model": ErrorResponse, "description": "missing or wrong bearer to
 WAIT_STEP_S = 0.002
 
 
-def controller(state: StateDep) -> Controller:
+def control_api(state: StateDep) -> ControlApi:
     return state.control
 
 
-ControllerDep = Annotated[Controller, Depends(controller)]
+ControlApiDep = Annotated[ControlApi, Depends(control_api)]
 
 
-def require_token(ctl: ControllerDep,
+def require_token(ctl: ControlApiDep,
                   creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
     token = ctl.api_token
     if token is None:
@@ -76,13 +77,13 @@ def mode_state(view: PolicyView, snap: ControlSnapshot) -> ModeState:
     return ModeState(
         engine=view.engine, policy=view.policy, active=snap.active_table.as_labels(),
         requested=snap.requested_table.as_labels(), pinned=view.pinned, epoch=snap.status.epoch,
-        call_index=snap.heartbeat.call_index, heartbeat_age_seconds=snap.heartbeat_age_seconds(),
+        call_index=snap.heartbeat.call_index, heartbeat_age_seconds=snap.rank0_heartbeat_age_seconds(),
         requested_seq=snap.command.seq, applied_seq=snap.status.applied_seq, apply_call=snap.status.apply_call,
         pending=snap.pending, read_only=view.read_only)
 
 
 @router.get("/mode", response_model=ModeState, responses=NO_ENGINE, summary="Active and requested mode table")
-def get_mode(ctl: ControllerDep) -> ModeState:
+def get_mode(ctl: ControlApiDep) -> ModeState:
     try:
         return mode_state(*ctl.snapshot())
     except (NotAttached, ControlFormatError, InvalidTableWordError) as exc:
@@ -92,7 +93,7 @@ def get_mode(ctl: ControllerDep) -> ModeState:
 @router.put("/mode", response_model=SetModeResult, dependencies=[Authorized],
             responses={202: {"model": SetModeResult, "description": "not applied when the wait ran out"},
                        **NO_ENGINE, **AUTH}, summary="Pin buckets to a mode, or release them to the auto policy")
-async def put_mode(body: SetModeRequest, ctl: ControllerDep,
+async def put_mode(body: SetModeRequest, ctl: ControlApiDep,
                    wait: Annotated[float, Query(ge=0.0, le=600.0, allow_inf_nan=False,
                                                 description="seconds to wait until every rank switched")] = 5.0):
     buckets = parse_buckets(body.buckets)
@@ -114,12 +115,12 @@ async def put_mode(body: SetModeRequest, ctl: ControllerDep,
 
 
 @router.get("/stats", response_model=StatsResponse, summary="Per bucket x mode critical-path estimates")
-def get_stats(ctl: ControllerDep) -> StatsResponse:
+def get_stats(ctl: ControlApiDep) -> StatsResponse:
     return ctl.stats()
 
 
 @router.get("/decisions", response_model=DecisionsResponse, summary="Recent decisions with their evidence")
-def get_decisions(ctl: ControllerDep,
+def get_decisions(ctl: ControlApiDep,
                   limit: Annotated[int, Query(ge=1, le=256, description="newest N decisions")] = 50
                   ) -> DecisionsResponse:
     engine, recent = ctl.decisions(limit)
@@ -127,7 +128,7 @@ def get_decisions(ctl: ControllerDep,
 
 
 @router.get("/policy", response_model=PolicyResponse, summary="Auto policy parameters")
-def get_policy(ctl: ControllerDep) -> PolicyResponse:
+def get_policy(ctl: ControlApiDep) -> PolicyResponse:
     view = ctl.policy_view()
     return PolicyResponse(policy=view.policy, pinned=view.pinned, params=view.params)
 
@@ -135,7 +136,7 @@ def get_policy(ctl: ControllerDep) -> PolicyResponse:
 @router.put("/policy", response_model=PolicyResponse, dependencies=[Authorized],
             responses={409: {"model": ErrorResponse, "description": "another sidecar controls the engine"},
                        **AUTH}, summary="Change auto policy parameters (any subset)")
-def put_policy(body: PolicyUpdate, ctl: ControllerDep) -> PolicyResponse:
+def put_policy(body: PolicyUpdate, ctl: ControlApiDep) -> PolicyResponse:
     try:
         ctl.set_params(body.model_dump(exclude_none=True))
     except NotAttached as exc:
@@ -145,7 +146,7 @@ def put_policy(body: PolicyUpdate, ctl: ControllerDep) -> PolicyResponse:
 
 @router.get("/policy/table", response_model=LearnedTable, responses=NO_ENGINE,
             summary="The learned table, in the table-file format (load it with policy.table_file)")
-def get_policy_table(ctl: ControllerDep) -> LearnedTable:
+def get_policy_table(ctl: ControlApiDep) -> LearnedTable:
     try:
         table, meta = ctl.learned_table()
     except NotAttached as exc:
@@ -154,13 +155,4 @@ def get_policy_table(ctl: ControllerDep) -> LearnedTable:
 
 
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    detail = [{"loc": list(e.get("loc", ())), "msg": _message(e), "type": str(e.get("type", ""))}
-              for e in exc.errors()]
-    return JSONResponse({"detail": detail}, status_code=422)
-
-
-def _message(error: dict) -> str:
-    """pydantic's message; for a body that is no JSON, with the decoder's reason (e.g. the repeated key)."""
-    message = str(error.get("msg", ""))
-    reason = (error.get("ctx") or {}).get("error") if error.get("type") == "json_invalid" else None
-    return f"{message}: {str(reason)[:200]}" if reason else message
+    return JSONResponse({"detail": request_error_details(exc.errors())}, status_code=422)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from gatherwise.sidecar.ingest import EngineInfo
+from gatherwise.sidecar.attached_engine import EngineInfo
 from gatherwise.sidecar.state import StateDep
 from pydantic import BaseModel
 

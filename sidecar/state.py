@@ -1,4 +1,4 @@
-"""Everything the sidecar's routes share, in one dataclass."""
+"""The sidecar's composition root: every part built once, each given what it reads, and the routes' shared state."""
 
 from __future__ import annotations
 
@@ -9,11 +9,19 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
-from gatherwise.sidecar.controller import Controller
+from gatherwise.sidecar.control_api import ControlApi, api_token
+from gatherwise.sidecar.control_gauges import ControlGaugesCollector
+from gatherwise.sidecar.control_sessions import ControlSessions
 from gatherwise.sidecar.decision_events import DecisionEvents
+from gatherwise.sidecar.decision_publisher import DecisionPublisher
+from gatherwise.sidecar.header_counters import HeaderCountersCollector
 from gatherwise.sidecar.hooks_off import HooksOffWatch
+from gatherwise.sidecar.hooks_off_gauge import HooksOffCollector
 from gatherwise.sidecar.ingest import Ingest
 from gatherwise.sidecar.metrics import SidecarMetrics
+from gatherwise.sidecar.record_histograms import RecordHistograms
+from gatherwise.sidecar.schedule import SidecarSchedule
+from gatherwise.sidecar.session_store import SessionStore
 from gatherwise.sidecar.traces import CallTracer, build_tracer
 
 from gatherwise.config import GatherwiseConfig
@@ -24,24 +32,34 @@ class SidecarState:
     config: GatherwiseConfig
     metrics: SidecarMetrics
     ingest: Ingest
-    control: Controller  # the sidecar's loop and the control API; started and stopped with the app
+    schedule: SidecarSchedule  # the sidecar's loop; started and stopped with the app
+    control: ControlApi
     tracer: CallTracer | None = None
     started_at: float = field(default_factory=time.time)
 
 
 def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = None,
                 span_processor=None) -> SidecarState:
-    """Registry, tracer, ingest and the loop that drives them for `config`. Nothing started."""
+    """Every part of the sidecar for `config`, wired. Nothing started."""
     env = os.environ if env is None else env
     hooks_off = HooksOffWatch(config.engine.shm_dir)
-    metrics = SidecarMetrics(hooks_off=lambda: hooks_off.notices)
     tracer = build_tracer(config.traces, env=env, processor=span_processor)
+    histograms = RecordHistograms()
     poll = config.sidecar.poll_interval_seconds
-    ingest = Ingest(config.engine.shm_dir, metrics, tracer, poll_interval=poll, join_timeout=max(0.25, 10 * poll),
+    ingest = Ingest(config.engine.shm_dir, histograms, hooks_off, tracer, join_timeout=max(0.25, 10 * poll),
                     heartbeat_stale=config.sidecar.heartbeat_stale_seconds,
-                    max_records_per_poll=config.sidecar.max_records_per_poll, hooks_off=hooks_off)
-    control = Controller(config, ingest, DecisionEvents(metrics, tracer), env=env)
-    return SidecarState(config, metrics, ingest, control, tracer)
+                    max_records_per_poll=config.sidecar.max_records_per_poll)
+    events = DecisionEvents(tracer)
+    store = SessionStore(config.engine.initial_mode, auto=config.policy.mode == "auto")
+    publisher = DecisionPublisher(events, store)
+    sessions = ControlSessions(config, events, store, publisher)
+    schedule = SidecarSchedule(ingest, sessions, publisher, store, poll_interval=poll)
+    control = ControlApi(sessions, publisher, store, schedule.loop, api_token=api_token(config.sidecar.api_token, env),
+                         shm_dir=str(config.engine.shm_dir))
+    metrics = SidecarMetrics(histograms, [HeaderCountersCollector(ingest.counters),
+                                          HooksOffCollector(lambda: hooks_off.notices), events.mode_switches,
+                                          ControlGaugesCollector(control.control_view)])
+    return SidecarState(config, metrics, ingest, schedule, control, tracer)
 
 
 def get_state(request: Request) -> SidecarState:

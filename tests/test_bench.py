@@ -217,14 +217,14 @@ def test_crossovers_skip_ties_and_interpolate_log_log():
 
 
 def test_bench_table_file_round_trips_through_the_auto_policy(tmp_path):
-    """bench table file -> policy.table_file load -> AutoPolicy starts from it -> exported -> loads back equal."""
+    """bench table file -> policy.table_file load -> ModePolicy starts from it -> exported -> loads back equal."""
     from gatherwise.sidecar.control_models import LearnedTable
-    from gatherwise.sidecar.policy import AutoPolicy, PolicyParams
+    from gatherwise.sidecar.policy import ModePolicy, PolicyParams
 
     measured = ModeTable.uniform(Mode.GATHER).with_buckets(Mode.ALL_GATHER, [0, 1])
     path = save_table_file(tmp_path / "table_tp2_v32000_float32.yaml", measured,
                            {"tp": 2, "vocab": 32000, "dtype": "float32", "source": "gatherwise bench"})
-    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(Mode.ALL_GATHER), auto=True)
+    policy = ModePolicy(PolicyParams(), ModeTable.uniform(Mode.ALL_GATHER), auto=True)
     decision = policy.adopt_table(load_table_file(path), now=0.0, source=str(path))
     assert decision is not None and decision.reason == "table_file"
     assert policy.learned_table() == measured and policy.desired_table() == measured

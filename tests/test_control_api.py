@@ -9,7 +9,7 @@ import httpx
 import pytest
 import schemathesis
 import yaml
-from gatherwise.sidecar.client import main as mode_cli
+from gatherwise.sidecar.mode_cli import main as mode_cli
 from hypothesis import HealthCheck, given, settings
 
 from gatherwise.modes import IMPLEMENTED, Mode

@@ -9,7 +9,7 @@ import threading
 import pytest
 from gatherwise.engine_hooks.control_block import ControlBlockSource
 from gatherwise.engine_hooks.table_source import AppliedStatus
-from gatherwise.sidecar.control_client import ControlClient, ControlFormatError
+from gatherwise.sidecar.control_block_client import ControlClient, ControlFormatError
 
 from gatherwise.modes import Mode, ModeTable
 from gatherwise.shm_format import control as fmt
@@ -41,7 +41,7 @@ def test_fresh_block_has_header_initial_status_and_no_command(block):
     assert (snap.header.engine_id, snap.header.tp_size, snap.header.writer_pid) == (ENGINE, 2, os.getpid())
     assert snap.command.seq == 0 and snap.status.applied_seq == 0
     assert snap.active_table == ALL_GATHER == snap.requested_table
-    assert snap.heartbeat_age_seconds() is None
+    assert snap.rank0_heartbeat_age_seconds() is None
 
 
 def test_command_round_trip_and_status(block):
@@ -57,7 +57,7 @@ def test_command_round_trip_and_status(block):
     assert (snap.status.applied_seq, snap.status.apply_call, snap.status.epoch, snap.status.reserved) == (seq, 3, 1, 0)
     assert snap.command.reserved == 0
     assert snap.active_table == request.table
-    assert snap.heartbeat.call_index == 2 and snap.heartbeat_age_seconds() >= 0
+    assert snap.heartbeat.call_index == 2 and snap.rank0_heartbeat_age_seconds() >= 0
     assert client.next_seq() == seq + 1
 
 

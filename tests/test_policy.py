@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from gatherwise.sidecar.estimates import Estimate, WindowEstimates
-from gatherwise.sidecar.policy import AutoPolicy, PolicyParams, should_switch
+from gatherwise.sidecar.policy import ModePolicy, PolicyParams, should_switch
 from gatherwise.sidecar.policy_state import policy_from_json, policy_to_json
 
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_of
@@ -47,7 +47,7 @@ def test_summarize_and_window_age_out():
     assert w.get(0, G, now=5.0) is None
 
 
-def simulate(policy: AutoPolicy, cost, seconds: float, now: float, rows=(1,), calls_per_second=1000,
+def simulate(policy: ModePolicy, cost, seconds: float, now: float, rows=(1,), calls_per_second=1000,
              step_every=20) -> tuple[float, list]:
     """Run calls at a fixed rate; each call's cost = cost(bucket_mode, now); step the policy like a sidecar."""
     decisions = []
@@ -67,7 +67,7 @@ def delay_on(slow: Mode):
 
 
 def test_auto_converges_and_moves_back_when_the_delay_moves():
-    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True, modes=TWO)
+    policy = ModePolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True, modes=TWO)
     now, decisions = simulate(policy, delay_on(G), 4.0, 0.0, rows=(1, 8))
     assert policy.choice[0] == A and policy.choice[3] == A
     auto = [d for d in decisions if d.reason == "auto"]
@@ -82,7 +82,7 @@ def test_auto_converges_and_moves_back_when_the_delay_moves():
 
 def test_probes_respect_budget_and_interval():
     params = PolicyParams(**{**FAST, "probe_budget": 0.02})
-    policy = AutoPolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
+    policy = ModePolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
     _, decisions = simulate(policy, delay_on(G), 10.0, 0.0)
     starts = [d for d in decisions if d.reason == "probe" and d.evidence["phase"] == "start"]
     assert starts and policy.choice[0] == A
@@ -92,14 +92,14 @@ def test_probes_respect_budget_and_interval():
 
 def test_no_budget_means_no_probes_and_no_switch_without_evidence():
     params = PolicyParams(**{**FAST, "probe_budget": 0.0})
-    policy = AutoPolicy(params, ModeTable.uniform(G), auto=True, modes=TWO)
+    policy = ModePolicy(params, ModeTable.uniform(G), auto=True, modes=TWO)
     _, decisions = simulate(policy, delay_on(G), 2.0, 0.0)
     assert decisions == [] and policy.choice[0] == G and policy.probe_calls_used == 0
 
 
 def test_dwell_blocks_a_second_switch():
     params = PolicyParams(**{**FAST, "dwell_seconds": 100.0})
-    policy = AutoPolicy(params, ModeTable.uniform(G), auto=True, modes=TWO)
+    policy = ModePolicy(params, ModeTable.uniform(G), auto=True, modes=TWO)
     now, _ = simulate(policy, delay_on(G), 3.0, 0.0)
     assert policy.choice[0] == A
     now, decisions = simulate(policy, delay_on(A), 5.0, now)
@@ -107,7 +107,7 @@ def test_dwell_blocks_a_second_switch():
 
 
 def test_pins_override_auto_and_release_resumes():
-    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO, wall_clock=lambda: 1234.5)
+    policy = ModePolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO, wall_clock=lambda: 1234.5)
     d = policy.pin(G, [0], now=0.0)
     assert (d.reason, d.mode, d.buckets, d.previous) == ("manual", "gather", ["1"], {"1": "all_gather"})
     assert d.time == 1234.5  # decisions are stamped by the policy's own wall clock
@@ -124,7 +124,7 @@ def test_pins_override_auto_and_release_resumes():
 def test_release_returns_to_the_policys_choice_when_probes_found_the_pin_slower():
     """Pinned to a mode the policy had measured as slower, `auto` goes straight back to its own choice; pinned to
     a mode it has no paired evidence against, it continues from the pin and learns."""
-    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO)
+    policy = ModePolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO)
     now, _ = simulate(policy, delay_on(G), 3.0, 0.0)  # probes of gather while all_gather runs: gather 2x slower
     found = policy.paired_ratio(0, G, now)
     assert policy.choice[0] == A and found is not None and found[0] >= policy.pairs_needed and found[1] > 1.5
@@ -139,14 +139,14 @@ def test_release_returns_to_the_policys_choice_when_probes_found_the_pin_slower(
 
 
 def test_manual_policy_pins_everything():
-    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=False)
+    policy = ModePolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=False)
     assert policy.policy_label == "manual"
     _, decisions = simulate(policy, delay_on(G), 2.0, 0.0)
     assert decisions == [] and policy.desired_table() == ModeTable.uniform(G)
 
 
 def test_state_round_trips_through_json():
-    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True, modes=TWO)
+    policy = ModePolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True, modes=TWO)
     simulate(policy, delay_on(G), 3.0, 0.0, rows=(1, 8))
     policy.pin(G, [4], 3.0)
     restored = policy_from_json(policy_to_json(policy))
@@ -224,7 +224,7 @@ def costs(table: dict):
 
 
 def test_three_modes_each_bucket_goes_to_its_fastest(three_modes):
-    policy = AutoPolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=three_modes)
+    policy = ModePolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=three_modes)
     # rows 1: gather fastest; rows 64: sharded fastest; all_gather never
     cost = costs({A: 0.003, G: lambda r: 0.001 if r == 1 else 0.004, S: lambda r: 0.002 if r == 1 else 0.001})
     _, decisions = simulate(policy, cost, 8.0, 0.0, rows=(1, 64))
@@ -246,7 +246,7 @@ def test_probes_back_off_while_the_other_mode_stays_far_behind():
     runs = {}
     for backoff_max in (1.0, 16.0):
         params = PolicyParams(**base, probe_backoff_max=backoff_max)
-        policy = AutoPolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
+        policy = ModePolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
         _, decisions = simulate(policy, delay_on(G), 30.0, 0.0)
         assert policy.choice[0] == A and not [d for d in decisions if d.reason == "auto"]
         runs[backoff_max] = (probe_starts(decisions), policy.probe_share, policy)
@@ -257,7 +257,7 @@ def test_probes_back_off_while_the_other_mode_stays_far_behind():
 
 def test_a_load_change_ends_the_back_off_and_the_policy_follows():
     params = PolicyParams(**{**FAST, "probe_budget": 0.05, "probe_backoff_max": 64.0})
-    policy = AutoPolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
+    policy = ModePolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
     now, _ = simulate(policy, delay_on(G), 20.0, 0.0)
     assert policy.backoff.get((0, G), 1.0) >= 16.0  # backed off: next probe of gather is >= 3 s away
     # the load changes: all_gather now costs 3 ms, gather 2 ms. The back-off must not keep gather unmeasured.
@@ -267,7 +267,7 @@ def test_a_load_change_ends_the_back_off_and_the_policy_follows():
 
 
 def test_back_off_state_round_trips_through_json():
-    policy = AutoPolicy(PolicyParams(**{**FAST, "probe_budget": 0.05}), ModeTable.uniform(A), auto=True, modes=TWO)
+    policy = ModePolicy(PolicyParams(**{**FAST, "probe_budget": 0.05}), ModeTable.uniform(A), auto=True, modes=TWO)
     simulate(policy, delay_on(G), 10.0, 0.0)
     assert policy.backoff
     restored = policy_from_json(policy_to_json(policy))
@@ -283,7 +283,7 @@ def test_a_load_drift_that_hits_every_mode_alike_causes_no_switch(modes, three_m
     The running mode's window covers the last few ms, the other mode's only its probes over seconds: comparing
     those windows would see the other mode cheaper (it was measured when the load was lower) and switch. Paired
     probe ratios compare the two at the same time and never do."""
-    policy = AutoPolicy(PolicyParams(**{**FAST, "probe_budget": 0.05}), ModeTable.uniform(A), auto=True, modes=modes)
+    policy = ModePolicy(PolicyParams(**{**FAST, "probe_budget": 0.05}), ModeTable.uniform(A), auto=True, modes=modes)
     _, decisions = simulate(policy, lambda rows, mode, now: (0.001 if mode == A else 0.0011) * (1.0 + 0.3 * now),
                             10.0, 0.0)
     assert policy.choice[0] == A and not [d for d in decisions if d.reason == "auto"]
@@ -307,7 +307,7 @@ def test_one_mode_winning_everywhere_under_noise_and_drift_is_found_and_kept(thr
 
     params = PolicyParams(**{**FAST, "probe_budget": 0.02, "probe_interval_seconds": 1.0,
                              "max_sample_age_seconds": 30.0})
-    policy = AutoPolicy(params, ModeTable.uniform(A), auto=True, modes=three_modes)
+    policy = ModePolicy(params, ModeTable.uniform(A), auto=True, modes=three_modes)
     now, decisions = simulate(policy, cost, 15.0, 0.0, rows=(1, 8, 64))
     assert [policy.choice[b] for b in (0, 3, 6)] == [S, S, S], [(d.buckets, d.mode) for d in decisions
                                                                 if d.reason == "auto"]
@@ -327,7 +327,7 @@ from gatherwise.call_kind import Sampling, call_kind, call_tag  # noqa: E402
 GREEDY, TOP_P = call_kind(Sampling.GREEDY), call_kind(Sampling.TOP_P)
 
 
-def simulate_engine(policy: AutoPolicy, cost, calls: int, now: float, *, kinds=(GREEDY,), rows=32,
+def simulate_engine(policy: ModePolicy, cost, calls: int, now: float, *, kinds=(GREEDY,), rows=32,
                     calls_per_second=2.6, steps_aside=lambda kind, mode: mode) -> tuple[float, list, int | None]:
     """A CPU engine's decode loop: one call every 1/calls_per_second s, kinds in rotation; each call runs what
     its table names unless `steps_aside` says otherwise (as a sharded table's sampled calls run all_gather),
@@ -358,7 +358,7 @@ def noisy(costs: dict, sigma: float, seed: int = 5):
 def test_a_mode_1_5x_faster_is_adopted_within_50_calls_of_a_slow_engine(three_modes):
     """The default parameters, 2.6 calls/s, every call +-15 % noise: sharded at 2/3 of all_gather's cost is
     adopted within 50 calls, from probes that cost the budget nothing (they ran a faster mode)."""
-    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
+    policy = ModePolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
     cost = noisy({GREEDY: {A: 0.030, G: 0.031, S: 0.020}}, 0.15)
     _, decisions, switched_at = simulate_engine(policy, cost, 200, 0.0)
     assert policy.choice[5] == S and switched_at is not None and switched_at <= 50, switched_at
@@ -368,7 +368,7 @@ def test_a_mode_1_5x_faster_is_adopted_within_50_calls_of_a_slow_engine(three_mo
 
 
 def test_a_10_percent_difference_is_adopted_within_500_calls(three_modes):
-    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
+    policy = ModePolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
     cost = noisy({GREEDY: {A: 0.030, G: 0.0303, S: 0.0273}}, 0.1, seed=7)
     _, decisions, switched_at = simulate_engine(policy, cost, 800, 0.0)
     assert policy.choice[5] == S and switched_at is not None and switched_at <= 500, switched_at
@@ -379,7 +379,7 @@ def test_calls_of_different_kinds_are_never_compared():
     """Sampled calls cost 46x a greedy one and both modes cost the same for each kind. A probe that happens to
     see greedy calls against a reference window of sampled ones would find gather 47x faster; pairs per kind
     see equal modes, and the policy never switches."""
-    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=TWO)
+    policy = ModePolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=TWO)
     cost = noisy({GREEDY: {A: 0.010, G: 0.010}, TOP_P: {A: 0.46, G: 0.46}}, 0.1)
     kinds = (TOP_P,) * 12 + (GREEDY,) * 12  # long runs of one kind: probes land in either
     _, decisions, _ = simulate_engine(policy, cost, 1500, 0.0, kinds=kinds)
@@ -397,7 +397,7 @@ def test_the_mode_chosen_is_the_one_for_the_traffic_mix(three_modes, greedy_shar
     costs = {GREEDY: {A: 0.040, G: 0.040, S: 0.030}, TOP_P: {A: 0.040, G: 0.030, S: 0.040}}
     n = round(greedy_share * 10)
     kinds = (GREEDY,) * n + (TOP_P,) * (10 - n)
-    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
+    policy = ModePolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
     _, decisions, _ = simulate_engine(policy, noisy(costs, 0.1), 1200, 0.0, kinds=kinds,
                                       steps_aside=lambda kind, mode: A if mode == S and kind == TOP_P else mode)
     assert policy.choice[5] == winner, [(d.mode, d.evidence.get("paired")) for d in decisions if d.reason == "auto"]
@@ -407,7 +407,7 @@ def test_a_slow_modes_probes_cost_at_most_the_budget_in_seconds():
     """gather costs 3x all_gather (a 0.6 s call): its probes end the moment they have spent the budget, so
     what they add stays within probe_budget of all seconds (plus at most one call)."""
     params = PolicyParams(probe_interval_seconds=1.0)
-    policy = AutoPolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
+    policy = ModePolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
     _, decisions, _ = simulate_engine(policy, noisy({GREEDY: {A: 0.2, G: 0.6}}, 0.1), 1500, 0.0)
     assert policy.choice[5] == A and not [d for d in decisions if d.reason == "auto"]
     assert policy.probe_extra_seconds <= params.probe_budget * policy.seconds_total + 0.8
@@ -415,7 +415,7 @@ def test_a_slow_modes_probes_cost_at_most_the_budget_in_seconds():
 
 
 def test_kind_evidence_round_trips_through_json(three_modes):
-    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
+    policy = ModePolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
     simulate_engine(policy, noisy({GREEDY: {A: 0.03, G: 0.03, S: 0.02}, TOP_P: {A: 0.3, G: 0.25, S: 0.3}}, 0.1),
                     60, 0.0, kinds=(GREEDY, TOP_P))
     restored = policy_from_json(policy_to_json(policy))
@@ -436,7 +436,7 @@ def test_a_bucket_follows_its_traffic_when_the_kind_of_calls_changes(three_modes
     def aside(kind, mode):
         return A if mode == S and kind == TOP_P else mode
 
-    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
+    policy = ModePolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
     now, _, switched_at = simulate_engine(policy, noisy(costs, 0.15), 150, 0.0, steps_aside=aside)
     assert policy.choice[5] == S and switched_at <= 50, switched_at
     _, second, switched_at = simulate_engine(policy, noisy(costs, 0.15, seed=9), 300, now, kinds=(TOP_P,),
@@ -449,7 +449,7 @@ def test_a_bucket_follows_its_traffic_when_the_kind_of_calls_changes(three_modes
 def test_a_probe_does_not_wait_on_a_bucket_whose_traffic_stopped():
     """A probe started just before its bucket falls quiet ends within a second or so (4 gaps), not after the
     probe timeout, so the buckets that do have traffic get their probes."""
-    policy = AutoPolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=TWO)
+    policy = ModePolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=TWO)
     now = 0.0
     for _ in range(20):  # bucket 1 at 5 calls/s, then silence
         policy.observe(A, 0, 0.01, now, call_tag(GREEDY, int(A)))

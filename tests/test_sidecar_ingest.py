@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from gatherwise.engine_hooks.recorder import RingRecorder
+from gatherwise.sidecar.header_counters import HeaderCountersCollector
+from gatherwise.sidecar.hooks_off import HooksOffWatch
 from gatherwise.sidecar.ingest import Ingest
 from gatherwise.sidecar.metrics import SidecarMetrics
+from gatherwise.sidecar.record_histograms import RecordHistograms
 from prometheus_client.parser import text_string_to_metric_families
 
 from gatherwise.modes import Mode
@@ -43,6 +47,13 @@ def write_call(rec: RingRecorder, call_index: int, mode: Mode, rows: int, t0: in
         rec.record(call_index, mode, rows, 1, 2048, s, s + 100, s + 5100, se, se + 2000, ss, se, se + 2500)
 
 
+def ingest_with_metrics(shm: Path, **options: Any) -> tuple[SidecarMetrics, Ingest]:
+    """An ingest of `shm` and a registry exporting what it reads, wired as the sidecar wires them."""
+    histograms = RecordHistograms()
+    ingest = Ingest(shm, histograms, HooksOffWatch(shm), **options)
+    return SidecarMetrics(histograms, [HeaderCountersCollector(ingest.counters)]), ingest
+
+
 def samples(metrics: SidecarMetrics) -> dict[tuple, float]:
     body, _ = metrics.exposition(None)
     out = {}
@@ -58,13 +69,12 @@ def value(samples_: dict, name: str, **labels: str) -> float:
 
 def test_joins_ranks_and_exports_exact_counters(tmp_path: Path) -> None:
     clock = FakeClock()
-    metrics = SidecarMetrics()
-    ingest = Ingest(tmp_path, metrics, clock=clock, join_timeout=1.0)
+    metrics, ingest = ingest_with_metrics(tmp_path, clock=clock, join_timeout=1.0)
     rings = make_engine(tmp_path, 0xABC)
     for i in range(10):
         for r in rings:
             write_call(r, i, Mode.ALL_GATHER if i < 6 else Mode.GATHER, 3, clock.now - 10**6 + i * 20000)
-    assert ingest.poll_once() == 20
+    assert ingest.poll_once().records == 20
     info = ingest.info()
     assert (info.engine_id, info.tp_size, info.calls_joined, info.calls_incomplete) == ("0000000000000abc", 2, 10, 0)
     got = samples(metrics)
@@ -92,13 +102,12 @@ def test_sharded_calls_have_their_own_ops_and_fallback_counts(tmp_path: Path) ->
     """Sharded calls show as shard_exchange (+ shard_resolve when the call ran one), never as gather; the top-p
     fallback count comes from rank 0's header; every rank samples."""
     clock = FakeClock()
-    metrics = SidecarMetrics()
-    ingest = Ingest(tmp_path, metrics, clock=clock, join_timeout=1.0)
+    metrics, ingest = ingest_with_metrics(tmp_path, clock=clock, join_timeout=1.0)
     rings = make_engine(tmp_path, 0x5D, tp=3)
     for i in range(5):
         for r in rings:
             write_call(r, i, Mode.SHARDED, 8, clock.now - 10**6 + i * 20000, fallback_rows=i % 2)
-    assert ingest.poll_once() == 15
+    assert ingest.poll_once().records == 15
     got = samples(metrics)
     eng = "000000000000005d"
     count = "gatherwise_collective_seconds_count"
@@ -114,8 +123,7 @@ def test_sharded_calls_have_their_own_ops_and_fallback_counts(tmp_path: Path) ->
 
 def test_incomplete_call_after_join_timeout(tmp_path: Path) -> None:
     clock = FakeClock()
-    metrics = SidecarMetrics()
-    ingest = Ingest(tmp_path, metrics, clock=clock, join_timeout=0.5)
+    _, ingest = ingest_with_metrics(tmp_path, clock=clock, join_timeout=0.5)
     rings = make_engine(tmp_path, 0x1)
     write_call(rings[0], 0, Mode.ALL_GATHER, 1, clock.now)
     ingest.poll_once()
@@ -128,8 +136,7 @@ def test_incomplete_call_after_join_timeout(tmp_path: Path) -> None:
 
 def test_dropped_records_counted_and_calls_exact(tmp_path: Path) -> None:
     clock = FakeClock()
-    metrics = SidecarMetrics()
-    ingest = Ingest(tmp_path, metrics, clock=clock)
+    metrics, ingest = ingest_with_metrics(tmp_path, clock=clock)
     rings = make_engine(tmp_path, 0x2, capacity=16)
     ingest.poll_once()
     for i in range(40):
@@ -149,8 +156,7 @@ def test_dropped_records_counted_and_calls_exact(tmp_path: Path) -> None:
 def attached(tmp_path: Path, engine_id: int, discover_interval: float) -> tuple[FakeClock, SidecarMetrics, Ingest]:
     """An ingest that has attached a TP=2 engine which ran one all_gather call."""
     clock = FakeClock()
-    metrics = SidecarMetrics()
-    ingest = Ingest(tmp_path, metrics, clock=clock, discover_interval=discover_interval)
+    metrics, ingest = ingest_with_metrics(tmp_path, clock=clock, discover_interval=discover_interval)
     for r in make_engine(tmp_path, engine_id):
         write_call(r, 0, Mode.ALL_GATHER, 1, clock.now)
     ingest.poll_once()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gatherwise.sidecar.metrics import bytes_series
+from gatherwise.sidecar.header_counters import bytes_series
 
 from gatherwise.modes import NUM_BUCKETS, bucket_label
 from tests._dist import free_port

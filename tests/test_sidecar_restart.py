@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gatherwise.sidecar.metrics import total_calls
+from gatherwise.sidecar.header_counters import total_calls
 from gatherwise.sidecar.ring_reader import RingReader
 
 from gatherwise.shm_format.ring import engine_dir, engine_dir_name, ring_path

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from gatherwise.sidecar.hooks_off import HooksOffWatch
 from gatherwise.sidecar.ingest import Ingest
-from gatherwise.sidecar.metrics import SidecarMetrics
+from gatherwise.sidecar.record_histograms import RecordHistograms
 from gatherwise.sidecar.traces import CallTracer, build_tracer, new_provider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -126,7 +127,7 @@ def test_build_tracer_from_config_and_otel_env() -> None:
 def test_otlp_http_export_from_real_rings(tmp_path: Path) -> None:
     with OtlpReceiver() as receiver:
         tracer = build_tracer(traces_cfg(otlp_endpoint=receiver.url), env={})
-        ingest = Ingest(tmp_path, SidecarMetrics(), tracer)
+        ingest = Ingest(tmp_path, RecordHistograms(), HooksOffWatch(tmp_path), tracer)
         rings = make_engine(tmp_path, 0xBEEF)
         t0 = time.monotonic_ns()
         for i in range(3):

@@ -6,7 +6,7 @@ import os
 import time
 
 import httpx
-from gatherwise.sidecar.metrics import total_calls
+from gatherwise.sidecar.header_counters import total_calls
 from gatherwise.sidecar.ring_reader import RingReader
 
 from gatherwise.shm_format.ring import ring_path

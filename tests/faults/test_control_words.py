@@ -14,7 +14,7 @@ import struct
 
 import pytest
 import yaml
-from gatherwise.sidecar.control_client import ControlClient
+from gatherwise.sidecar.control_block_client import ControlClient
 
 from gatherwise.modes import Mode, ModeTable
 from gatherwise.shm_format import control as fmt

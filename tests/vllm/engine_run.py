@@ -12,8 +12,8 @@ buckets occur):
   Then the sidecar's /metrics and /v1/mode, and every rank's ring (call_index -> mode), are collected while
   the engine still runs.
 - three-mode switches (with --control-switch): the same stepping, the mode flipped between steps by writing
-  the engine's real control block (gatherwise.sidecar.control_client, what the sidecar itself writes): gather, sharded,
-  all_gather, sharded.
+  the engine's real control block (gatherwise.sidecar.control_block_client, what the sidecar itself writes):
+  gather, sharded, all_gather, sharded.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def run_switched(llm, sidecar: str, token: str) -> dict:
 
 def run_control_switched(llm, shm_dir: str) -> dict:
     """Greedy requests stepped by hand; the table is flipped across all three modes through the control block."""
-    from gatherwise.sidecar.control_client import ControlClient
+    from gatherwise.sidecar.control_block_client import ControlClient
     from gatherwise.sidecar.ring_reader import discover_engines
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt

@@ -4,7 +4,7 @@ sampled, seeded, mixed and logprob requests; prints one JSON object on its last 
 `python -m tests.vllm.sampled_run --model DIR [--shm-dir DIR --switch]`
 
 The same requests run in ROUNDS rounds. With --switch (the plugin on), each round starts by setting the table
-through the engine's real control block (sidecar.control_client, what the sidecar writes) to that round's mode,
+through the engine's real control block (sidecar.control_block_client, what the sidecar writes) to that round's mode,
 and its stepped phase flips the mode between steps. The plain engine runs the same rounds unchanged, so every
 random generator of both engines follows the same calls: each round's tokens must be identical, bit for bit.
 
@@ -101,7 +101,7 @@ class Control:
 
     def _client(self):
         if self.client is None and self.shm_dir:
-            from gatherwise.sidecar.control_client import ControlClient
+            from gatherwise.sidecar.control_block_client import ControlClient
             from gatherwise.sidecar.ring_reader import discover_engines
 
             engines = discover_engines(self.shm_dir)

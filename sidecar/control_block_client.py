@@ -63,8 +63,9 @@ class ControlSnapshot:
         """A command that every rank does not run yet."""
         return fmt.seq_is_newer(self.command.seq, self.status.applied_seq)
 
-    def heartbeat_age_seconds(self, now_ns: int | None = None) -> float | None:
-        """Seconds since rank 0 last started a call (None before its first call). Same clock on one host."""
+    def rank0_heartbeat_age_seconds(self, now_ns: int | None = None) -> float | None:
+        """Seconds since rank 0 last started a call (None before its first call): GET /v1/mode's
+        heartbeat_age_seconds. Same clock on one host. (/readyz's is Ingest.newest_record_age_seconds.)"""
         hb = self.heartbeat
         if hb.monotonic_ns == 0:
             return None

@@ -1,0 +1,193 @@
+"""What the /v1 routes and the control gauges ask of the sidecar: each public method runs on the sidecar's loop
+thread (gatherwise.sidecar.loop.on_loop) and returns values copied there (PolicyView, StatsResponse, decisions),
+so the policy has one thread and no lock.
+
+What the engine runs is read from the control block (status area), never assumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gatherwise.sidecar.control_block_client import AreaMidWriteError, ControlSnapshot, InvalidTableWordError
+from gatherwise.sidecar.control_gauges import ControlView
+from gatherwise.sidecar.control_models import BucketModeStats, StatsResponse
+from gatherwise.sidecar.control_session import ControlSession
+from gatherwise.sidecar.control_sessions import ControlSessions
+from gatherwise.sidecar.decision_publisher import DecisionPublisher
+from gatherwise.sidecar.estimates import Estimate
+from gatherwise.sidecar.loop import Loop, on_loop
+from gatherwise.sidecar.policy import Decision, ModePolicy
+from gatherwise.sidecar.session_store import SessionStore
+
+from gatherwise.config import PolicyParams
+from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
+from gatherwise.shm_format.control import ControlFormatError
+
+log = logging.getLogger("gatherwise.sidecar.control")
+# Distinct unreadable table words warned about (a block written over and over must not flood the log).
+MAX_WORD_WARNINGS = 16
+
+
+class NotAttached(RuntimeError):
+    """No engine with a control block is attached."""
+
+
+class ReadOnly(NotAttached):
+    """Another sidecar holds the attached engine's control lock: this one only shows the engine."""
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    """The attached engine's policy as the API shows it, copied on the loop thread."""
+
+    engine: str | None  # engine label; None when no engine is attached
+    policy: str | None  # manual | auto | mixed
+    pinned: dict[str, str]  # bucket label -> mode label
+    params: PolicyParams
+    read_only: bool = False  # another sidecar controls the engine
+
+
+def api_token(configured: str | None, env: Mapping[str, str]) -> str | None:
+    """The bearer token mutations need (sidecar.api_token, else GATHERWISE_API_TOKEN); None: mutations refused."""
+    return configured or env.get("GATHERWISE_API_TOKEN") or None
+
+
+class ControlApi:
+    def __init__(self, sessions: ControlSessions, publisher: DecisionPublisher, store: SessionStore, loop: Loop, *,
+                 api_token: str | None, shm_dir: str) -> None:
+        self.sessions, self.publisher, self.store, self.loop = sessions, publisher, store, loop
+        self.api_token, self.shm_dir = api_token, shm_dir
+        self._unreadable_words: set[str] = set()  # messages of table words already warned about
+
+    def _require(self) -> ControlSession:
+        session = self.sessions.current
+        if session is None:
+            raise NotAttached("no engine with a control block is attached to this sidecar (is an engine running "
+                              f"with control.enabled and engine.shm_dir={self.shm_dir}?)")
+        return session
+
+    def _require_owner(self) -> ControlSession:
+        """The attached engine, if this sidecar controls it; else NotAttached or ReadOnly (409)."""
+        session = self._require()
+        if session.read_only:
+            raise ReadOnly(f"engine {session.engine.label} is controlled by another sidecar (it holds the control "
+                           f"lock on {session.client.path}); this sidecar serves it read-only: send mutations to "
+                           "that one")
+        return session
+
+    def _require_running(self) -> ControlSession:
+        """The attached engine, if a command written now can still be applied; else NotAttached (409)."""
+        session = self._require_owner()
+        reason = session.engine.stopped_reason()
+        if reason:
+            raise NotAttached(f"engine {session.engine.label} is not running ({reason}): a command would never be "
+                              "applied")
+        return session
+
+    @on_loop
+    def policy_view(self) -> PolicyView:
+        session = self.sessions.current
+        if session is None:
+            return PolicyView(None, None, {}, self.sessions.params)
+        policy = session.policy
+        pinned = {bucket_label(b): m.label for b, m in sorted(policy.pins.items())}
+        return PolicyView(session.engine.label, policy.policy_label, pinned, policy.params, session.read_only)
+
+    @on_loop
+    def snapshot(self) -> tuple[PolicyView, ControlSnapshot]:
+        """The policy and what the control block says now; NotAttached or ControlFormatError (then control of
+        that engine ends: its block was overwritten or truncated)."""
+        session = self._require()
+        try:
+            snap = session.client.snapshot()
+        except AreaMidWriteError:  # a writer stopped between its writes: the block is still the engine's
+            raise
+        except ControlFormatError as exc:
+            self.sessions.give_up(session, exc)
+            raise
+        return self.policy_view(), snap
+
+    @on_loop
+    def set_mode(self, mode: str, buckets: list[int] | None) -> tuple[int, Decision]:
+        """Pin buckets to a mode, or release them to the auto policy; returns (command seq, decision)."""
+        session = self._require_running()
+        now = time.monotonic()
+        decision = (session.policy.release(buckets, now) if mode == "auto"
+                    else session.policy.pin(Mode.parse(mode), buckets, now))
+        self.publisher.publish(session, [decision])
+        return int(decision.command_seq), decision
+
+    @on_loop
+    def set_params(self, changes: dict[str, Any]) -> PolicyParams:
+        """Apply a validated PolicyUpdate's changes; raises ValidationError (changing nothing) for bad ones, and
+        ReadOnly while another sidecar controls the attached engine (its parameters are that one's)."""
+        session = self.sessions.current
+        if session is not None:
+            self._require_owner()
+        base = session.policy.params if session else self.sessions.params
+        self.sessions.params = params = PolicyParams.model_validate({**base.model_dump(), **changes})
+        if session is not None:
+            session.policy.set_params(params)
+            self.store.save(session)
+        return params
+
+    @on_loop
+    def decisions(self, limit: int) -> tuple[str | None, list[Decision]]:
+        """(engine label, its newest `limit` decisions); decisions are not changed once published."""
+        session = self.sessions.current
+        return (None, []) if session is None else (session.engine.label, list(session.policy.decisions)[-limit:])
+
+    @on_loop
+    def stats(self) -> StatsResponse:
+        session = self.sessions.current
+        if session is None:
+            return StatsResponse(engine=None, stats=[], calls_observed=0, probe_calls=0, probe_share=0.0)
+        p = session.policy
+        stats = [BucketModeStats(bucket=bucket_label(b), mode=m.label, samples=e.samples, mean_seconds=e.mean,
+                                 p50_seconds=e.p50, p90_seconds=e.p90, age_seconds=e.age_seconds)
+                 for b, m, e in _estimates(p)]
+        return StatsResponse(engine=session.engine.label, stats=stats, calls_observed=p.calls_total,
+                             probe_calls=p.probe_calls_used, probe_share=p.probe_share,
+                             probe_cost_share=p.probe_cost_share)
+
+    @on_loop
+    def control_view(self) -> ControlView | None:
+        """What the control gauges show at a scrape: the active table (read now) and the policy's estimates."""
+        session = self.sessions.current
+        if session is None:
+            return None
+        try:
+            active = session.client.snapshot().active_table.as_labels()
+        except (InvalidTableWordError, AreaMidWriteError) as exc:  # no gauge until the area is readable again
+            self._warn_unreadable(str(exc))
+            active = {}
+        except ControlFormatError as exc:
+            self.sessions.give_up(session, exc)
+            return None
+        estimates = {(bucket_label(b), m.label): est.p50 for b, m, est in _estimates(session.policy)}
+        return ControlView(session.engine.label, active, tuple(m.label for m in session.policy.modes), estimates)
+
+    def _warn_unreadable(self, message: str) -> None:
+        if message not in self._unreadable_words and len(self._unreadable_words) < MAX_WORD_WARNINGS:
+            self._unreadable_words.add(message)
+            log.warning("%s; gatherwise_active_mode is left out until it is readable", message)
+
+    @on_loop
+    def learned_table(self) -> tuple[ModeTable, dict[str, Any]]:
+        session = self._require()
+        eng = session.engine
+        meta = {"tp": session.client.tp_size, "source": f"gatherwise sidecar auto policy, engine {eng.label}",
+                "policy": session.policy.policy_label, "vocab": eng.vocab, "dtype": eng.dtype}
+        return session.policy.learned_table(), meta
+
+
+def _estimates(policy: ModePolicy) -> list[tuple[int, Mode, Estimate]]:
+    """(bucket, mode, estimate) of every window of the policy that has samples."""
+    now = time.monotonic()
+    return [(b, m, est) for b in range(NUM_BUCKETS) for m in policy.modes
+            if (est := policy.estimates.get(b, m, now)) is not None]
