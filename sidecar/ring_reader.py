@@ -159,8 +159,7 @@ class RingReader:
             self._never_written = 0
             return [], missed
         n = last - first + 1
-        slot = (first - 1) % cap
-        begin = fmt.HEADER_SIZE + slot * fmt.RECORD_SIZE
+        slot, begin = fmt.slot_of(first, cap), fmt.slot_offset(first, cap)
         if slot + n <= cap:
             data = self._pread(n * fmt.RECORD_SIZE, begin)
         else:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from gatherwise.engine_hooks.call_marks import CallMarks, marks_by_name
 from gatherwise.engine_hooks.logits_path import LogitsPath, shard_width
 from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow, sample
 from gatherwise.engine_hooks.sharded_exchange import collectives_for
@@ -63,11 +64,11 @@ class ListRecorder:
     def __init__(self) -> None:
         self.calls: list[dict] = []
 
-    def record(self, call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, bcast_start, bcast_end,
-               sample_start, sample_end, t_end, resolve_nbytes=0, topp_rows=0, fallback_rows=0, tag=0) -> None:
-        self.calls.append(dict(mode=int(mode), rows=rows, nbytes=nbytes, second=bool(bcast_start),
-                               resolve_nbytes=resolve_nbytes, topp_rows=topp_rows, fallback_rows=fallback_rows,
-                               tag=tag))
+    def record(self, marks: CallMarks) -> None:
+        m = marks_by_name(marks)
+        self.calls.append(dict(mode=int(m["mode"]), rows=m["rows"], nbytes=m["nbytes"], second=bool(m["second_start"]),
+                               resolve_nbytes=m["resolve_nbytes"], topp_rows=m["topp_rows"],
+                               fallback_rows=m["fallback_rows"], tag=m["tag"]))
 
 
 def run_cases(rank: int, world: int, cases: list[Case]) -> list[dict]:
