@@ -69,7 +69,7 @@ class LogitsPath:
     def __init__(self, comm: Communicator, vocab: int, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", initial_table: ModeTable,
                  table_source: TableSource | None = None, recorder: CallRecorder | None = None,
-                 clock: Callable[[], int] = time.perf_counter_ns, keep_log: bool = False) -> None:
+                 clock: Callable[[], int] = time.perf_counter_ns) -> None:
         if vocab < 1:
             raise ValueError(f"vocab must be >= 1, got {vocab}")
         if dtype not in TORCH_LOGITS_DTYPES.values():
@@ -103,8 +103,6 @@ class LogitsPath:
         self._call: _OpenCall | None = None  # the call in flight between exchange() and complete()
         self._open_call = _OpenCall()
         self._table_mode = Mode.ALL_GATHER  # the mode the table names for the call begin_call() last ran for
-        self.mode_log: list[Mode] | None = [] if keep_log else None
-        self.collective_log: list[int] | None = [] if keep_log else None
         self._sharded = ShardedSampler(comm, self.width, dtype=dtype, device=self.device, clock=clock)
         self._begun = -1  # the call index begin_call() last ran for
 
@@ -260,8 +258,9 @@ class LogitsPath:
     def _end_call(self, mode: Mode, batch: int, word_in: torch.Tensor, t_start: int, coll_start: int,
                   coll_end: int, second_start: int, second_end: int, sample_start: int, sample_end: int,
                   kind: int, sharded: ShardedCall | None = None) -> None:
-        """Host part of the end of a call: stash the received word for later adoption, record, count.
-        second_*: the call's second operation (the token broadcast, or a sharded call's shard_resolve)."""
+        """Host part of the end of a call: stash the received word for later adoption, record, count. Every
+        call that runs ends here (engine_hooks.logged_path logs calls by extending it). second_*: the call's
+        second operation (the token broadcast, or a sharded call's shard_resolve)."""
         self._deferred.stash(self.call_index, word_in)
         t_end = self.clock()
         if self.recorder is not None:
@@ -276,10 +275,6 @@ class LogitsPath:
             self.recorder.record((self.call_index, mode, batch, self.epoch, nbytes, t_start, coll_start, coll_end,
                                   second_start, second_end, sample_start, sample_end, t_end, resolve_nbytes,
                                   topp_rows, fallback_rows, tag))  # call_marks.MARKS order
-        if self.mode_log is not None:
-            self.mode_log.append(mode)
-            self.collective_log.append(sharded.collectives if sharded is not None else
-                                       1 if mode == Mode.ALL_GATHER else 2)
         self.call_index += 1
         self._rows = 0
 

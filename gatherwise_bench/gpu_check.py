@@ -78,14 +78,13 @@ def _sync(device) -> None:
 def _path(device, vocab: int, mode, *, dtype=None, recorder=None, clock=None, source=None, comm=None):
     import torch
     from gatherwise.engine_hooks.comm import SingleRankCommunicator
-    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
 
     from gatherwise.modes import ModeTable
 
     kw = {"clock": clock} if clock is not None else {}
-    return LogitsPath(comm or SingleRankCommunicator(), vocab, dtype=dtype or torch.bfloat16, device=device,
-                      initial_table=ModeTable.uniform(mode), table_source=source, recorder=recorder, keep_log=True,
-                      **kw)
+    return LoggedLogitsPath(comm or SingleRankCommunicator(), vocab, dtype=dtype or torch.bfloat16, device=device,
+                            initial_table=ModeTable.uniform(mode), table_source=source, recorder=recorder, **kw)
 
 
 def _recording(device, path_dir: str, name: str, vocab: int, dtype):

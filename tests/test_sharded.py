@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 from gatherwise.engine_hooks.call_marks import CallMarks, marks_by_name
-from gatherwise.engine_hooks.logits_path import LogitsPath, shard_width
+from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
+from gatherwise.engine_hooks.logits_path import shard_width
 from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow, sample
 from gatherwise.engine_hooks.sharded_exchange import collectives_for
 from gatherwise.tp_engine.launch import launch
@@ -80,8 +81,8 @@ def run_cases(rank: int, world: int, cases: list[Case]) -> list[dict]:
     for case in cases:
         table, source = mode_setup(case.mode)
         recorder = ListRecorder()
-        path = LogitsPath(comm, case.vocab, dtype=getattr(torch, case.dtype), initial_table=table,
-                          table_source=source() if rank == 0 else None, recorder=recorder, keep_log=True)
+        path = LoggedLogitsPath(comm, case.vocab, dtype=getattr(torch, case.dtype), initial_table=table,
+                                table_source=source() if rank == 0 else None, recorder=recorder)
         width = path.width
         tokens, counted = [], []
         for call, rows in enumerate(case.sizes):
