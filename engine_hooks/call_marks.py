@@ -1,14 +1,17 @@
-"""One logits call's marks, as every CallRecorder receives them: one plain tuple, in the order of MARKS.
+"""One logits call's marks, as every CallRecorder receives them: `record(*marks)`, positional, in MARKS order.
 
-The path (gatherwise.engine_hooks.logits_path) builds one per call, the ring writers (RingRecorder and the
-compiled engine_hooks/_ring_writer.c) turn it into a record and counters, the CUDA resolver
-(gatherwise.engine_hooks.cuda_timing) keeps it until its events completed, the sweep reads its phases.
+The path (gatherwise.engine_hooks.logits_path) passes them once per call, the ring writers (RingRecorder and
+the compiled engine_hooks/_ring_writer.c) turn them into a record and counters, the CUDA resolver
+(gatherwise.engine_hooks.cuda_timing) keeps them until their events completed, the sweep reads its phases.
 
-Why a plain tuple and not a NamedTuple or dataclass: it is built on the engine's hot path, once per call. A
-tuple display is one allocation from the interpreter's small-tuple free list; a NamedTuple or dataclass is
-built by a Python-level constructor, which costs more than the whole compiled record() it feeds (measured:
-about 2.5x the tuple display). So the names are index constants here, code off the hot path builds marks by
-name with call_marks(), and the compiled writer's own list of names is checked against MARKS at import.
+Why positional marks and not one object: they are passed on the engine's hot path, once per call. A
+NamedTuple or dataclass is built by a Python-level constructor that costs more than the whole compiled
+record() it feeds (measured: about 2.5x); even a plain tuple is one more allocation and slowed the compiled
+record() by about a quarter, while positional arguments reach it (METH_FASTCALL) with no allocation at all. So
+the names are defined here once, as MARKS and index constants: a recorder written in Python takes `*marks`
+(a CallMarks tuple) and indexes or unpacks it in MARKS order, code off the hot path builds marks by name with
+call_marks() and passes them as `record(*marks)`, and the compiled writer's own list of names is checked
+against MARKS at import (gatherwise.engine_hooks.recorder).
 
 Clock marks (t_start .. t_end) are the path's clock values: ns, or event tokens under a CUDA EventClock; 0
 means "no such mark". The second_* marks time a call's second operation: gather mode's token broadcast, or
@@ -17,7 +20,7 @@ sharded mode's second collective (shard_resolve); 0 when the call ran none.
 
 from __future__ import annotations
 
-CallMarks = tuple[int, ...]  # one int per name in MARKS, in that order
+CallMarks = tuple[int, ...]  # one int per name in MARKS, in that order (what `*marks` collects)
 
 MARKS = (
     "call_index",  # the path's call index (the same on every rank)

@@ -44,9 +44,9 @@ class Event(Protocol):
 class SplitRecorder(Protocol):
     """The part of RingRecorder the resolver uses: count at call time, time later, count what never will be."""
 
-    def count(self, marks: CallMarks) -> None: ...  # clock marks still tokens: only which are 0 counts
+    def count(self, *marks: int) -> None: ...  # clock marks still tokens: only which are 0 counts
 
-    def record_timed(self, marks: CallMarks) -> None: ...  # clock marks in ns
+    def record_timed(self, *marks: int) -> None: ...  # clock marks in ns
 
     def drop(self, reason: int, calls: int = 1) -> None: ...
 
@@ -136,8 +136,8 @@ class EventResolver:
     def pending(self) -> int:
         return len(self._pending)
 
-    def record(self, marks: CallMarks) -> None:
-        self.recorder.count(marks)  # counted now, whatever the device does
+    def record(self, *marks: int) -> None:
+        self.recorder.count(*marks)  # counted now, whatever the device does
         self._pending.append(marks)
         self.poll()
         while len(self._pending) > self.max_pending:  # the GPU is far behind: never wait, drop the oldest
@@ -154,7 +154,7 @@ class EventResolver:
             if not end_event.query():
                 break
             self._pending.popleft()
-            self.recorder.record_timed(with_clock_marks(marks, self._to_ns(marks[CLOCK_MARKS])))
+            self.recorder.record_timed(*with_clock_marks(marks, self._to_ns(marks[CLOCK_MARKS])))
             self.clock.release_through(marks[T_END])
             done += 1
         self.resolved += done

@@ -20,7 +20,6 @@ from contextlib import contextmanager
 from typing import Protocol
 
 import torch
-from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.comm import Communicator
 from gatherwise.engine_hooks.deferred_word import ADOPT_LAG, DeferredWords
 from gatherwise.engine_hooks.sampling import SamplingRow, sample
@@ -39,7 +38,7 @@ class CallRecorder(Protocol):
     """Receives the marks of every call (gatherwise.engine_hooks.call_marks; e.g. engine_hooks.recorder's
     RingRecorder). Must not block."""
 
-    def record(self, marks: CallMarks) -> None: ...
+    def record(self, *marks: int) -> None: ...  # one call's marks, in call_marks.MARKS order
 
 
 class _OpenCall:
@@ -272,9 +271,9 @@ class LogitsPath:
                 senders = self.world_size if mode == Mode.ALL_GATHER or self.rank == 0 else 1
                 nbytes = senders * (batch * self.width + self._word_elems) * self._elem_size
                 resolve_nbytes = topp_rows = fallback_rows = 0
-            self.recorder.record((self.call_index, mode, batch, self.epoch, nbytes, t_start, coll_start, coll_end,
-                                  second_start, second_end, sample_start, sample_end, t_end, resolve_nbytes,
-                                  topp_rows, fallback_rows, tag))  # call_marks.MARKS order
+            self.recorder.record(self.call_index, mode, batch, self.epoch, nbytes, t_start, coll_start, coll_end,
+                                 second_start, second_end, sample_start, sample_end, t_end, resolve_nbytes,
+                                 topp_rows, fallback_rows, tag)  # call_marks.MARKS order
         self.call_index += 1
         self._rows = 0
 

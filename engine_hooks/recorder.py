@@ -15,7 +15,7 @@ import struct
 import sys
 import time
 
-from gatherwise.engine_hooks.call_marks import MARKS, CallMarks
+from gatherwise.engine_hooks.call_marks import MARKS
 
 from gatherwise.logits_dtypes import dtype_code
 from gatherwise.modes import Mode
@@ -133,7 +133,7 @@ class RingRecorder:
     def write_index(self) -> int:
         return self._words[_WRITE_INDEX_WORD]
 
-    def record(self, marks: CallMarks) -> None:
+    def record(self, *marks: int) -> None:
         """One call with its timings: the record, then all of its counters (the CPU path; one pass).
 
         In gather mode the second_* marks time the token broadcast; in sharded mode the second collective
@@ -185,7 +185,7 @@ class RingRecorder:
         c[_WRITE_INDEX_WORD] = seq  # publish last: readers trust every seq <= write_index
 
     # -- split recording: count at call time, time later (gatherwise.engine_hooks.cuda_timing) -------------------
-    def count(self, marks: CallMarks) -> None:
+    def count(self, *marks: int) -> None:
         """A call's calls and bytes counters, at the time of the call (before its timings are known: only
         whether its clock marks are 0 counts here)."""
         (_call_index, mode, rows, _epoch, nbytes, _t_start, _coll_start, _coll_end, second_start, _second_end,
@@ -207,7 +207,7 @@ class RingRecorder:
             c[_TOPP_FALLBACK_WORD] += fallback_rows
         c[base + _PA + 1] += nbytes
 
-    def record_timed(self, marks: CallMarks) -> None:
+    def record_timed(self, *marks: int) -> None:
         """The record and the time counters of a call already count()ed (its clock marks now in ns)."""
         (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, second_start, second_end,
          sample_start, sample_end, t_end, _resolve_nbytes, _topp_rows, fallback_rows, tag) = marks  # MARKS order
@@ -238,7 +238,7 @@ class RingRecorder:
         self._words[_DROP0 + reason] += calls
 
     @staticmethod
-    def _closed_record(marks: CallMarks) -> None:
+    def _closed_record(*marks: int) -> None:
         raise ValueError("record() on a closed ring")
 
     def _pack_saturated(self, seq: int, call_index: int, mode: int, rows: int, epoch: int, nbytes: int,

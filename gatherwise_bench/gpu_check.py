@@ -509,9 +509,9 @@ def check_event_costs(ctx: dict) -> dict:
         "Event.record(stream)": _host_us(lambda: ev[0].record(stream)),
         "Event.query() (completed)": _host_us(ev[1].query),
         "Event.elapsed_time()": _host_us(lambda: ev[0].elapsed_time(ev[1])),
-        "RingRecorder.record (ring writer)": _host_us(lambda: ring.record(marks)),
-        "RingRecorder.count": _host_us(lambda: ring.count(marks)),
-        "RingRecorder.record_timed": _host_us(lambda: ring.record_timed(marks)),
+        "RingRecorder.record (ring writer)": _host_us(lambda: ring.record(*marks)),
+        "RingRecorder.count": _host_us(lambda: ring.count(*marks)),
+        "RingRecorder.record_timed": _host_us(lambda: ring.record_timed(*marks)),
     }
     torch.cuda.synchronize(device)
     clock = EventClock(current_stream=CurrentStream())
@@ -520,7 +520,7 @@ def check_event_costs(ctx: dict) -> dict:
     def one_call() -> None:  # an all_gather call's five marks and its record; resolved on later calls
         t0, c0 = clock(), clock()
         c1, s1, t1 = clock(), clock(), clock()
-        resolver.record((1, 0, 1, 0, 64, t0, c0, c1, 0, 0, c1, s1, t1, 0, 0, 0, 0))  # as the path builds marks
+        resolver.record(1, 0, 1, 0, 64, t0, c0, c1, 0, 0, c1, s1, t1, 0, 0, 0, 0)  # as the path passes marks
 
     costs["EventClock() mark"] = _host_us(clock, 500)
     clock.release_through(clock._next)  # the marks above were never recorded as calls

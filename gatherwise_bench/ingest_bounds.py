@@ -43,7 +43,7 @@ def _peak_rss_kib() -> int:
 def _fill(rec: RingRecorder, n: int) -> None:
     t = time.perf_counter_ns()
     for i in range(n):
-        rec.record(call_marks(i, i % 2, 1 + i % 64, 0, 4096, t, t + 5, t + 400, 0, 0, t + 400, t + 500, t + 510))
+        rec.record(*call_marks(i, i % 2, 1 + i % 64, 0, 4096, t, t + 5, t + 400, 0, 0, t + 400, t + 500, t + 510))
 
 
 def _attach_once(shm: str, cap: int, out: mp.Queue) -> None:

@@ -33,7 +33,6 @@ from gatherwise.engine_hooks.call_marks import (
     SECOND_END,
     SECOND_START,
     TOPP_ROWS,
-    CallMarks,
 )
 from gatherwise.engine_hooks.comm import default_communicator
 from gatherwise.engine_hooks.logits_path import LogitsPath
@@ -86,7 +85,7 @@ class _PhaseRecorder:
     def __init__(self) -> None:
         self.last = (0, 0, 0, 0, 0, 0)
 
-    def record(self, marks: CallMarks) -> None:
+    def record(self, *marks: int) -> None:
         second = marks[SECOND_END] - marks[SECOND_START]
         if marks[MODE] == Mode.SHARDED:
             second_bytes = marks[RESOLVE_NBYTES]

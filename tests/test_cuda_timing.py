@@ -20,10 +20,10 @@ class ListRecorder:
         self.drops: dict[int, int] = {}
         self.closed = False
 
-    def count(self, marks: CallMarks) -> None:
+    def count(self, *marks: int) -> None:
         self.counted.append(marks)
 
-    def record_timed(self, marks: CallMarks) -> None:
+    def record_timed(self, *marks: int) -> None:
         self.calls.append(marks)
 
     def drop(self, reason: int, calls: int = 1) -> None:
@@ -59,8 +59,8 @@ def run_call(clock, resolver, i, mode):
         sample_end = bcast_start = clock()
         bcast_end = clock()
     t_end = clock()
-    resolver.record(call_marks(i, mode, 4, 0, 1000, t_start, coll_start, coll_end, bcast_start, bcast_end,
-                    sample_start, sample_end, t_end))
+    resolver.record(*call_marks(i, mode, 4, 0, 1000, t_start, coll_start, coll_end, bcast_start, bcast_end,
+                     sample_start, sample_end, t_end))
 
 
 def test_calls_resolve_only_after_their_events_complete_and_in_order():

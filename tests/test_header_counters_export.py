@@ -32,13 +32,13 @@ def _write_calls(recorders: list[RingRecorder], first: int, n: int) -> None:
             marks = call_marks(i, mode, 4, 0, 4_096, t, t + 1_000, t + 5_000 + i, *bcast, t + 5_000 + i, t + 6_000,
                                t + 9_500)
             if i % 4 == 3:  # the device fell behind: counted now, timings given up
-                rec.count(marks)
+                rec.count(*marks)
                 rec.drop(fmt.DROP_TIMING_BACKLOG)
             elif i % 4 == 2:  # resolved later
-                rec.count(marks)
-                rec.record_timed(marks)
+                rec.count(*marks)
+                rec.record_timed(*marks)
             else:
-                rec.record(marks)
+                rec.record(*marks)
 
 
 def _expected(shm: Path) -> dict[tuple[str, ...], float]:

@@ -33,7 +33,7 @@ def _write(path: str, pure: bool, monkeypatch) -> bytes:
     rec = RingRecorder(path, engine_id=9, rank=1, tp_size=2, vocab=32000, dtype="bfloat16", capacity=4)
     assert rec.native is not pure
     for call in CALLS:  # 6 calls into 4 slots: the ring wraps
-        rec.record(call)
+        rec.record(*call)
     assert rec.write_index == len(CALLS)
     with open(path, "rb") as f:
         data = f.read()
@@ -65,7 +65,7 @@ def test_closed_ring_refuses_records(tmp_path, monkeypatch):
     rec = RingRecorder(tmp_path / "r", engine_id=9, rank=0, tp_size=1, vocab=10, dtype="float32", capacity=2)
     rec.close()
     with pytest.raises(ValueError, match="closed"):
-        rec.record(CALLS[0])
+        rec.record(*CALLS[0])
 
 
 def test_the_python_fallback_runs_without_the_compiled_module(tmp_path, monkeypatch):
@@ -74,23 +74,23 @@ def test_the_python_fallback_runs_without_the_compiled_module(tmp_path, monkeypa
     rec = RingRecorder(os.fspath(tmp_path / "r"), engine_id=9, rank=0, tp_size=1, vocab=10, dtype="float32",
                        capacity=2)
     assert not rec.native
-    rec.record(CALLS[0])
+    rec.record(*CALLS[0])
     assert rec.write_index == 1
     rec.close()
 
 
 def test_marks_built_by_name_are_written_like_the_python_writer(tmp_path, monkeypatch):
-    """Marks built by name (call_marks) reach both writers as the same tuple; the compiled one refuses any
-    other shape of marks."""
+    """Marks built by name (call_marks) reach both writers as the same positional marks; the compiled one
+    refuses any other number of marks, and names."""
     files = []
     for pure in (True, False):
         monkeypatch.setenv(PURE_PYTHON_ENV, "1" if pure else "0")
         path = str(tmp_path / f"kw-{pure}")
         rec = RingRecorder(path, engine_id=9, rank=0, tp_size=2, vocab=32000, dtype="float32", capacity=4)
-        rec.record(call_marks(0, 2, 4, 1, 96, 1_000, 1_100, 2_000, 3_000, 3_500, 2_000, 2_900, 4_000,
-                              resolve_nbytes=512, topp_rows=4, fallback_rows=1))
-        rec.record(call_marks(1, 0, 1, 1, 128, t_start=5_000, coll_start=5_100, coll_end=5_500, second_start=0,
-                              second_end=0, sample_start=5_500, sample_end=5_900, t_end=6_000))
+        rec.record(*call_marks(0, 2, 4, 1, 96, 1_000, 1_100, 2_000, 3_000, 3_500, 2_000, 2_900, 4_000,
+                               resolve_nbytes=512, topp_rows=4, fallback_rows=1))
+        rec.record(*call_marks(1, 0, 1, 1, 128, t_start=5_000, coll_start=5_100, coll_end=5_500, second_start=0,
+                               second_end=0, sample_start=5_500, sample_end=5_900, t_end=6_000))
         with open(path, "rb") as f:
             files.append(f.read()[fmt.HEADER_SIZE:])  # the records (headers differ in creation times)
         if not pure:
@@ -98,10 +98,12 @@ def test_marks_built_by_name_are_written_like_the_python_writer(tmp_path, monkey
                 call_marks(*CALLS[0][:13], bogus=1)
             with pytest.raises(TypeError, match="missing required mark 't_end'"):
                 call_marks(*CALLS[0][:12])
-            with pytest.raises(TypeError, match="one tuple of the 17 call marks"):
-                rec.record(CALLS[0][:12])
-            with pytest.raises(TypeError, match="one tuple of the 17 call marks"):
-                rec.record(list(CALLS[0]))
+            with pytest.raises(TypeError, match="record\\(\\) takes the 17 call marks"):
+                rec.record(*CALLS[0][:12])
+            with pytest.raises(TypeError, match="record\\(\\) takes the 17 call marks"):
+                rec.record(CALLS[0])  # the marks go positional, not as one tuple
+            with pytest.raises(TypeError, match="record\\(\\) takes no keyword arguments"):
+                rec.record(*CALLS[0][:16], tag=1)
         rec.close(unlink=True)
     assert files[0] == files[1]
 

@@ -28,11 +28,11 @@ def write_call(rec, i, mode=Mode.ALL_GATHER, rows=3, base=1_000_000):
     """A call i with distinct, checkable marks; gather-mode calls broadcast."""
     t0 = base + 1000 * i
     if mode == Mode.ALL_GATHER:
-        rec.record(call_marks(i, mode, rows, i // 4, 100 + i, t0, t0 + 10, t0 + 110, 0, 0, t0 + 110, t0 + 140,
-                              t0 + 150))
+        rec.record(*call_marks(i, mode, rows, i // 4, 100 + i, t0, t0 + 10, t0 + 110, 0, 0, t0 + 110, t0 + 140,
+                               t0 + 150))
     else:
-        rec.record(call_marks(i, mode, rows, i // 4, 100 + i, t0, t0 + 10, t0 + 60, t0 + 80, t0 + 130, t0 + 60, t0 + 80,
-                              t0 + 150))
+        rec.record(*call_marks(i, mode, rows, i // 4, 100 + i, t0, t0 + 10, t0 + 60, t0 + 80, t0 + 130, t0 + 60,
+                               t0 + 80, t0 + 150))
 
 
 def test_round_trip_fields(tmp_path):
@@ -216,8 +216,8 @@ def _writer(path: str, n: int, ready) -> None:
     for i in range(n):
         rows = 1 + i % 16
         t0 = 10_000 + 1000 * i
-        rec.record(call_marks(i, i % 2, rows, i, rows * 4 * 32000, t0, t0 + i % 7, t0 + 100 + i % 13, 0, 0,
-                   t0 + 100 + i % 13, t0 + 200, t0 + 300))
+        rec.record(*call_marks(i, i % 2, rows, i, rows * 4 * 32000, t0, t0 + i % 7, t0 + 100 + i % 13, 0, 0,
+                    t0 + 100 + i % 13, t0 + 200, t0 + 300))
     rec.close()
 
 
@@ -268,10 +268,10 @@ def test_sharded_calls_have_their_own_ops_and_fallback_counts(tmp_path):
     reader = RingReader(rec.path)
     t0 = 1_000_000
     # one collective only (greedy rows), then two (shard_resolve) with 3 of 5 top-p rows falling back
-    rec.record(call_marks(0, Mode.SHARDED, 4, 0, 64, t0, t0 + 10, t0 + 30, 0, 0, t0, t0 + 40, t0 + 50))
+    rec.record(*call_marks(0, Mode.SHARDED, 4, 0, 64, t0, t0 + 10, t0 + 30, 0, 0, t0, t0 + 40, t0 + 50))
     # + (resolve_nbytes, topp_rows, fallback_rows), positional in MARKS order
-    rec.record(call_marks(1, Mode.SHARDED, 8, 0, 96, t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100,
-                          500, 5, 3))
+    rec.record(*call_marks(1, Mode.SHARDED, 8, 0, 96, t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100,
+                           500, 5, 3))
     (a, b), missed = reader.read_new()
     assert missed == 0
     assert (a.second_op, a.second_start_ns, a.second_ns, a.fallback_rows) == (None, 0, 0, 0)
@@ -294,9 +294,9 @@ def test_split_recording_of_a_sharded_call_matches_the_one_pass_record(tmp_path)
     t0 = 1_000_000
     marks = call_marks(1, Mode.SHARDED, 8, 0, 96, t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100,
                        resolve_nbytes=500, topp_rows=5, fallback_rows=3)
-    one.record(marks)
-    split.count(marks)
-    split.record_timed(marks)
+    one.record(*marks)
+    split.count(*marks)
+    split.record_timed(*marks)
     a, b = RingReader(one.path), RingReader(split.path)
     assert a.header().counters == b.header().counters
     assert (b.header().topp_rows, b.header().topp_fallback_rows) == (5, 3)
