@@ -14,7 +14,8 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Layout constants; tests/test_recorder_native.py checks them against shm_format/ring.py. */
+/* Layout constants; gatherwise.engine_hooks.recorder checks them against shm_format/ring.py at import (and uses
+ * the Python writer where they differ). */
 #define FORMAT_VERSION 2
 #define HEADER_SIZE 512
 #define RECORD_SIZE 88
@@ -23,7 +24,9 @@
 #define NUM_OPS 7
 #define ROW_WORDS (1 + 2 * NUM_OPS)
 #define NUM_MODE_ROWS 3
+#define MODE_ALL_GATHER 0 /* gatherwise.modes.Mode, checked at import like the layout */
 #define MODE_GATHER 1
+#define MODE_SHARDED 2
 #define OP_ALL_GATHER 0
 #define OP_GATHER 1
 #define OP_BROADCAST 2
@@ -41,6 +44,20 @@
 #define FALLBACK_MAX 0xFFFFFFll
 #define BROADCAST_BYTES_PER_ROW 8
 #define U32_MAX 0xFFFFFFFFll
+
+/* By mode code (ring.MODE_OPS): the op of its first collective, and the flag of a record that ran its second
+ * operation (a mode without one has always written FLAG_BROADCAST there). */
+static const int MODE_FIRST_OP[NUM_MODE_ROWS] = {OP_ALL_GATHER, OP_GATHER, OP_SHARD_EXCHANGE};
+static const uint32_t MODE_SECOND_FLAG[NUM_MODE_ROWS] = {FLAG_BROADCAST, FLAG_BROADCAST, FLAG_RESOLVE};
+
+/* The call marks in the order record() reads them: gatherwise.engine_hooks.call_marks.MARKS, checked at import. */
+enum {
+    CALL_INDEX, MODE, ROWS, EPOCH, NBYTES, T_START, COLL_START, COLL_END, SECOND_START, SECOND_END, SAMPLE_START,
+    SAMPLE_END, T_END, RESOLVE_NBYTES, TOPP_ROWS, FALLBACK_ROWS, TAG, NUM_MARKS
+};
+static const char *const MARK_NAMES[NUM_MARKS] = {
+    "call_index", "mode", "rows", "epoch", "nbytes", "t_start", "coll_start", "coll_end", "second_start",
+    "second_end", "sample_start", "sample_end", "t_end", "resolve_nbytes", "topp_rows", "fallback_rows", "tag"};
 
 typedef struct {
     PyObject_HEAD
@@ -92,53 +109,32 @@ static void Writer_dealloc(Writer *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* record(call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, bcast_start, bcast_end,
- *        sample_start, sample_end, t_end[, resolve_nbytes, topp_rows, fallback_rows]): exactly
- *        RingRecorder.record(). */
-static const char *const RECORD_ARGS[17] = {
-    "call_index", "mode", "rows", "epoch", "nbytes", "t_start", "coll_start", "coll_end", "bcast_start",
-    "bcast_end", "sample_start", "sample_end", "t_end", "resolve_nbytes", "topp_rows", "fallback_rows", "tag"};
-
+/* record(*marks): exactly RingRecorder.record(*marks): one call's NUM_MARKS marks, positional (no tuple is
+ * built for them on the hot path). */
 static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    long long a[17] = {0};
-    int given[17] = {0};
-    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    if (nargs > 17) {
-        PyErr_Format(PyExc_TypeError, "record() takes at most 17 arguments (%zd given)", nargs);
+    long long a[NUM_MARKS];
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
+        PyErr_SetString(PyExc_TypeError, "record() takes no keyword arguments: the marks are positional");
+        return NULL;
+    }
+    if (nargs != NUM_MARKS) {
+        PyErr_Format(PyExc_TypeError, "record() takes the %d call marks (%zd given)", NUM_MARKS, nargs);
         return NULL;
     }
     if (!self->has_view) {
         PyErr_SetString(PyExc_ValueError, "record() on a closed ring");
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < nargs + nkw; i++) { /* keywords follow the positionals in args (vectorcall) */
-        int slot = (int)i;
-        if (i >= nargs) {
-            PyObject *name = PyTuple_GET_ITEM(kwnames, i - nargs);
-            slot = -1;
-            for (int k = 0; k < 17; k++) {
-                if (PyUnicode_CompareWithASCIIString(name, RECORD_ARGS[k]) == 0) slot = k;
-            }
-            if (slot < 0 || given[slot]) {
-                PyErr_Format(PyExc_TypeError, "record() got an %s keyword argument '%U'",
-                             slot < 0 ? "unexpected" : "repeated", name);
-                return NULL;
-            }
-        }
-        given[slot] = 1;
-        a[slot] = PyLong_AsLongLong(args[i]);
-        if (a[slot] == -1 && PyErr_Occurred()) return NULL;
+    for (int k = 0; k < NUM_MARKS; k++) {
+        a[k] = PyLong_AsLongLong(args[k]);
+        if (a[k] == -1 && PyErr_Occurred()) return NULL;
     }
-    for (int k = 0; k < 13; k++) {
-        if (!given[k]) {
-            PyErr_Format(PyExc_TypeError, "record() missing required argument '%s'", RECORD_ARGS[k]);
-            return NULL;
-        }
-    }
-    long long call_index = a[0], mode = a[1], rows = a[2], epoch = a[3], nbytes = a[4], t_start = a[5];
-    long long coll_start = a[6], coll_end = a[7], bcast_start = a[8], bcast_end = a[9];
-    long long sample_start = a[10], sample_end = a[11], t_end = a[12];
-    long long resolve_nbytes = a[13], topp_rows = a[14], fallback_rows = a[15], tag = a[16];
+    long long call_index = a[CALL_INDEX], mode = a[MODE], rows = a[ROWS], epoch = a[EPOCH], nbytes = a[NBYTES];
+    long long t_start = a[T_START], coll_start = a[COLL_START], coll_end = a[COLL_END];
+    long long second_start = a[SECOND_START], second_end = a[SECOND_END];
+    long long sample_start = a[SAMPLE_START], sample_end = a[SAMPLE_END], t_end = a[T_END];
+    long long resolve_nbytes = a[RESOLVE_NBYTES], topp_rows = a[TOPP_ROWS], fallback_rows = a[FALLBACK_ROWS];
+    long long tag = a[TAG];
     if (mode < 0 || mode >= NUM_MODE_ROWS || rows < 0 || rows > (long long)U32_MAX || epoch < 0 ||
         epoch > (long long)U32_MAX || nbytes < 0 || call_index < 0 || resolve_nbytes < 0 || topp_rows < 0 ||
         fallback_rows < 0 || tag < 0) {
@@ -149,16 +145,16 @@ static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t n
     uint64_t *words = (uint64_t *)base;
     uint64_t seq = words[WRITE_INDEX_OFFSET / 8] + 1;
     long long coll_ns = coll_end - coll_start, sample_ns = sample_end - sample_start, path_ns = t_end - t_start;
-    long long bcast_off = 0, bcast_ns = 0;
+    long long second_off = 0, second_ns = 0;
     uint32_t flags = 0;
-    if (bcast_start) {
-        flags = mode > MODE_GATHER ? FLAG_RESOLVE : FLAG_BROADCAST;
-        bcast_off = bcast_start - t_start;
-        bcast_ns = bcast_end - bcast_start;
+    if (second_start) {
+        flags = MODE_SECOND_FLAG[mode];
+        second_off = second_start - t_start;
+        second_ns = second_end - second_start;
     }
     flags |= ((uint32_t)tag & TAG_MASK) << TAG_SHIFT;
     if (fallback_rows) flags |= (uint32_t)(fallback_rows < FALLBACK_MAX ? fallback_rows : FALLBACK_MAX) << FALLBACK_SHIFT;
-    char *r = base + HEADER_SIZE + ((seq - 1) % self->capacity) * RECORD_SIZE;
+    char *r = base + HEADER_SIZE + ((seq - 1) % self->capacity) * RECORD_SIZE; /* ring.slot_offset */
     store64(r + 0, seq);
     store64(r + 8, (uint64_t)t_start);
     store64(r + 16, (uint64_t)call_index);
@@ -171,8 +167,8 @@ static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t n
     r[47] = (char)self->dtype;
     store32(r + 48, sat32(coll_start - t_start));
     store32(r + 52, sat32(coll_ns));
-    store32(r + 56, sat32(bcast_off));
-    store32(r + 60, sat32(bcast_ns));
+    store32(r + 56, sat32(second_off));
+    store32(r + 60, sat32(second_ns));
     store32(r + 64, sat32(sample_start - t_start));
     store32(r + 68, sat32(sample_ns));
     store32(r + 72, sat32(path_ns));
@@ -182,17 +178,17 @@ static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t n
 
     uint64_t *row = words + COUNTERS_OFFSET / 8 + ROW_WORDS * mode;
     uint64_t total = (uint64_t)nbytes;
-    int op = mode == 0 ? OP_ALL_GATHER : mode == MODE_GATHER ? OP_GATHER : OP_SHARD_EXCHANGE;
+    int op = MODE_FIRST_OP[mode];
     add_word(row, 1);
     add_word(row + 1 + 2 * op, pos(coll_ns));
     add_word(row + 2 + 2 * op, (uint64_t)nbytes);
     if (flags & FLAG_BROADCAST) {
-        uint64_t bcast_bytes = ((uint64_t)rows + 1) * BROADCAST_BYTES_PER_ROW;
-        add_word(row + 1 + 2 * OP_BROADCAST, pos(bcast_ns));
+        uint64_t bcast_bytes = ((uint64_t)rows + 1) * BROADCAST_BYTES_PER_ROW; /* ring.broadcast_bytes */
+        add_word(row + 1 + 2 * OP_BROADCAST, pos(second_ns));
         add_word(row + 2 + 2 * OP_BROADCAST, bcast_bytes);
         total += bcast_bytes;
     } else if (flags & FLAG_RESOLVE) {
-        add_word(row + 1 + 2 * OP_SHARD_RESOLVE, pos(bcast_ns));
+        add_word(row + 1 + 2 * OP_SHARD_RESOLVE, pos(second_ns));
         add_word(row + 2 + 2 * OP_SHARD_RESOLVE, (uint64_t)resolve_nbytes);
         total += (uint64_t)resolve_nbytes;
     }
@@ -210,7 +206,7 @@ static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t n
 
 static PyMethodDef Writer_methods[] = {
     {"record", (PyCFunction)(void (*)(void))Writer_record, METH_FASTCALL | METH_KEYWORDS,
-     "Write one call's record and counters (the arguments of RingRecorder.record())."},
+     "record(*marks): write one call's record and counters (as RingRecorder.record(*marks))."},
     {"release", (PyCFunction)Writer_release, METH_NOARGS, "Release the buffer (before closing the mmap)."},
     {NULL, NULL, 0, NULL},
 };
@@ -226,6 +222,16 @@ static PyTypeObject WriterType = {
     .tp_dealloc = (destructor)Writer_dealloc,
     .tp_methods = Writer_methods,
 };
+
+/* Adds `value` (a new reference, NULL on error) as m.name; steals the reference. */
+static int add_tuple(PyObject *m, const char *name, PyObject *value) {
+    if (value == NULL) return -1;
+    if (PyModule_AddObject(m, name, value) < 0) {
+        Py_DECREF(value);
+        return -1;
+    }
+    return 0;
+}
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ring_writer", NULL, -1, NULL};
 
@@ -248,5 +254,19 @@ PyMODINIT_FUNC PyInit__ring_writer(void) {
     PyModule_AddIntConstant(m, "NUM_MODE_ROWS", NUM_MODE_ROWS);
     PyModule_AddIntConstant(m, "TOPP_ROWS_OFFSET", TOPP_ROWS_OFFSET);
     PyModule_AddIntConstant(m, "TAG_SHIFT", TAG_SHIFT);
+    if (add_tuple(m, "MARKS", Py_BuildValue("(sssssssssssssssss)", MARK_NAMES[0], MARK_NAMES[1], MARK_NAMES[2],
+                                            MARK_NAMES[3], MARK_NAMES[4], MARK_NAMES[5], MARK_NAMES[6],
+                                            MARK_NAMES[7], MARK_NAMES[8], MARK_NAMES[9], MARK_NAMES[10],
+                                            MARK_NAMES[11], MARK_NAMES[12], MARK_NAMES[13], MARK_NAMES[14],
+                                            MARK_NAMES[15], MARK_NAMES[16])) < 0 ||
+        add_tuple(m, "MODES", Py_BuildValue("((si)(si)(si))", "ALL_GATHER", MODE_ALL_GATHER, "GATHER", MODE_GATHER,
+                                            "SHARDED", MODE_SHARDED)) < 0 ||
+        add_tuple(m, "MODE_FIRST_OPS", Py_BuildValue("(iii)", MODE_FIRST_OP[0], MODE_FIRST_OP[1],
+                                                     MODE_FIRST_OP[2])) < 0 ||
+        add_tuple(m, "MODE_SECOND_FLAGS", Py_BuildValue("(III)", MODE_SECOND_FLAG[0], MODE_SECOND_FLAG[1],
+                                                        MODE_SECOND_FLAG[2])) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

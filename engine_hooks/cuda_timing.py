@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gatherwise.engine_hooks.call_marks import CLOCK_MARKS, T_END, CallMarks, with_clock_marks
+
 from gatherwise.shm_format.ring import DROP_TIMING_AT_CLOSE, DROP_TIMING_BACKLOG
 
 
@@ -42,12 +44,9 @@ class Event(Protocol):
 class SplitRecorder(Protocol):
     """The part of RingRecorder the resolver uses: count at call time, time later, count what never will be."""
 
-    def count(self, mode: int, rows: int, nbytes: int, broadcast: bool, resolve_nbytes: int = 0,
-              topp_rows: int = 0, fallback_rows: int = 0) -> None: ...
+    def count(self, *marks: int) -> None: ...  # clock marks still tokens: only which are 0 counts
 
-    def record_timed(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
-                     coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-                     sample_start: int, sample_end: int, t_end: int, fallback_rows: int = 0, tag: int = 0) -> None: ...
+    def record_timed(self, *marks: int) -> None: ...  # clock marks in ns
 
     def drop(self, reason: int, calls: int = 1) -> None: ...
 
@@ -128,7 +127,7 @@ class EventResolver:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.clock, self.recorder, self.max_pending = clock, recorder, max_pending
-        self._pending: deque[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = deque()
+        self._pending: deque[CallMarks] = deque()  # clock marks still event tokens
         self.resolved = 0
         self.dropped = 0  # calls whose timings were given up: max_pending calls were still waiting for events
         self.dropped_at_close = 0  # calls whose events had not completed when the resolver closed
@@ -137,20 +136,12 @@ class EventResolver:
     def pending(self) -> int:
         return len(self._pending)
 
-    def record(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
-               coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
-               fallback_rows: int = 0, tag: int = 0) -> None:
-        # counted now, whatever the device does; the sharded counts travel only when a call has them
-        counts = (resolve_nbytes, topp_rows, fallback_rows) if resolve_nbytes or topp_rows else ()
-        self.recorder.count(mode, rows, nbytes, bool(bcast_start), *counts)
-        self._pending.append(((call_index, mode, rows, epoch, nbytes),
-                              (t_start, coll_start, coll_end, bcast_start, bcast_end, sample_start, sample_end,
-                               t_end), (fallback_rows, tag) if fallback_rows or tag else ()))
+    def record(self, *marks: int) -> None:
+        self.recorder.count(*marks)  # counted now, whatever the device does
+        self._pending.append(marks)
         self.poll()
         while len(self._pending) > self.max_pending:  # the GPU is far behind: never wait, drop the oldest
-            _, marks, _ = self._pending.popleft()
-            self.clock.release_through(marks[-1])
+            self.clock.release_through(self._pending.popleft()[T_END])
             self.dropped += 1
             self.recorder.drop(DROP_TIMING_BACKLOG)
 
@@ -158,26 +149,27 @@ class EventResolver:
         """Forward every leading pending call whose last event has completed; returns how many. Never blocks."""
         done = 0
         while self._pending:
-            info, marks, fallback = self._pending[0]
-            end_event, _ = self.clock.entry(marks[-1])
+            marks = self._pending[0]
+            end_event, _ = self.clock.entry(marks[T_END])
             if not end_event.query():
                 break
             self._pending.popleft()
-            self.recorder.record_timed(*info, *self._to_ns(marks), *fallback)
-            self.clock.release_through(marks[-1])
+            self.recorder.record_timed(*with_clock_marks(marks, self._to_ns(marks[CLOCK_MARKS])))
+            self.clock.release_through(marks[T_END])
             done += 1
         self.resolved += done
         return done
 
-    def _to_ns(self, marks: tuple[int, ...]) -> list[int]:
-        start_event, start_ns = self.clock.entry(marks[0])
+    def _to_ns(self, tokens: tuple[int, ...]) -> list[int]:
+        """Clock marks (event tokens, the first one the call's start) as host-clock ns; 0 stays 0."""
+        start_event, start_ns = self.clock.entry(tokens[0])
         entry = self.clock.entry
-        return [start_ns + round(start_event.elapsed_time(entry(m)[0]) * 1e6) if m else 0 for m in marks]
+        return [start_ns + round(start_event.elapsed_time(entry(m)[0]) * 1e6) if m else 0 for m in tokens]
 
     def flush(self, wait_for: Callable[[Event], None] | None = None) -> int:
         """Resolve what has completed; with wait_for (e.g. Event.synchronize, for shutdown only) wait for all."""
         if wait_for is not None and self._pending:
-            wait_for(self.clock.entry(self._pending[-1][1][-1])[0])
+            wait_for(self.clock.entry(self._pending[-1][T_END])[0])
         return self.poll()
 
     def close(self) -> None:
@@ -186,7 +178,7 @@ class EventResolver:
         if self._pending:
             self.dropped_at_close += len(self._pending)
             self.recorder.drop(DROP_TIMING_AT_CLOSE, len(self._pending))
-            self.clock.release_through(self._pending[-1][1][-1])
+            self.clock.release_through(self._pending[-1][T_END])
             self._pending.clear()
         close = getattr(self.recorder, "close", None)
         if close is not None:

@@ -19,6 +19,7 @@ import torch
 from gatherwise.engine_hooks.comm import Communicator
 from gatherwise.engine_hooks.delay_injection import DelayedCommunicator
 from gatherwise.engine_hooks.handshake import handshake
+from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
 from gatherwise.engine_hooks.logits_path import LogitsPath
 from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 
@@ -123,8 +124,9 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
         closables[closables.index(ring)] = recorder  # closing the resolver flushes, then closes the ring
     if cfg.control.inject_delay:
         comm = DelayedCommunicator(comm, cfg.control.inject_delay)
-    path = LogitsPath(comm, vocab, dtype=dtype, device=device, initial_table=table, table_source=source,
-                      recorder=recorder, clock=clock, keep_log=keep_log)
+    path_class = LoggedLogitsPath if keep_log else LogitsPath
+    path = path_class(comm, vocab, dtype=dtype, device=device, initial_table=table, table_source=source,
+                      recorder=recorder, clock=clock)
     return InstalledHooks(path, engine_id, engine_dir, cfg, closables, liveness)
 
 

@@ -35,12 +35,23 @@ _ALIGN = 4  # shard widths are padded to a multiple of 4 so the control word slo
 
 
 class CallRecorder(Protocol):
-    """Receives the timing marks of one call (see gatherwise.engine_hooks.recorder). Must not block."""
+    """Receives the marks of every call (gatherwise.engine_hooks.call_marks; e.g. engine_hooks.recorder's
+    RingRecorder). Must not block."""
 
-    def record(self, call_index: int, mode: Mode, rows: int, epoch: int, nbytes: int, t_start: int,
-               coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
-               fallback_rows: int = 0, tag: int = 0) -> None: ...
+    def record(self, *marks: int) -> None: ...  # one call's marks, in call_marks.MARKS order
+
+
+class _OpenCall:
+    """The call between exchange() and complete(): what complete() needs to finish it. One per path, refilled
+    by every call, so the hot path allocates nothing for it."""
+
+    __slots__ = ("coll_end", "coll_start", "kind", "mode", "rows", "t_start", "word_in")
+
+    def fill(self, mode: Mode, rows: int, t_start: int, coll_start: int, coll_end: int,
+             word_in: torch.Tensor | None, kind: int) -> _OpenCall:
+        self.mode, self.rows, self.kind, self.word_in = mode, rows, kind, word_in
+        self.t_start, self.coll_start, self.coll_end = t_start, coll_start, coll_end
+        return self
 
 
 def _no_clock() -> int:
@@ -57,7 +68,7 @@ class LogitsPath:
     def __init__(self, comm: Communicator, vocab: int, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", initial_table: ModeTable,
                  table_source: TableSource | None = None, recorder: CallRecorder | None = None,
-                 clock: Callable[[], int] = time.perf_counter_ns, keep_log: bool = False) -> None:
+                 clock: Callable[[], int] = time.perf_counter_ns) -> None:
         if vocab < 1:
             raise ValueError(f"vocab must be >= 1, got {vocab}")
         if dtype not in TORCH_LOGITS_DTYPES.values():
@@ -88,9 +99,9 @@ class LogitsPath:
         self._captured_open: set[tuple[Mode, int]] = set()  # variants that captured exchange() only
         self._capacity = 0
         self._rows = 0
-        self._call: tuple | None = None  # (mode, rows, t_start, coll_start, coll_end, word_in, kind) in flight
-        self.mode_log: list[Mode] | None = [] if keep_log else None
-        self.collective_log: list[int] | None = [] if keep_log else None
+        self._call: _OpenCall | None = None  # the call in flight between exchange() and complete()
+        self._open_call = _OpenCall()
+        self._table_mode = Mode.ALL_GATHER  # the mode the table names for the call begin_call() last ran for
         self._sharded = ShardedSampler(comm, self.width, dtype=dtype, device=self.device, clock=clock)
         self._begun = -1  # the call index begin_call() last ran for
 
@@ -133,7 +144,7 @@ class LogitsPath:
             return self._run_sharded(rows, t_start, kind)
         mode, shards = self.exchange(t_start=t_start, kind=kind)
         if mode == Mode.ALL_GATHER or self.rank == 0:
-            sample_start = self._call[4]  # sampling starts as the collective ends: one clock read for both
+            sample_start = self._call.coll_end  # sampling starts as the collective ends: one clock read for both
             tokens = sample(shards, self.vocab, rows)
             return self.complete(tokens, sample_start=sample_start, sample_end=self.clock())
         return self.complete(None)
@@ -180,7 +191,7 @@ class LogitsPath:
             word_in = recv[0, n:].view(torch.int64)
         else:
             self.comm.gather(recv if self.rank == 0 else None, send)
-        self._call = (mode, batch, t_start, coll_start, clock(), word_in, kind)
+        self._call = self._open_call.fill(mode, batch, t_start, coll_start, clock(), word_in, kind)
         if self._capture is not None:
             self._captured_word_in[(mode, batch)] = word_in  # None in gather mode: complete() brings it
         return mode, recv[:, :n].view(self.world_size, batch, self.width)
@@ -191,7 +202,8 @@ class LogitsPath:
         CUDA graph calls it (through gatherwise.engine_hooks.graphs) to choose the variant before replay. Runs once per
         call: a second call for the same call index only returns the mode."""
         if self._begun == self.call_index:
-            return self.table.mode_for_rows(rows)
+            self._table_mode = self.table.mode_for_rows(rows)
+            return self._table_mode
         self._begun = self.call_index
         word = self._deferred.take(self.call_index)
         if word is not None and word != self._word:  # decode only when the word changed
@@ -205,7 +217,8 @@ class LogitsPath:
             # after poll() put this call in the heartbeat: a status saying "applied" never precedes it
             while self._due and self._due[0].apply_call <= self.call_index:  # every rank runs it from this call
                 self.table_source.report(self._due.popleft())
-        return self.table.mode_for_rows(rows)
+        self._table_mode = self.table.mode_for_rows(rows)
+        return self._table_mode
 
     def complete(self, tokens: torch.Tensor | None, *, sample_start: int | None = None,
                  sample_end: int | None = None) -> torch.Tensor | None:
@@ -217,49 +230,50 @@ class LogitsPath:
         if self._call is None:
             raise RuntimeError("complete() without exchange()")
         clock = self.clock
-        mode, batch, t_start, coll_start, coll_end, word_in, kind = self._call
+        call = self._call
         self._call = None
+        mode, batch, word_in = call.mode, call.rows, call.word_in
         if sample_start is None or sample_end is None:
-            sample_start = sample_end = coll_end  # this rank did not sample
-        bcast_start = bcast_end = 0
+            sample_start = sample_end = call.coll_end  # this rank did not sample
+        second_start = second_end = 0
         if mode != Mode.ALL_GATHER:
             tokens_buf = self._tokens[: batch + 1]
             if self.rank == 0:
                 tokens_buf[:batch] = tokens
                 tokens_buf[batch:].copy_(self._word_dev)
-            bcast_start = clock()
+            second_start = clock()
             self.comm.broadcast(tokens_buf)
-            bcast_end = clock()
+            second_end = clock()
             tokens = tokens_buf[:batch].clone()
             word_in = tokens_buf[batch:]
         if self._capture is not None:  # graph capture: device work only; the replay does the host part
             self._captured_word_in[(mode, batch)] = word_in
             self._rows = 0
             return tokens
-        self._end_call(mode, batch, word_in, t_start, coll_start, coll_end, bcast_start, bcast_end, sample_start,
-                       sample_end, kind)
+        self._end_call(mode, batch, word_in, call.t_start, call.coll_start, call.coll_end, second_start, second_end,
+                       sample_start, sample_end, call.kind)
         return tokens
 
     def _end_call(self, mode: Mode, batch: int, word_in: torch.Tensor, t_start: int, coll_start: int,
-                  coll_end: int, bcast_start: int, bcast_end: int, sample_start: int, sample_end: int,
+                  coll_end: int, second_start: int, second_end: int, sample_start: int, sample_end: int,
                   kind: int, sharded: ShardedCall | None = None) -> None:
-        """Host part of the end of a call: stash the received word for later adoption, record, count."""
+        """Host part of the end of a call: stash the received word for later adoption, record, count. Every
+        call that runs ends here (engine_hooks.logged_path logs calls by extending it). second_*: the call's
+        second operation (the token broadcast, or a sharded call's shard_resolve)."""
         self._deferred.stash(self.call_index, word_in)
-        tag = call_tag(kind, self.table.mode_for_rows(batch)) if kind else 0
         t_end = self.clock()
-        if self.recorder is not None and sharded is not None:
-            self.recorder.record(self.call_index, mode, batch, self.epoch, sharded.exchange_bytes, t_start,
-                                 coll_start, coll_end, bcast_start, bcast_end, sample_start, sample_end, t_end,
-                                 sharded.resolve_bytes, sharded.topp_rows, sharded.fallback_rows, tag)
-        elif self.recorder is not None:
-            chunk = batch * self.width + self._word_elems
-            nbytes = (self.world_size if mode == Mode.ALL_GATHER or self.rank == 0 else 1) * chunk * self._elem_size
+        if self.recorder is not None:
+            tag = call_tag(kind, self._table_mode) if kind else 0
+            if sharded is not None:
+                nbytes, resolve_nbytes = sharded.exchange_bytes, sharded.resolve_bytes
+                topp_rows, fallback_rows = sharded.topp_rows, sharded.fallback_rows
+            else:
+                senders = self.world_size if mode == Mode.ALL_GATHER or self.rank == 0 else 1
+                nbytes = senders * (batch * self.width + self._word_elems) * self._elem_size
+                resolve_nbytes = topp_rows = fallback_rows = 0
             self.recorder.record(self.call_index, mode, batch, self.epoch, nbytes, t_start, coll_start, coll_end,
-                                 bcast_start, bcast_end, sample_start, sample_end, t_end, tag=tag)
-        if self.mode_log is not None:
-            self.mode_log.append(mode)
-            self.collective_log.append(sharded.collectives if sharded is not None else
-                                       1 if mode == Mode.ALL_GATHER else 2)
+                                 second_start, second_end, sample_start, sample_end, t_end, resolve_nbytes,
+                                 topp_rows, fallback_rows, tag)  # call_marks.MARKS order
         self.call_index += 1
         self._rows = 0
 
@@ -289,7 +303,7 @@ class LogitsPath:
         finally:
             self._capture, self.clock = None, clock
             if self._call is not None:  # only exchange() was captured: complete() runs after each replay
-                self._captured_open.add((mode, self._call[1]))
+                self._captured_open.add((mode, self._call.rows))
                 self._call = None
 
     def finish_replay(self, mode: Mode, rows: int, t_start: int, t_end: int, kind: int = 0) -> None:
@@ -302,10 +316,10 @@ class LogitsPath:
         word_in = self._captured_word_in[(mode, rows)]
         if (mode, rows) in self._captured_open:
             self._rows = rows
-            self._call = (mode, rows, t_start, t_start, t_end, word_in, kind)
+            self._call = self._open_call.fill(mode, rows, t_start, t_start, t_end, word_in, kind)
             return
-        bcast = t_end if mode != Mode.ALL_GATHER else 0
-        self._end_call(mode, rows, word_in, t_start, t_start, t_end, bcast, bcast, t_end, t_end, kind)
+        second = t_end if mode != Mode.ALL_GATHER else 0
+        self._end_call(mode, rows, word_in, t_start, t_start, t_end, second, second, t_end, t_end, kind)
 
     def _word_to_send(self) -> int:
         """Rank 0: the control word for this call — the last one sent, or a newly requested one."""

@@ -15,7 +15,10 @@ import struct
 import sys
 import time
 
+from gatherwise.engine_hooks.call_marks import MARKS
+
 from gatherwise.logits_dtypes import dtype_code
+from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
 from gatherwise.shm_format.private_files import create_private_file, temporary_name
 
@@ -28,10 +31,21 @@ _NATIVE_LAYOUT = ("FORMAT_VERSION", "HEADER_SIZE", "RECORD_SIZE", "WRITE_INDEX_O
                   "NUM_MODE_ROWS", "TOPP_ROWS_OFFSET", "TAG_SHIFT")
 
 
+def _native_modes() -> dict[str, object]:
+    """What the compiled writer must agree on about the modes: their codes, each one's first op and the flag
+    of its second operation (ring.MODE_OPS)."""
+    return {"MODES": tuple((m.name, int(m)) for m in Mode),
+            "MODE_FIRST_OPS": tuple(fmt.OPS.index(fmt.MODE_OPS[m][0]) for m in Mode),
+            "MODE_SECOND_FLAGS": tuple(fmt.second_op_flag(m) for m in Mode)}
+
+
 def _native_matches_format(native: object) -> bool:
-    """The compiled writer hard-codes the ring layout; it may only write rings of the layout it was built for."""
-    return all(getattr(native, k, None) == getattr(fmt, k) for k in _NATIVE_LAYOUT) and \
-        getattr(native, "NUM_OPS", None) == len(fmt.OPS)
+    """The compiled writer hard-codes the ring layout, the modes and the order of the call marks; it may only
+    write rings of the layout it was built for, from marks in the order it reads them."""
+    return (all(getattr(native, k, None) == getattr(fmt, k) for k in _NATIVE_LAYOUT)
+            and getattr(native, "NUM_OPS", None) == len(fmt.OPS)
+            and all(getattr(native, k, None) == v for k, v in _native_modes().items())
+            and getattr(native, "MARKS", None) == MARKS)
 
 
 if _ring_writer is not None and not _native_matches_format(_ring_writer):
@@ -43,25 +57,22 @@ if _ring_writer is not None and not _native_matches_format(_ring_writer):
 
 PURE_PYTHON_ENV = "GATHERWISE_PURE_PYTHON_RECORDER"  # "1": never use the compiled record()
 
-_GATHER = 1  # Mode.GATHER; modes above it (sharded) have their own pair of ops
 _ROW_WORDS = 1 + 2 * len(fmt.OPS)  # a counter row: calls, then (ns, bytes) per op
 _ROW0 = fmt.COUNTERS_OFFSET // fmt.WORD_BYTES  # header word index of the first counter row
 _WRITE_INDEX_WORD = fmt.WRITE_INDEX_OFFSET // fmt.WORD_BYTES
 _DROP0 = fmt.DROPS_OFFSET // fmt.WORD_BYTES
-_RECORD_SIZE = fmt.RECORD_SIZE
-_BCAST_BYTES_PER_ROW = fmt.BROADCAST_BYTES_PER_ROW
 # word offsets inside a row: ns of an op at 1 + 2 * op, its bytes right after
-_AG, _GA, _BC, _SA, _PA, _SX, _SR = (1 + 2 * op for op in (fmt.OP_ALL_GATHER, fmt.OP_GATHER, fmt.OP_BROADCAST,
-                                                           fmt.OP_SAMPLE, fmt.OP_PATH, fmt.OP_SHARD_EXCHANGE,
-                                                           fmt.OP_SHARD_RESOLVE))
-_FIRST_OP = (_AG, _GA, _SX)  # by mode code
+_BC, _SA, _PA, _SR = (1 + 2 * op for op in (fmt.OP_BROADCAST, fmt.OP_SAMPLE, fmt.OP_PATH, fmt.OP_SHARD_RESOLVE))
+_FIRST_OP = tuple(1 + 2 * fmt.OPS.index(fmt.MODE_OPS[m][0]) for m in Mode)  # by mode code
+_SECOND_FLAG = tuple(fmt.second_op_flag(m) for m in Mode)  # by mode code
 _TOPP_ROWS_WORD = fmt.TOPP_ROWS_OFFSET // fmt.WORD_BYTES
 _TOPP_FALLBACK_WORD = fmt.TOPP_FALLBACK_ROWS_OFFSET // fmt.WORD_BYTES
 
 
-def _flags(mode: int, second_op: int, fallback_rows: int, tag: int) -> int:
-    """Record flags: which second operation the broadcast fields time, the call's tag, the top-p fallback rows."""
-    flags = (fmt.FLAG_RESOLVE if mode > _GATHER else fmt.FLAG_BROADCAST) if second_op else 0
+def _flags(mode: int, second_start: int, fallback_rows: int, tag: int) -> int:
+    """Record flags: which second operation the second-operation fields time, the call's tag, the top-p
+    fallback rows."""
+    flags = _SECOND_FLAG[mode] if second_start else 0
     flags |= (tag & fmt.TAG_MASK) << fmt.TAG_SHIFT
     if fallback_rows:
         flags |= min(fallback_rows, fmt.FALLBACK_MAX) << fmt.FALLBACK_SHIFT
@@ -107,7 +118,6 @@ class RingRecorder:
                                    0, os.getpid(), fmt.STATE_OPEN, time.perf_counter_ns())
         os.replace(tmp, self.path)
         self._pack_record = fmt.RECORD.pack_into
-        self._slot0 = fmt.HEADER_SIZE
         self._words = memoryview(self._mm)[: fmt.HEADER_SIZE].cast("Q")  # header as native u64 words
         self._native = None
         if _ring_writer is not None and os.environ.get(PURE_PYTHON_ENV, "") in ("", "0"):
@@ -123,34 +133,32 @@ class RingRecorder:
     def write_index(self) -> int:
         return self._words[_WRITE_INDEX_WORD]
 
-    def record(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
-               coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
-               fallback_rows: int = 0, tag: int = 0) -> None:
+    def record(self, *marks: int) -> None:
         """One call with its timings: the record, then all of its counters (the CPU path; one pass).
 
-        In gather mode the bcast marks time the token broadcast; in sharded mode they time the second
-        collective (shard_resolve, `resolve_nbytes` bytes), 0 when the call ran only one. `topp_rows` and
-        `fallback_rows` count a sharded call's top-p rows and those that took the full-row fallback; `tag` says
-        what the call sampled and the mode its table named (gatherwise.call_kind.call_tag)."""
+        In gather mode the second_* marks time the token broadcast; in sharded mode the second collective
+        (shard_resolve, `resolve_nbytes` bytes), 0 when the call ran only one. `topp_rows` and `fallback_rows`
+        count a sharded call's top-p rows and those that took the full-row fallback; `tag` says what the call
+        sampled and the mode its table named (gatherwise.call_kind.call_tag)."""
+        (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, second_start, second_end,
+         sample_start, sample_end, t_end, resolve_nbytes, topp_rows, fallback_rows, tag) = marks  # MARKS order
         seq = self._words[_WRITE_INDEX_WORD] + 1  # the header is the one source (shared with the C writer)
         coll_ns = coll_end - coll_start
         sample_ns = sample_end - sample_start
         path_ns = t_end - t_start
-        flags = _flags(mode, bcast_start, fallback_rows, tag)
-        if bcast_start:
-            bcast_off, bcast_ns = bcast_start - t_start, bcast_end - bcast_start
+        flags = _flags(mode, second_start, fallback_rows, tag)
+        if second_start:
+            second_off, second_ns = second_start - t_start, second_end - second_start
         else:
-            bcast_off = bcast_ns = 0
-        mm = self._mm
+            second_off = second_ns = 0
         try:
-            self._pack_record(mm, self._slot0 + ((seq - 1) % self.capacity) * _RECORD_SIZE, seq, t_start, call_index,
-                              nbytes, epoch, rows, self.vocab, self.rank, mode, self.dtype_code, coll_start - t_start,
-                              coll_ns, bcast_off, bcast_ns, sample_start - t_start, sample_ns, path_ns, flags, seq)
+            self._pack_record(self._mm, fmt.slot_offset(seq, self.capacity), seq, t_start, call_index, nbytes, epoch,
+                              rows, self.vocab, self.rank, mode, self.dtype_code, coll_start - t_start, coll_ns,
+                              second_off, second_ns, sample_start - t_start, sample_ns, path_ns, flags, seq)
         except struct.error:  # a duration beyond ~4.29 s or a clock running backwards: saturate, never raise
             self._pack_saturated(seq, call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_ns, flags,
-                                 bcast_off, bcast_ns, sample_start, sample_ns, path_ns)
-            coll_ns, bcast_ns, sample_ns, path_ns = (max(0, v) for v in (coll_ns, bcast_ns, sample_ns, path_ns))
+                                 second_off, second_ns, sample_start, sample_ns, path_ns)
+            coll_ns, second_ns, sample_ns, path_ns = (max(0, v) for v in (coll_ns, second_ns, sample_ns, path_ns))
         # Counters: aligned u64 stores straight into the header (one store each, never torn; never pack_into,
         # which zero-fills its span before writing it).
         c = self._words
@@ -160,12 +168,12 @@ class RingRecorder:
         c[k] += coll_ns
         c[k + 1] += nbytes
         if flags & fmt.FLAG_BROADCAST:
-            bcast_bytes = (rows + 1) * _BCAST_BYTES_PER_ROW
-            c[base + _BC] += bcast_ns
+            bcast_bytes = fmt.broadcast_bytes(rows)
+            c[base + _BC] += second_ns
             c[base + _BC + 1] += bcast_bytes
             nbytes += bcast_bytes
         elif flags & fmt.FLAG_RESOLVE:
-            c[base + _SR] += bcast_ns
+            c[base + _SR] += second_ns
             c[base + _SR + 1] += resolve_nbytes
             nbytes += resolve_nbytes
         if topp_rows:
@@ -176,20 +184,22 @@ class RingRecorder:
         c[base + _PA + 1] += nbytes
         c[_WRITE_INDEX_WORD] = seq  # publish last: readers trust every seq <= write_index
 
-    # -- split recording: count at call time, time later (gatherwise.engine_hooks.cuda_timing) -------------------------
-    def count(self, mode: int, rows: int, nbytes: int, broadcast: bool, resolve_nbytes: int = 0,
-              topp_rows: int = 0, fallback_rows: int = 0) -> None:
-        """A call's calls and bytes counters, at the time of the call (before its timings are known).
-        `broadcast`: the call ran its second operation (token broadcast, or shard_resolve in sharded mode)."""
+    # -- split recording: count at call time, time later (gatherwise.engine_hooks.cuda_timing) -------------------
+    def count(self, *marks: int) -> None:
+        """A call's calls and bytes counters, at the time of the call (before its timings are known: only
+        whether its clock marks are 0 counts here)."""
+        (_call_index, mode, rows, _epoch, nbytes, _t_start, _coll_start, _coll_end, second_start, _second_end,
+         _sample_start, _sample_end, _t_end, resolve_nbytes, topp_rows, fallback_rows, _tag) = marks  # MARKS order
         c = self._words
         base = _ROW0 + _ROW_WORDS * mode
         c[base] += 1
         c[base + _FIRST_OP[mode] + 1] += nbytes
-        if broadcast and mode > _GATHER:
+        second_flag = _SECOND_FLAG[mode] if second_start else 0
+        if second_flag & fmt.FLAG_RESOLVE:
             c[base + _SR + 1] += resolve_nbytes
             nbytes += resolve_nbytes
-        elif broadcast:
-            bcast_bytes = (rows + 1) * _BCAST_BYTES_PER_ROW
+        elif second_flag:
+            bcast_bytes = fmt.broadcast_bytes(rows)
             c[base + _BC + 1] += bcast_bytes
             nbytes += bcast_bytes
         if topp_rows:
@@ -197,28 +207,28 @@ class RingRecorder:
             c[_TOPP_FALLBACK_WORD] += fallback_rows
         c[base + _PA + 1] += nbytes
 
-    def record_timed(self, call_index: int, mode: int, rows: int, epoch: int, nbytes: int, t_start: int,
-                     coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-                     sample_start: int, sample_end: int, t_end: int, fallback_rows: int = 0, tag: int = 0) -> None:
-        """The record and the time counters of a call already count()ed."""
+    def record_timed(self, *marks: int) -> None:
+        """The record and the time counters of a call already count()ed (its clock marks now in ns)."""
+        (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, second_start, second_end,
+         sample_start, sample_end, t_end, _resolve_nbytes, _topp_rows, fallback_rows, tag) = marks  # MARKS order
         seq = self._words[_WRITE_INDEX_WORD] + 1  # the header is the one source (shared with the C writer)
         coll_ns = max(0, coll_end - coll_start)
         sample_ns = max(0, sample_end - sample_start)
         path_ns = max(0, t_end - t_start)
-        flags = _flags(mode, bcast_start, fallback_rows, tag)
-        if bcast_start:
-            bcast_off, bcast_ns = bcast_start - t_start, max(0, bcast_end - bcast_start)
+        flags = _flags(mode, second_start, fallback_rows, tag)
+        if second_start:
+            second_off, second_ns = second_start - t_start, max(0, second_end - second_start)
         else:
-            bcast_off = bcast_ns = 0
+            second_off = second_ns = 0
         self._pack_saturated(seq, call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_ns, flags,
-                             bcast_off, bcast_ns, sample_start, sample_ns, path_ns)
+                             second_off, second_ns, sample_start, sample_ns, path_ns)
         c = self._words
         base = _ROW0 + _ROW_WORDS * mode
         c[base + _FIRST_OP[mode]] += coll_ns
         if flags & fmt.FLAG_BROADCAST:
-            c[base + _BC] += bcast_ns
+            c[base + _BC] += second_ns
         elif flags & fmt.FLAG_RESOLVE:
-            c[base + _SR] += bcast_ns
+            c[base + _SR] += second_ns
         c[base + _SA] += sample_ns
         c[base + _PA] += path_ns
         c[_WRITE_INDEX_WORD] = seq
@@ -232,11 +242,11 @@ class RingRecorder:
         raise ValueError("record() on a closed ring")
 
     def _pack_saturated(self, seq: int, call_index: int, mode: int, rows: int, epoch: int, nbytes: int,
-                        t_start: int, coll_start: int, coll_ns: int, flags: int, bcast_off: int, bcast_ns: int,
+                        t_start: int, coll_start: int, coll_ns: int, flags: int, second_off: int, second_ns: int,
                         sample_start: int, sample_ns: int, path_ns: int) -> None:
-        self._pack_record(self._mm, self._slot0 + ((seq - 1) % self.capacity) * _RECORD_SIZE, seq, t_start,
-                          call_index, nbytes, epoch, rows, self.vocab, self.rank, mode, self.dtype_code,
-                          *map(_u32, (coll_start - t_start, coll_ns, bcast_off, bcast_ns, sample_start - t_start,
+        self._pack_record(self._mm, fmt.slot_offset(seq, self.capacity), seq, t_start, call_index, nbytes, epoch,
+                          rows, self.vocab, self.rank, mode, self.dtype_code,
+                          *map(_u32, (coll_start - t_start, coll_ns, second_off, second_ns, sample_start - t_start,
                                       sample_ns, path_ns)), flags, seq)
 
     def close(self, unlink: bool = False) -> None:

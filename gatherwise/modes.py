@@ -34,8 +34,9 @@ class Mode(IntEnum):
         return mode
 
 
-IMPLEMENTED = (Mode.ALL_GATHER, Mode.GATHER, Mode.SHARDED)
+IMPLEMENTED = tuple(Mode)
 IMPLEMENTED_LABELS = tuple(m.label for m in IMPLEMENTED)
+LABEL_OF_CODE: dict[int, str] = {int(m): m.label for m in Mode}  # a code no mode has (3) is absent
 
 
 def bucket_of(rows: int) -> int:

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gatherwise.engine_hooks.call_marks import call_marks
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.sidecar.hooks_off import HooksOffWatch
 from gatherwise.sidecar.ingest import Ingest
@@ -38,11 +39,12 @@ def fill(shm: Path, engine_id: int, tp: int, calls: int) -> None:
         for i in range(calls):
             t0 = 1_000_000 + 20_000 * i + 300 * rank
             if i % 3:
-                rec.record(i, 0, 1 + i % 64, 0, 4096, t0, t0 + 5, t0 + 400, 0, 0, t0 + 400, t0 + 500, t0 + 510)
+                rec.record(*call_marks(i, 0, 1 + i % 64, 0, 4096, t0, t0 + 5, t0 + 400, 0, 0, t0 + 400, t0 + 500,
+                                       t0 + 510))
             else:
                 s_end = t0 + 500 if rank == 0 else t0 + 400
-                rec.record(i, 1, 1 + i % 64, 0, 2048, t0, t0 + 5, t0 + 400, s_end, s_end + 100, t0 + 400, s_end,
-                           s_end + 110)
+                rec.record(*call_marks(i, 1, 1 + i % 64, 0, 2048, t0, t0 + 5, t0 + 400, s_end, s_end + 100, t0 + 400,
+                                       s_end, s_end + 110))
         rec.close()
 
 

@@ -20,12 +20,27 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from gatherwise.bench.sampling_spec import parse_sampling
+from gatherwise.engine_hooks.call_marks import (
+    COLL_END,
+    COLL_START,
+    FALLBACK_ROWS,
+    MODE,
+    NBYTES,
+    RESOLVE_NBYTES,
+    ROWS,
+    SAMPLE_END,
+    SAMPLE_START,
+    SECOND_END,
+    SECOND_START,
+    TOPP_ROWS,
+)
 from gatherwise.engine_hooks.comm import default_communicator
 from gatherwise.engine_hooks.logits_path import LogitsPath
 from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
 from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 
 from gatherwise.modes import Mode, ModeTable
+from gatherwise.shm_format.ring import broadcast_bytes
 
 
 @dataclass(frozen=True)
@@ -70,13 +85,14 @@ class _PhaseRecorder:
     def __init__(self) -> None:
         self.last = (0, 0, 0, 0, 0, 0)
 
-    def record(self, call_index: int, mode: Mode, rows: int, epoch: int, nbytes: int, t_start: int,
-               coll_start: int, coll_end: int, bcast_start: int, bcast_end: int,
-               sample_start: int, sample_end: int, t_end: int, resolve_nbytes: int = 0, topp_rows: int = 0,
-               fallback_rows: int = 0, tag: int = 0) -> None:
-        second = bcast_end - bcast_start
-        wire = nbytes + (resolve_nbytes if mode == Mode.SHARDED else (rows + 1) * 8 if second else 0)
-        self.last = (coll_end - coll_start, sample_end - sample_start, second, wire, topp_rows, fallback_rows)
+    def record(self, *marks: int) -> None:
+        second = marks[SECOND_END] - marks[SECOND_START]
+        if marks[MODE] == Mode.SHARDED:
+            second_bytes = marks[RESOLVE_NBYTES]
+        else:
+            second_bytes = broadcast_bytes(marks[ROWS]) if second else 0
+        self.last = (marks[COLL_END] - marks[COLL_START], marks[SAMPLE_END] - marks[SAMPLE_START], second,
+                     marks[NBYTES] + second_bytes, marks[TOPP_ROWS], marks[FALLBACK_ROWS])
 
 
 def sweep_rank(rank: int, world: int, cfg: SweepConfig) -> dict[ShapeKey, CallTimes]:

@@ -78,7 +78,7 @@ def _marks(rings: _Rings, first: int, last: int) -> dict:
         out[str(rank)] = {"calls": len(calls), "modes": sorted({int(r.mode) for r in calls}),
                           "path_ms": _median([r.end_ns - r.start_ns for r in calls]),
                           "collective_ms": _median([r.collective_ns for r in calls]),
-                          "second_op_ms": _median([r.broadcast_ns for r in calls]),
+                          "second_op_ms": _median([r.second_ns for r in calls]),
                           "sample_ms": _median([r.sample_ns for r in calls]),
                           "gap_ms": _median(gaps)}
     return out

@@ -79,14 +79,13 @@ def _sync(device) -> None:
 def _path(device, vocab: int, mode, *, dtype=None, recorder=None, clock=None, source=None, comm=None):
     import torch
     from gatherwise.engine_hooks.comm import SingleRankCommunicator
-    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
 
     from gatherwise.modes import ModeTable
 
     kw = {"clock": clock} if clock is not None else {}
-    return LogitsPath(comm or SingleRankCommunicator(), vocab, dtype=dtype or torch.bfloat16, device=device,
-                      initial_table=ModeTable.uniform(mode), table_source=source, recorder=recorder, keep_log=True,
-                      **kw)
+    return LoggedLogitsPath(comm or SingleRankCommunicator(), vocab, dtype=dtype or torch.bfloat16, device=device,
+                            initial_table=ModeTable.uniform(mode), table_source=source, recorder=recorder, **kw)
 
 
 def _recording(device, path_dir: str, name: str, vocab: int, dtype):
@@ -488,6 +487,7 @@ def check_event_costs(ctx: dict) -> dict:
 
     if ctx["cpu"]:
         raise Skip("needs CUDA (the CPU path records with perf_counter_ns; gatherwise.bench.hook_overhead)")
+    from gatherwise.engine_hooks.call_marks import call_marks
     from gatherwise.engine_hooks.cuda_timing import CurrentStream, EventClock, EventResolver
     from gatherwise.engine_hooks.recorder import RingRecorder
 
@@ -500,7 +500,7 @@ def check_event_costs(ctx: dict) -> dict:
     stream, cached = torch.cuda.current_stream(), CurrentStream()
     ring = RingRecorder(os.path.join(ctx["tmp"], "event-costs"), engine_id=1, rank=0, tp_size=1, vocab=32000,
                         dtype="bfloat16", capacity=4096)
-    marks = (10, 20, 30, 0, 0, 30, 40, 50)
+    marks = call_marks(1, 0, 1, 0, 64, 10, 20, 30, 0, 0, 30, 40, 50)
     costs = {
         "perf_counter_ns": _host_us(time.perf_counter_ns),
         "tiny_kernel_launch": _host_us(lambda: x.add_(1)),
@@ -510,9 +510,9 @@ def check_event_costs(ctx: dict) -> dict:
         "Event.record(stream)": _host_us(lambda: ev[0].record(stream)),
         "Event.query() (completed)": _host_us(ev[1].query),
         "Event.elapsed_time()": _host_us(lambda: ev[0].elapsed_time(ev[1])),
-        "RingRecorder.record (ring writer)": _host_us(lambda: ring.record(1, 0, 1, 0, 64, *marks)),
-        "RingRecorder.count": _host_us(lambda: ring.count(0, 1, 64, False)),
-        "RingRecorder.record_timed": _host_us(lambda: ring.record_timed(1, 0, 1, 0, 64, *marks)),
+        "RingRecorder.record (ring writer)": _host_us(lambda: ring.record(*marks)),
+        "RingRecorder.count": _host_us(lambda: ring.count(*marks)),
+        "RingRecorder.record_timed": _host_us(lambda: ring.record_timed(*marks)),
     }
     torch.cuda.synchronize(device)
     clock = EventClock(current_stream=CurrentStream())
@@ -521,7 +521,7 @@ def check_event_costs(ctx: dict) -> dict:
     def one_call() -> None:  # an all_gather call's five marks and its record; resolved on later calls
         t0, c0 = clock(), clock()
         c1, s1, t1 = clock(), clock(), clock()
-        resolver.record(1, 0, 1, 0, 64, t0, c0, c1, 0, 0, c1, s1, t1)
+        resolver.record(1, 0, 1, 0, 64, t0, c0, c1, 0, 0, c1, s1, t1, 0, 0, 0, 0)  # as the path passes marks
 
     costs["EventClock() mark"] = _host_us(clock, 500)
     clock.release_through(clock._next)  # the marks above were never recorded as calls

@@ -36,13 +36,12 @@ from gatherwise.sidecar.record_histograms import RecordHistograms
 from gatherwise.sidecar.ring_reader import EngineFiles, RingFormatError, RingReader, discover_engines
 from gatherwise.sidecar.traces import CallTracer
 
-from gatherwise.modes import Mode, bucket_label, bucket_of
+from gatherwise.modes import LABEL_OF_CODE, bucket_label, bucket_of
 from gatherwise.shm_format.liveness import Liveness, is_removable, liveness
 from gatherwise.shm_format.private_files import check_shm_dir_for_reading
 
 log = logging.getLogger("gatherwise.sidecar.ingest")
 
-_MODE_LABEL = {int(m): m.label for m in Mode}
 DEFAULT_MAX_RECORDS_PER_POLL = 16384  # sidecar.max_records_per_poll
 
 
@@ -142,7 +141,7 @@ class Ingest:
               joined: list[JoinedCall]) -> None:
         first = next(iter(by_rank.values()))
         mode, bucket = first.mode, bucket_of(max(first.rows, 1))  # the bucket of the call, for every consumer
-        label = _MODE_LABEL.get(mode)
+        label = LABEL_OF_CODE.get(mode)
         if label is None:  # a mode code no engine writes (the format allows 3): nothing sensible to show
             eng.calls_incomplete += 1
             return
@@ -165,7 +164,7 @@ class Ingest:
             if rec.second_op is not None:
                 series = calls.second_ops.get(rec.second_op) or self.histograms.second_op_series(
                     eng.label, calls, rec.second_op, label, bucket_label(bucket))
-                series.observe(rec.broadcast_ns * 1e-9, exemplar)
+                series.observe(rec.second_ns * 1e-9, exemplar)
             if rec.sample_ns or rank == 0:  # ranks that did not sample (gather mode, rank > 0) record 0
                 calls.sample.observe(rec.sample_ns * 1e-9, exemplar)
             start, end = rec.start_ns, rec.end_ns

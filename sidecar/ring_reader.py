@@ -159,8 +159,7 @@ class RingReader:
             self._never_written = 0
             return [], missed
         n = last - first + 1
-        slot = (first - 1) % cap
-        begin = fmt.HEADER_SIZE + slot * fmt.RECORD_SIZE
+        slot, begin = fmt.slot_of(first, cap), fmt.slot_offset(first, cap)
         if slot + n <= cap:
             data = self._pread(n * fmt.RECORD_SIZE, begin)
         else:
@@ -231,8 +230,8 @@ def _decode(data: bytes, first_seq: int, skip: int) -> tuple[list[CallRecord], i
     append = out.append
     torn = 0
     expected = first_seq
-    for (seq, start, call_index, nbytes, epoch, rows, vocab, rank, mode, dtype, coll_off, coll_ns, bcast_off,
-         bcast_ns, sample_off, sample_ns, path_ns, flags, seq_end) in fmt.RECORD.iter_unpack(data):
+    for (seq, start, call_index, nbytes, epoch, rows, vocab, rank, mode, dtype, coll_off, coll_ns, second_off,
+         second_ns, sample_off, sample_ns, path_ns, flags, seq_end) in fmt.RECORD.iter_unpack(data):
         if skip:
             skip -= 1
         elif seq != expected or seq_end != expected:
@@ -240,7 +239,7 @@ def _decode(data: bytes, first_seq: int, skip: int) -> tuple[list[CallRecord], i
         else:
             append(CallRecord(seq, call_index, mode, rows, vocab, names.get(dtype) or fmt.dtype_name(dtype), rank,
                               epoch, nbytes, start, start + coll_off, coll_ns,
-                              start + bcast_off if flags & _SECOND_OP else 0, bcast_ns,
+                              start + second_off if flags & _SECOND_OP else 0, second_ns,
                               start + sample_off, sample_ns, start + path_ns, fmt.second_op_of(flags),
                               flags >> fmt.FALLBACK_SHIFT, (flags >> _TAG_SHIFT) & _TAG_MASK))
         expected += 1

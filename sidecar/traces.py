@@ -134,7 +134,7 @@ def _operations(rec: CallRecord, mode: Mode) -> list[tuple[str, int, int]]:
     if rec.sample_ns or rec.rank == 0:
         ops.append(("sample", rec.sample_start_ns, rec.sample_ns))
     if rec.second_op is not None:
-        ops.append((rec.second_op, rec.broadcast_start_ns, rec.broadcast_ns))
+        ops.append((rec.second_op, rec.second_start_ns, rec.second_ns))
     ops.append(("logits_path", rec.start_ns, rec.end_ns - rec.start_ns))
     return ops
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from gatherwise.engine_hooks.call_marks import SECOND_END, SECOND_START, CallMarks, call_marks
 from gatherwise.engine_hooks.cuda_timing import EventClock, EventResolver
 
 from gatherwise.modes import Mode
@@ -14,16 +15,16 @@ class ListRecorder:
     """Keeps what the resolver hands a RingRecorder (the real one is exercised in test_recorder_path.py)."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[int, ...]] = []  # record_timed() arguments
-        self.counted: list[tuple[int, int, int, bool]] = []
+        self.calls: list[CallMarks] = []  # what record_timed() received
+        self.counted: list[CallMarks] = []
         self.drops: dict[int, int] = {}
         self.closed = False
 
-    def count(self, mode: int, rows: int, nbytes: int, broadcast: bool) -> None:
-        self.counted.append((mode, rows, nbytes, broadcast))
+    def count(self, *marks: int) -> None:
+        self.counted.append(marks)
 
-    def record_timed(self, *args: int) -> None:
-        self.calls.append(args)
+    def record_timed(self, *marks: int) -> None:
+        self.calls.append(marks)
 
     def drop(self, reason: int, calls: int = 1) -> None:
         self.drops[reason] = self.drops.get(reason, 0) + calls
@@ -58,8 +59,8 @@ def run_call(clock, resolver, i, mode):
         sample_end = bcast_start = clock()
         bcast_end = clock()
     t_end = clock()
-    resolver.record(i, mode, 4, 0, 1000, t_start, coll_start, coll_end, bcast_start, bcast_end,
-                    sample_start, sample_end, t_end)
+    resolver.record(*call_marks(i, mode, 4, 0, 1000, t_start, coll_start, coll_end, bcast_start, bcast_end,
+                     sample_start, sample_end, t_end))
 
 
 def test_calls_resolve_only_after_their_events_complete_and_in_order():
@@ -87,7 +88,8 @@ def one_resolved_call(mode: Mode) -> tuple[int, ...]:
 
 def test_marks_become_ns_from_gpu_time_anchored_at_host_start():
     call = one_resolved_call(Mode.GATHER)
-    call_index, mode, rows, epoch, nbytes, t_start, cs, ce, bs, be, ss, se, t_end = call
+    call_index, mode, rows, epoch, nbytes, t_start, cs, ce, bs, be, ss, se, t_end, *optional = call
+    assert optional == [0, 0, 0, 0]
     assert (call_index, mode, rows, epoch, nbytes) == (0, Mode.GATHER, 4, 0, 1000)
     assert t_start == 1_000_000  # host time when the first event was enqueued
     step = 250_000  # 0.25 ms between consecutive fake events
@@ -96,7 +98,7 @@ def test_marks_become_ns_from_gpu_time_anchored_at_host_start():
 
 def test_absent_marks_stay_zero():
     call = one_resolved_call(Mode.ALL_GATHER)
-    assert call[8:10] == (0, 0)  # no broadcast in all_gather mode
+    assert (call[SECOND_START], call[SECOND_END]) == (0, 0)  # no broadcast in all_gather mode
 
 
 def test_never_synchronizes_and_reuses_events():

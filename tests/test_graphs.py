@@ -46,7 +46,7 @@ def _logits(step: int, rows: int) -> torch.Tensor:
 def _graphed_run(rank, world, exchange_only):
     from gatherwise.engine_hooks.comm import default_communicator
     from gatherwise.engine_hooks.graphs import CAPTURABLE, ModeGraphs
-    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
     from gatherwise.engine_hooks.table_source import InProcessTableSource
 
@@ -54,9 +54,8 @@ def _graphed_run(rank, world, exchange_only):
 
     source = InProcessTableSource()
     table = ModeTable.uniform(Mode.ALL_GATHER)
-    path = LogitsPath(default_communicator(), VOCAB, initial_table=table, table_source=source, keep_log=True)
-    eager = LogitsPath(default_communicator(), VOCAB, initial_table=table, table_source=InProcessTableSource(),
-                       keep_log=True)
+    path = LoggedLogitsPath(default_communicator(), VOCAB, initial_table=table, table_source=source)
+    eager = LoggedLogitsPath(default_communicator(), VOCAB, initial_table=table, table_source=InProcessTableSource())
     path.reserve(4)
     inputs = {rows: torch.zeros(rows, VOCAB) for rows in (1, 4)}  # the engine's static input buffers
     rows_of = {rows: [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)] for rows in inputs}
@@ -108,11 +107,11 @@ def test_replayed_variants_switch_at_the_same_call_as_the_eager_path(exchange_on
 def _single_rank_graphs():
     from gatherwise.engine_hooks.comm import SingleRankCommunicator
     from gatherwise.engine_hooks.graphs import ModeGraphs
-    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
 
     from gatherwise.modes import Mode, ModeTable
 
-    path = LogitsPath(SingleRankCommunicator(), VOCAB, initial_table=ModeTable.uniform(Mode.GATHER))
+    path = LoggedLogitsPath(SingleRankCommunicator(), VOCAB, initial_table=ModeTable.uniform(Mode.GATHER))
     path.reserve(2)
     return path, ModeGraphs(path, StandInGraphBackend())
 
@@ -144,7 +143,7 @@ def test_sharded_mode_is_refused_for_capture_and_runs_eagerly():
         graphs.replay(1)
     path.logits_buffer(1).copy_(torch.arange(path.width, dtype=torch.float32)[None, :])
     assert path.run([SamplingRow(SamplingParams(), 0, 0)]).tolist() == [VOCAB - 1]
-    assert path.mode_log is None or path.mode_log[-1] == Mode.SHARDED
+    assert path.mode_log[-1] == Mode.SHARDED
 
 
 def test_buffers_cannot_grow_under_captured_graphs():
@@ -189,5 +188,5 @@ def test_replayed_calls_are_timed_around_the_replay_and_nothing_is_timed_inside_
     records, _ = RingReader(ring.path).read_new()
     assert [r.call_index for r in records] == [0, 1, 2] and all(r.mode == Mode.GATHER for r in records)
     # the collective mark spans the replay; sampling and the broadcast are zero-length, at its end
-    assert all(r.collective_ns > 0 and r.sample_ns == 0 and r.broadcast_ns == 0 for r in records)
+    assert all(r.collective_ns > 0 and r.sample_ns == 0 and r.second_ns == 0 for r in records)
     resolver.close()

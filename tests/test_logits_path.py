@@ -24,7 +24,7 @@ def _fill(path, rank: int, full: torch.Tensor) -> None:
 
 def _run_path(rank, world, vocab, mode, dtype_name, switch_at=None):
     from gatherwise.engine_hooks.comm import default_communicator
-    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.engine_hooks.table_source import InProcessTableSource, ScheduleTableSource, initial_schedule_table
 
     from gatherwise.modes import Mode, ModeTable
@@ -37,8 +37,8 @@ def _run_path(rank, world, vocab, mode, dtype_name, switch_at=None):
         table = ModeTable.uniform(Mode.parse(mode))
         if switch_at is not None:
             source = InProcessTableSource()
-    path = LogitsPath(default_communicator(), vocab, dtype=getattr(torch, dtype_name), initial_table=table,
-                      table_source=source, keep_log=True)
+    path = LoggedLogitsPath(default_communicator(), vocab, dtype=getattr(torch, dtype_name), initial_table=table,
+                            table_source=source)
     gen = torch.Generator().manual_seed(5)
     tokens = []
     reported_during: list[int] = []  # the call during which each report arrived

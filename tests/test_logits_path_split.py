@@ -17,14 +17,14 @@ VOCAB = 1000  # shard width 500 with P=2: no padding
 
 def _split_path(rank, world, first_mode):
     from gatherwise.engine_hooks.comm import default_communicator
-    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.engine_hooks.table_source import InProcessTableSource
 
     from gatherwise.modes import Mode, ModeTable
 
     source = InProcessTableSource()
-    path = LogitsPath(default_communicator(), VOCAB, initial_table=ModeTable.uniform(Mode.parse(first_mode)),
-                      table_source=source, keep_log=True)
+    path = LoggedLogitsPath(default_communicator(), VOCAB,
+                            initial_table=ModeTable.uniform(Mode.parse(first_mode)), table_source=source)
     gen = torch.Generator().manual_seed(9)
     tokens, expected = [], []
     for step, batch in enumerate(BATCHES):

@@ -4,15 +4,17 @@ import os
 
 import pytest
 from gatherwise.engine_hooks import recorder as recorder_module
+from gatherwise.engine_hooks.call_marks import MARKS, call_marks
 from gatherwise.engine_hooks.recorder import PURE_PYTHON_ENV, RingRecorder
 
+from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
 
 native = pytest.importorskip("gatherwise.engine_hooks._ring_writer",
                              reason="the compiled record writer was not built (no C compiler at install)")
 
-CALLS = [  # (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, bcast_start, bcast_end,
-           #  sample_start, sample_end, t_end)
+CALLS = [call_marks(*call) for call in (  # (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end,
+           #  second_start, second_end, sample_start, sample_end, t_end): call_marks.MARKS order
     (0, 0, 1, 0, 128_008, 1_000, 1_100, 1_500, 0, 0, 1_500, 1_900, 2_000),
     (1, 1, 16, 3, 9_732_608, 5_000, 5_010, 6_000, 6_500, 6_900, 6_000, 6_400, 7_000),
     (2, 1, 3, 3, 3_000, 8_000, 8_010, 8_020, 8_030, 8_040, 8_020, 8_020, 8_050),  # a rank that did not sample
@@ -23,7 +25,7 @@ CALLS = [  # (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_e
     (6, 2, 8, 5, 96, 40_000, 40_010, 40_030, 40_040, 40_090, 40_000, 40_035, 40_100, 500, 5, 3),
     # + the call's tag (top-p with logprobs, its table said sharded; bits beyond the tag's 6 are dropped)
     (7, 0, 8, 5, 96, 50_000, 50_010, 50_030, 0, 0, 50_030, 50_035, 50_100, 0, 0, 0, 12 | 2 << 4 | 1 << 9),
-]
+)]
 
 
 def _write(path: str, pure: bool, monkeypatch) -> bytes:
@@ -54,6 +56,8 @@ def test_layout_constants_match_the_format():
                 native.NUM_OPS, native.NUM_MODE_ROWS)
     assert built_in == (fmt.HEADER_SIZE, fmt.RECORD_SIZE, fmt.WRITE_INDEX_OFFSET, fmt.COUNTERS_OFFSET, len(fmt.OPS),
                         fmt.NUM_MODE_ROWS)
+    assert native.MARKS == MARKS  # record() reads the marks in the order they are defined
+    assert tuple((m.name, int(m)) for m in Mode) == native.MODES
 
 
 def test_closed_ring_refuses_records(tmp_path, monkeypatch):
@@ -75,24 +79,31 @@ def test_the_python_fallback_runs_without_the_compiled_module(tmp_path, monkeypa
     rec.close()
 
 
-def test_keyword_arguments_are_taken_like_the_python_writer(tmp_path, monkeypatch):
-    """Callers may pass the optional arguments (and any other) by name, as RingRecorder.record() allows."""
+def test_marks_built_by_name_are_written_like_the_python_writer(tmp_path, monkeypatch):
+    """Marks built by name (call_marks) reach both writers as the same positional marks; the compiled one
+    refuses any other number of marks, and names."""
     files = []
     for pure in (True, False):
         monkeypatch.setenv(PURE_PYTHON_ENV, "1" if pure else "0")
         path = str(tmp_path / f"kw-{pure}")
         rec = RingRecorder(path, engine_id=9, rank=0, tp_size=2, vocab=32000, dtype="float32", capacity=4)
-        rec.record(0, 2, 4, 1, 96, 1_000, 1_100, 2_000, 3_000, 3_500, 2_000, 2_900, 4_000, resolve_nbytes=512,
-                   topp_rows=4, fallback_rows=1)
-        rec.record(1, 0, 1, 1, 128, t_start=5_000, coll_start=5_100, coll_end=5_500, bcast_start=0, bcast_end=0,
-                   sample_start=5_500, sample_end=5_900, t_end=6_000)
+        rec.record(*call_marks(0, 2, 4, 1, 96, 1_000, 1_100, 2_000, 3_000, 3_500, 2_000, 2_900, 4_000,
+                               resolve_nbytes=512, topp_rows=4, fallback_rows=1))
+        rec.record(*call_marks(1, 0, 1, 1, 128, t_start=5_000, coll_start=5_100, coll_end=5_500, second_start=0,
+                               second_end=0, sample_start=5_500, sample_end=5_900, t_end=6_000))
         with open(path, "rb") as f:
             files.append(f.read()[fmt.HEADER_SIZE:])  # the records (headers differ in creation times)
         if not pure:
-            with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
-                rec.record(*CALLS[0], bogus=1)
-            with pytest.raises(TypeError, match="missing required argument 't_end'"):
+            with pytest.raises(TypeError, match="unexpected mark 'bogus'"):
+                call_marks(*CALLS[0][:13], bogus=1)
+            with pytest.raises(TypeError, match="missing required mark 't_end'"):
+                call_marks(*CALLS[0][:12])
+            with pytest.raises(TypeError, match="record\\(\\) takes the 17 call marks"):
                 rec.record(*CALLS[0][:12])
+            with pytest.raises(TypeError, match="record\\(\\) takes the 17 call marks"):
+                rec.record(CALLS[0])  # the marks go positional, not as one tuple
+            with pytest.raises(TypeError, match="record\\(\\) takes no keyword arguments"):
+                rec.record(*CALLS[0][:16], tag=1)
         rec.close(unlink=True)
     assert files[0] == files[1]
 
@@ -107,6 +118,8 @@ def test_the_compiled_writer_is_used_only_for_the_ring_layout_it_was_built_for()
         WRITE_INDEX_OFFSET, COUNTERS_OFFSET, TOPP_ROWS_OFFSET = (
             fmt.WRITE_INDEX_OFFSET, fmt.COUNTERS_OFFSET, fmt.TOPP_ROWS_OFFSET)
         NUM_OPS, TAG_SHIFT = len(fmt.OPS), fmt.TAG_SHIFT
+        MARKS, MODES = native.MARKS, native.MODES
+        MODE_FIRST_OPS, MODE_SECOND_FLAGS = native.MODE_FIRST_OPS, native.MODE_SECOND_FLAGS
 
     assert not recorder_module._native_matches_format(StaleBuild)
     StaleBuild.FORMAT_VERSION = fmt.FORMAT_VERSION
@@ -114,5 +127,14 @@ def test_the_compiled_writer_is_used_only_for_the_ring_layout_it_was_built_for()
     del StaleBuild.TAG_SHIFT  # built before records carried call tags: record() would refuse `tag`
     assert not recorder_module._native_matches_format(StaleBuild)
     StaleBuild.TAG_SHIFT = fmt.TAG_SHIFT
+    StaleBuild.MARKS = (*MARKS[:8], MARKS[9], MARKS[8], *MARKS[10:])  # reads the marks in another order
+    assert not recorder_module._native_matches_format(StaleBuild)
+    StaleBuild.MARKS = MARKS
+    StaleBuild.MODE_FIRST_OPS = (0, 1, 1)  # a sharded call counted under gather
+    assert not recorder_module._native_matches_format(StaleBuild)
+    StaleBuild.MODE_FIRST_OPS = native.MODE_FIRST_OPS
+    StaleBuild.MODES = tuple((m, c) for m, c in reversed(native.MODES))
+    assert not recorder_module._native_matches_format(StaleBuild)
+    StaleBuild.MODES = native.MODES
     StaleBuild.NUM_OPS = len(fmt.OPS) - 1
     assert not recorder_module._native_matches_format(StaleBuild)

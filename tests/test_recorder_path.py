@@ -73,9 +73,9 @@ def test_every_rank_records_every_call_with_exact_counters(tmp_path):
             assert r.start_ns <= r.collective_start_ns <= r.collective_start_ns + r.collective_ns <= r.end_ns
             chunk_bytes = (r.rows * width + 2) * 4  # shard + one 8-byte control word slot, float32
             if r.mode == Mode.ALL_GATHER:
-                assert r.broadcast_start_ns == r.broadcast_ns == 0 and r.nbytes == 2 * chunk_bytes
+                assert r.second_start_ns == r.second_ns == 0 and r.nbytes == 2 * chunk_bytes
             else:
-                assert r.broadcast_start_ns >= r.sample_start_ns + r.sample_ns
+                assert r.second_start_ns >= r.sample_start_ns + r.sample_ns
                 assert r.nbytes == (2 * chunk_bytes if rank == 0 else chunk_bytes)
                 if rank == 1:
                     assert r.sample_ns == 0  # only the root samples in gather mode
@@ -88,7 +88,7 @@ def test_every_rank_records_every_call_with_exact_counters(tmp_path):
             assert row.ops["sample"].ns == sum(r.sample_ns for r in mine)
             assert row.ops["path"].ns == sum(r.path_ns for r in mine)
             bcast = sum(fmt.broadcast_bytes(r.rows) for r in mine) if mode == Mode.GATHER else 0
-            assert row.ops["broadcast"] == fmt.OpCounters(sum(r.broadcast_ns for r in mine), bcast)
+            assert row.ops["broadcast"] == fmt.OpCounters(sum(r.second_ns for r in mine), bcast)
             assert row.ops["path"].bytes == row.ops[coll].bytes + bcast
 
 
@@ -109,7 +109,7 @@ def test_event_clock_through_the_real_path_into_a_ring(tmp_path):
     assert missed == 0 and [r.rows for r in records] == BATCHES
     step = 250_000  # the fake GPU's 0.25 ms between events
     assert all(r.collective_ns == step and r.path_ns % step == 0 for r in records)
-    assert [r.broadcast_ns for r in records] == [0 if b == 1 else step for b in BATCHES]
+    assert [r.second_ns for r in records] == [0 if b == 1 else step for b in BATCHES]
     resolver.close()
     assert reader.header().closed
 
@@ -137,7 +137,7 @@ def test_event_clock_marks_of_a_sharded_call_are_its_own_events(tmp_path):
         assert r.sample_start_ns > r.start_ns and r.sample_ns > 0 and r.sample_ns % step_ns == 0
         assert r.sample_start_ns + r.sample_ns == r.collective_start_ns  # the shard summaries end the sample span
         assert r.collective_ns > 0 and r.collective_ns % step_ns == 0
-        assert (r.broadcast_ns > 0) == (i % 2 == 1)  # temperature calls run shard_resolve
+        assert (r.second_ns > 0) == (i % 2 == 1)  # temperature calls run shard_resolve
     resolver.close()
 
 

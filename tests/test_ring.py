@@ -9,6 +9,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from gatherwise.engine_hooks.call_marks import call_marks
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.sidecar.ring_reader import RingFormatError, RingReader, discover_engines
 
@@ -27,9 +28,11 @@ def write_call(rec, i, mode=Mode.ALL_GATHER, rows=3, base=1_000_000):
     """A call i with distinct, checkable marks; gather-mode calls broadcast."""
     t0 = base + 1000 * i
     if mode == Mode.ALL_GATHER:
-        rec.record(i, mode, rows, i // 4, 100 + i, t0, t0 + 10, t0 + 110, 0, 0, t0 + 110, t0 + 140, t0 + 150)
+        rec.record(*call_marks(i, mode, rows, i // 4, 100 + i, t0, t0 + 10, t0 + 110, 0, 0, t0 + 110, t0 + 140,
+                               t0 + 150))
     else:
-        rec.record(i, mode, rows, i // 4, 100 + i, t0, t0 + 10, t0 + 60, t0 + 80, t0 + 130, t0 + 60, t0 + 80, t0 + 150)
+        rec.record(*call_marks(i, mode, rows, i // 4, 100 + i, t0, t0 + 10, t0 + 60, t0 + 80, t0 + 130, t0 + 60,
+                               t0 + 80, t0 + 150))
 
 
 def test_round_trip_fields(tmp_path):
@@ -43,11 +46,11 @@ def test_round_trip_fields(tmp_path):
     assert (a.seq, a.call_index, a.mode, a.rows, a.vocab, a.dtype, a.rank, a.epoch, a.nbytes) == \
         (1, 0, Mode.ALL_GATHER, 5, 32000, "float32", 0, 0, 100)
     assert (a.start_ns, a.collective_start_ns, a.collective_ns) == (1_000_000, 1_000_010, 100)
-    assert (a.broadcast_start_ns, a.broadcast_ns) == (0, 0)
+    assert (a.second_start_ns, a.second_ns) == (0, 0)
     assert (a.sample_start_ns, a.sample_ns, a.end_ns, a.path_ns) == (1_000_110, 30, 1_000_150, 150)
     assert (g.seq, g.mode, g.rows, g.nbytes) == (2, Mode.GATHER, 7, 101)
     assert (g.collective_start_ns, g.collective_ns) == (1_001_010, 50)
-    assert (g.broadcast_start_ns, g.broadcast_ns) == (1_001_080, 50)
+    assert (g.second_start_ns, g.second_ns) == (1_001_080, 50)
     assert (g.sample_start_ns, g.sample_ns, g.end_ns) == (1_001_060, 20, 1_001_150)
     assert reader.read_new() == ([], 0)
 
@@ -213,8 +216,8 @@ def _writer(path: str, n: int, ready) -> None:
     for i in range(n):
         rows = 1 + i % 16
         t0 = 10_000 + 1000 * i
-        rec.record(i, i % 2, rows, i, rows * 4 * 32000, t0, t0 + i % 7, t0 + 100 + i % 13, 0, 0,
-                   t0 + 100 + i % 13, t0 + 200, t0 + 300)
+        rec.record(*call_marks(i, i % 2, rows, i, rows * 4 * 32000, t0, t0 + i % 7, t0 + 100 + i % 13, 0, 0,
+                    t0 + 100 + i % 13, t0 + 200, t0 + 300))
     rec.close()
 
 
@@ -265,13 +268,14 @@ def test_sharded_calls_have_their_own_ops_and_fallback_counts(tmp_path):
     reader = RingReader(rec.path)
     t0 = 1_000_000
     # one collective only (greedy rows), then two (shard_resolve) with 3 of 5 top-p rows falling back
-    rec.record(0, Mode.SHARDED, 4, 0, 64, t0, t0 + 10, t0 + 30, 0, 0, t0, t0 + 40, t0 + 50)
-    # + (resolve_nbytes, topp_rows, fallback_rows), positional like every record() argument
-    rec.record(1, Mode.SHARDED, 8, 0, 96, t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100, 500, 5, 3)
+    rec.record(*call_marks(0, Mode.SHARDED, 4, 0, 64, t0, t0 + 10, t0 + 30, 0, 0, t0, t0 + 40, t0 + 50))
+    # + (resolve_nbytes, topp_rows, fallback_rows), positional in MARKS order
+    rec.record(*call_marks(1, Mode.SHARDED, 8, 0, 96, t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100,
+                           500, 5, 3))
     (a, b), missed = reader.read_new()
     assert missed == 0
-    assert (a.second_op, a.broadcast_start_ns, a.broadcast_ns, a.fallback_rows) == (None, 0, 0, 0)
-    assert (b.second_op, b.broadcast_start_ns, b.broadcast_ns, b.fallback_rows) == ("shard_resolve", t0 + 40, 50, 3)
+    assert (a.second_op, a.second_start_ns, a.second_ns, a.fallback_rows) == (None, 0, 0, 0)
+    assert (b.second_op, b.second_start_ns, b.second_ns, b.fallback_rows) == ("shard_resolve", t0 + 40, 50, 3)
     sh = reader.header().counters[Mode.SHARDED]
     assert sh.calls == 2
     assert sh.ops["shard_exchange"] == fmt.OpCounters(40, 160)
@@ -288,10 +292,11 @@ def test_split_recording_of_a_sharded_call_matches_the_one_pass_record(tmp_path)
     """CUDA path (count at call time, record_timed later) and CPU path (record) give the same counters."""
     one, split = make_recorder(tmp_path, name="one"), make_recorder(tmp_path, name="split")
     t0 = 1_000_000
-    marks = (t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100)
-    one.record(1, Mode.SHARDED, 8, 0, 96, *marks, 500, 5, 3)
-    split.count(Mode.SHARDED, 8, 96, True, 500, 5, 3)
-    split.record_timed(1, Mode.SHARDED, 8, 0, 96, *marks, 3)
+    marks = call_marks(1, Mode.SHARDED, 8, 0, 96, t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100,
+                       resolve_nbytes=500, topp_rows=5, fallback_rows=3)
+    one.record(*marks)
+    split.count(*marks)
+    split.record_timed(*marks)
     a, b = RingReader(one.path), RingReader(split.path)
     assert a.header().counters == b.header().counters
     assert (b.header().topp_rows, b.header().topp_fallback_rows) == (5, 3)

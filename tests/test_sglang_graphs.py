@@ -136,7 +136,7 @@ def _logits_forward(hooks, original, processor, batch):
 
 def _hooks(comm, graph_modes: str, installed: bool = True):
     from gatherwise.engine_hooks.adapters.sglang_step import SglangStepHooks
-    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.engine_hooks.rng_resync import RandomStateResync
     from gatherwise.engine_hooks.table_source import InProcessTableSource
 
@@ -146,8 +146,7 @@ def _hooks(comm, graph_modes: str, installed: bool = True):
     hooks = SglangStepHooks(GatherwiseConfig(engine=EngineSection(graph_modes=graph_modes)))
     source = InProcessTableSource() if comm.rank == 0 else None
     if installed:  # what _path installs at the first hooked call (it needs SGLang's TP group)
-        path = LogitsPath(comm, VOCAB, initial_table=ModeTable.uniform(Mode.ALL_GATHER), table_source=source,
-                          keep_log=True)
+        path = LoggedLogitsPath(comm, VOCAB, initial_table=ModeTable.uniform(Mode.ALL_GATHER), table_source=source)
         hooks.installed = SimpleNamespace(path=path, close=lambda: None)
         hooks.resync = RandomStateResync(comm, "cpu")
     return hooks, source

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from gatherwise.engine_hooks.logits_path import LogitsPath, shard_width
+from gatherwise.engine_hooks.call_marks import marks_by_name
+from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
+from gatherwise.engine_hooks.logits_path import shard_width
 from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow, sample
 from gatherwise.engine_hooks.sharded_exchange import collectives_for
 from gatherwise.tp_engine.launch import launch
@@ -63,11 +65,11 @@ class ListRecorder:
     def __init__(self) -> None:
         self.calls: list[dict] = []
 
-    def record(self, call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, bcast_start, bcast_end,
-               sample_start, sample_end, t_end, resolve_nbytes=0, topp_rows=0, fallback_rows=0, tag=0) -> None:
-        self.calls.append(dict(mode=int(mode), rows=rows, nbytes=nbytes, second=bool(bcast_start),
-                               resolve_nbytes=resolve_nbytes, topp_rows=topp_rows, fallback_rows=fallback_rows,
-                               tag=tag))
+    def record(self, *marks: int) -> None:
+        m = marks_by_name(marks)
+        self.calls.append(dict(mode=int(m["mode"]), rows=m["rows"], nbytes=m["nbytes"], second=bool(m["second_start"]),
+                               resolve_nbytes=m["resolve_nbytes"], topp_rows=m["topp_rows"],
+                               fallback_rows=m["fallback_rows"], tag=m["tag"]))
 
 
 def run_cases(rank: int, world: int, cases: list[Case]) -> list[dict]:
@@ -79,8 +81,8 @@ def run_cases(rank: int, world: int, cases: list[Case]) -> list[dict]:
     for case in cases:
         table, source = mode_setup(case.mode)
         recorder = ListRecorder()
-        path = LogitsPath(comm, case.vocab, dtype=getattr(torch, case.dtype), initial_table=table,
-                          table_source=source() if rank == 0 else None, recorder=recorder, keep_log=True)
+        path = LoggedLogitsPath(comm, case.vocab, dtype=getattr(torch, case.dtype), initial_table=table,
+                                table_source=source() if rank == 0 else None, recorder=recorder)
         width = path.width
         tokens, counted = [], []
         for call, rows in enumerate(case.sizes):

@@ -66,7 +66,7 @@ def test_span_tree_parents_and_exact_timestamps() -> None:
         assert (by_rank[r]["gather"].start_time, by_rank[r]["gather"].end_time) == \
             (rec.collective_start_ns + OFFSET, rec.collective_start_ns + rec.collective_ns + OFFSET)
         assert (by_rank[r]["broadcast"].start_time, by_rank[r]["broadcast"].end_time) == \
-            (rec.broadcast_start_ns + OFFSET, rec.broadcast_start_ns + rec.broadcast_ns + OFFSET)
+            (rec.second_start_ns + OFFSET, rec.second_start_ns + rec.second_ns + OFFSET)
         assert (by_rank[r]["logits_path"].start_time, by_rank[r]["logits_path"].end_time) == \
             (rec.start_ns + OFFSET, rec.end_ns + OFFSET)
         attrs = by_rank[r]["gather"].attributes
@@ -152,8 +152,8 @@ def test_otlp_http_export_from_real_rings(tmp_path: Path) -> None:
             if k.name == "logits_path":
                 assert (k.start_ns, k.end_ns) == (rec.start_ns + tracer.offset_ns, rec.end_ns + tracer.offset_ns)
             if k.name == "broadcast":
-                assert k.start_ns == rec.broadcast_start_ns + tracer.offset_ns
-                assert k.end_ns - k.start_ns == rec.broadcast_ns
+                assert k.start_ns == rec.second_start_ns + tracer.offset_ns
+                assert k.end_ns - k.start_ns == rec.second_ns
         assert root.start_ns == min(records[(call, r)].start_ns for r in (0, 1)) + tracer.offset_ns
     # monotonic -> epoch: the spans sit at "now" on the wall clock
     assert abs(roots[0].start_ns - time.time_ns()) < 60e9

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from gatherwise.engine_hooks.comm import Communicator, default_communicator
 from gatherwise.engine_hooks.handshake import handshake
+from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
 from gatherwise.engine_hooks.logits_path import CallRecorder, LogitsPath
 from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
 from gatherwise.engine_hooks.table_source import ScheduleTableSource, TableSource, initial_schedule_table
@@ -99,8 +100,9 @@ def mode_setup(mode: str) -> tuple[ModeTable, Callable[[], TableSource | None]]:
 def make_path(comm: Communicator, vocab: int, mode: str, logits_dtype: torch.dtype, device: torch.device,
               recorder: CallRecorder | None = None, keep_log: bool = True) -> LogitsPath:
     table, source = mode_setup(mode)
-    return LogitsPath(comm, vocab, dtype=logits_dtype, device=device, initial_table=table,
-                      table_source=source() if comm.rank == 0 else None, recorder=recorder, keep_log=keep_log)
+    path_class = LoggedLogitsPath if keep_log else LogitsPath
+    return path_class(comm, vocab, dtype=logits_dtype, device=device, initial_table=table,
+                      table_source=source() if comm.rank == 0 else None, recorder=recorder)
 
 
 @dataclass
@@ -128,15 +130,16 @@ class Engine:
         cache = self.model.new_cache(self.max_batch, max_sequence_length(requests))
         scheduler = Scheduler(requests, cache, self.max_batch)
         sizes = []
-        calls_before = len(path.mode_log) if path.mode_log is not None else 0
+        logged = isinstance(path, LoggedLogitsPath)
+        calls_before = len(path.mode_log) if logged else 0
         while (batch := scheduler.next_batch()) is not None:
             tokens = self.step(path, batch, cache)
             sizes.append(len(batch.rows))
             if on_step is not None:
                 on_step(batch, tokens)
             scheduler.complete(tokens.tolist())
-        modes = [m.label for m in path.mode_log[calls_before:]] if path.mode_log is not None else []
-        colls = list(path.collective_log[calls_before:]) if path.collective_log is not None else []
+        modes = [m.label for m in path.mode_log[calls_before:]] if logged else []
+        colls = list(path.collective_log[calls_before:]) if logged else []
         return RunResult(dict(sorted(scheduler.finished.items())), modes, colls, sizes)
 
     def step(self, path: LogitsPath, batch: StepBatch, cache: KVCache) -> torch.Tensor:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 # The header's dtype field holds a logits dtype code (gatherwise.logits_dtypes); named here for ring readers.
 from gatherwise.logits_dtypes import DTYPE_NAMES as DTYPE_NAMES
 from gatherwise.logits_dtypes import dtype_name as dtype_name
+from gatherwise.modes import Mode
 
 MAGIC = b"GWRING\x00\x00"
 FORMAT_VERSION = 2
@@ -53,7 +54,8 @@ STATE_OPEN, STATE_CLOSED = 1, 2
 # Cumulative counters: one row per mode code (0..NUM_MODE_ROWS-1), each row = calls, then (ns, bytes) per op.
 OPS = ("all_gather", "gather", "broadcast", "sample", "path", "shard_exchange", "shard_resolve")
 OP_ALL_GATHER, OP_GATHER, OP_BROADCAST, OP_SAMPLE, OP_PATH, OP_SHARD_EXCHANGE, OP_SHARD_RESOLVE = range(len(OPS))
-NUM_MODE_ROWS = 3  # mode codes all_gather, gather, sharded (code 3 is not a mode)
+# One row per mode (code 3 of the 2-bit mode code is not a mode): a new mode changes the layout (FORMAT_VERSION).
+NUM_MODE_ROWS = len(Mode)
 COUNTERS_OFFSET = 128
 COUNTER_ROW = struct.Struct(f"<{1 + 2 * len(OPS)}Q")
 COUNTERS = struct.Struct(f"<{NUM_MODE_ROWS * (1 + 2 * len(OPS))}Q")
@@ -77,20 +79,25 @@ DROPS = struct.Struct(f"<{len(DROP_REASONS)}Q")
 assert DROPS_OFFSET + DROPS.size <= HEADER_SIZE
 
 # The operations a call runs, by mode: (its first collective, its second operation or None). In a record the
-# first is timed by the collective fields, the second by the broadcast fields (flag FLAG_BROADCAST or
-# FLAG_RESOLVE says which second operation ran).
-MODE_OPS = {0: ("all_gather", None), 1: ("gather", "broadcast"), 2: ("shard_exchange", "shard_resolve")}
+# first is timed by the collective fields, the second by the second-operation fields (flag FLAG_BROADCAST or
+# FLAG_RESOLVE says which second operation ran). Keyed by Mode, which is an int: a mode code finds its entry.
+MODE_OPS: dict[Mode, tuple[str, str | None]] = {
+    Mode.ALL_GATHER: ("all_gather", None),
+    Mode.GATHER: ("gather", "broadcast"),
+    Mode.SHARDED: ("shard_exchange", "shard_resolve"),
+}
+assert tuple(MODE_OPS) == tuple(Mode)  # every mode, in code order
 
 # -- record ------------------------------------------------------------------------------------------------
 # seq, start_ns, call_index, nbytes, epoch, rows, vocab, rank, mode, dtype,
-# collective (offset, duration), broadcast (offset, duration), sample (offset, duration), path duration,
+# collective (offset, duration), second operation (offset, duration), sample (offset, duration), path duration,
 # flags, seq again. Offsets are from start_ns; all u32 fields are ns and saturate at U32_MAX (~4.29 s).
 RECORD = struct.Struct("<QQQQIIIHBBIIIIIIIIQ")
 RECORD_SIZE = RECORD.size  # 88
 RECORD_FIELDS = 19
 U32_MAX = 0xFFFFFFFF
-FLAG_BROADCAST = 1  # the call broadcast tokens (gather mode); the broadcast fields time it
-FLAG_RESOLVE = 2  # sharded mode: the call ran its second collective (shard_resolve); the broadcast fields time it
+FLAG_BROADCAST = 1  # the call broadcast tokens (gather mode); the second-operation fields time it
+FLAG_RESOLVE = 2  # sharded mode: the call ran its second collective (shard_resolve), which those fields time
 # flags bits 2..7: the call's tag (gatherwise.call_kind.call_tag): bits 2..5 what it sampled (0: the writer does
 # not say), bits 6..7 the mode its table named, which differs from `mode` where the call stepped aside.
 TAG_SHIFT = 2
@@ -105,13 +112,24 @@ def broadcast_bytes(rows: int) -> int:
     return (rows + 1) * BROADCAST_BYTES_PER_ROW
 
 
+def second_op_flag(mode: int) -> int:
+    """The flag a record of a `mode` call carries when it ran a second operation: FLAG_RESOLVE where that is
+    shard_resolve, else FLAG_BROADCAST (also for a mode without one, the flag such a record has always had)."""
+    return FLAG_RESOLVE if MODE_OPS[mode][1] == "shard_resolve" else FLAG_BROADCAST
+
+
 def ring_file_size(capacity: int) -> int:
     return HEADER_SIZE + capacity * RECORD_SIZE
 
 
+def slot_of(seq: int, capacity: int) -> int:
+    """Slot index of the record with sequence number seq (seqs start at 1)."""
+    return (seq - 1) % capacity
+
+
 def slot_offset(seq: int, capacity: int) -> int:
     """Byte offset of the record with sequence number seq (seqs start at 1)."""
-    return HEADER_SIZE + ((seq - 1) % capacity) * RECORD_SIZE
+    return HEADER_SIZE + slot_of(seq, capacity) * RECORD_SIZE
 
 
 @dataclass(frozen=True)
@@ -152,7 +170,7 @@ class RingHeader:
 
 
 def second_op_of(flags: int) -> str | None:
-    """Which second operation a record's broadcast fields time, from its flags."""
+    """Which second operation a record's second-operation fields time, from its flags."""
     if flags & FLAG_RESOLVE:
         return "shard_resolve"
     return "broadcast" if flags & FLAG_BROADCAST else None
@@ -189,8 +207,8 @@ class CallRecord:
     start_ns: int
     collective_start_ns: int
     collective_ns: int
-    broadcast_start_ns: int
-    broadcast_ns: int
+    second_start_ns: int  # the second operation (second_op) and its duration
+    second_ns: int
     sample_start_ns: int
     sample_ns: int
     end_ns: int
