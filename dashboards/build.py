@@ -11,6 +11,10 @@ import json
 import sys
 from pathlib import Path
 
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import DashboardCursorSync
+
 from gatherwise.dashboards.panels import (
     BUCKET_SOURCE,
     ENGINE,
@@ -24,9 +28,6 @@ from gatherwise.dashboards.panels import (
     traffic_panels,
     variable,
 )
-from grafana_foundation_sdk.builders import dashboard as dash
-from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.dashboard import DashboardCursorSync
 
 DASHBOARD_UID = "gatherwise-overview"
 OUT_DIR = Path(__file__).parent / "grafana" / "dashboards"

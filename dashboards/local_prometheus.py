@@ -18,6 +18,7 @@ from http import HTTPStatus
 from pathlib import Path
 
 import yaml
+
 from gatherwise.dashboards.child_process import start_child, stop_child
 
 CONFIG = Path(__file__).parent / "prometheus" / "prometheus.yml"

@@ -14,7 +14,6 @@ import os
 import time
 
 from gatherwise.engine_hooks.table_source import AppliedStatus, TableRequest
-
 from gatherwise.modes import ModeTable
 from gatherwise.shm_format import control as fmt
 from gatherwise.shm_format.control import CMD_SEQ, HB_CALL, HB_LOCK, HB_NS

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from gatherwise.engine_hooks.call_marks import CLOCK_MARKS, T_END, CallMarks, with_clock_marks
-
 from gatherwise.shm_format.ring import DROP_TIMING_AT_CLOSE, DROP_TIMING_BACKLOG
 
 

@@ -10,9 +10,9 @@ import time
 from collections.abc import Sequence
 
 import torch
-from gatherwise.engine_hooks.comm import Communicator
 
 from gatherwise.config import DelayPhase
+from gatherwise.engine_hooks.comm import Communicator
 
 
 class DelayedCommunicator:

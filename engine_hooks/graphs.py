@@ -31,7 +31,6 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from gatherwise.engine_hooks.logits_path import LogitsPath
-
 from gatherwise.modes import IMPLEMENTED, Mode
 
 # Sharded mode decides on the host from the exchanged summaries (which rows fall back, who owns a draw), so a

@@ -7,9 +7,9 @@ the same clear error on any mismatch, so no rank is left waiting in a later coll
 from __future__ import annotations
 
 import torch
-from gatherwise.engine_hooks.comm import Communicator
 
 from gatherwise import HOOKS_VERSION
+from gatherwise.engine_hooks.comm import Communicator
 from gatherwise.logits_dtypes import dtype_code
 from gatherwise.modes import ModeTable
 from gatherwise.stable_hash import stable_hash

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from gatherwise.config import GatherwiseConfig, config_hash, load_config
 from gatherwise.engine_hooks.comm import Communicator
 from gatherwise.engine_hooks.delay_injection import DelayedCommunicator
 from gatherwise.engine_hooks.handshake import handshake
 from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
 from gatherwise.engine_hooks.logits_path import LogitsPath
 from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
-
-from gatherwise.config import GatherwiseConfig, config_hash, load_config
 from gatherwise.modes import Mode, ModeTable
 
 log = logging.getLogger("gatherwise.install")
@@ -90,7 +90,6 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
             _runs_without("telemetry and control", comm.rank, f"engine.shm_dir {cfg.engine.shm_dir}: {exc}")
     if cfg.telemetry.enabled and engine_dir is not None:
         from gatherwise.engine_hooks.recorder import RingRecorder
-
         from gatherwise.shm_format.ring import ring_file_size, ring_path
 
         try:
@@ -104,7 +103,6 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
                           f"{exc.strerror or exc}")
     if cfg.control.enabled and comm.rank == 0 and engine_dir is not None:
         from gatherwise.engine_hooks.control_block import ControlBlockSource
-
         from gatherwise.shm_format.control import control_path
 
         try:

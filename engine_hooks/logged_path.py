@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from gatherwise.engine_hooks.logits_path import LogitsPath
 from gatherwise.engine_hooks.sharded_exchange import ShardedCall
-
 from gatherwise.modes import Mode
 
 

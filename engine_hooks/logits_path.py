@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from typing import Protocol
 
 import torch
+
+from gatherwise.call_kind import call_tag
 from gatherwise.engine_hooks.comm import Communicator
 from gatherwise.engine_hooks.deferred_word import ADOPT_LAG, DeferredWords
 from gatherwise.engine_hooks.sampling import SamplingRow, sample
@@ -27,8 +29,6 @@ from gatherwise.engine_hooks.sampling_params import kind_of_rows
 from gatherwise.engine_hooks.sharded_exchange import ShardedCall, ShardedSampler
 from gatherwise.engine_hooks.table_source import AppliedStatus, TableSource
 from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
-
-from gatherwise.call_kind import call_tag
 from gatherwise.modes import EPOCH_BITS, ControlWord, Mode, ModeTable
 
 _ALIGN = 4  # shard widths are padded to a multiple of 4 so the control word slot is 8-byte aligned

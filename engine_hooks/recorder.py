@@ -16,7 +16,6 @@ import sys
 import time
 
 from gatherwise.engine_hooks.call_marks import MARKS
-
 from gatherwise.logits_dtypes import dtype_code
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt

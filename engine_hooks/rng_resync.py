@@ -26,6 +26,7 @@ import logging
 from collections.abc import Hashable, Iterable, Mapping
 
 import torch
+
 from gatherwise.engine_hooks.comm import Communicator
 
 

@@ -9,6 +9,7 @@ documented there). Randomness: one counter-based uniform per row (gatherwise.eng
 from __future__ import annotations
 
 import torch
+
 from gatherwise.engine_hooks.sampling_params import SamplingParams, SamplingRow, row_uniform
 from gatherwise.engine_hooks.shard_sampling import (
     Kind,

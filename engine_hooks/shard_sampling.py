@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 import torch
+
 from gatherwise.engine_hooks.sampling_params import SamplingParams, SamplingRow, row_uniform
 
 TOP_P_CANDIDATES = 64  # per shard: enough for the nucleus of a peaked distribution; flat ones fall back

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
 from gatherwise.engine_hooks.comm import Communicator
 from gatherwise.engine_hooks.sampling_params import SamplingRow
 from gatherwise.engine_hooks.shard_sampling import (

@@ -35,10 +35,10 @@ from pathlib import Path
 
 import httpx
 import yaml
+
 from gatherwise.bench.bench_sidecar import auth_header, start_sidecar
 from gatherwise.bench.figures import pyplot, save
 from gatherwise.bench.sidecar_cpu import cpu_seconds
-
 from gatherwise.call_kind import kind_label, split_tag
 from gatherwise.config import PolicyParams
 from gatherwise.modes import IMPLEMENTED, Mode, bucket_label, bucket_of
@@ -66,11 +66,11 @@ def workload(name: str, greedy_share: float = 1.0) -> dict:
 
 def engine_rank(rank: int, world: int, config_path: str, stop_file: str, load: dict) -> int:
     import torch
+
+    from gatherwise.config import load_config
     from gatherwise.engine_hooks.comm import default_communicator
     from gatherwise.engine_hooks.install import install_hooks
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
-
-    from gatherwise.config import load_config
 
     comm = default_communicator()
     hooks = install_hooks(comm, vocab=load["vocab"], config=load_config(config_path))

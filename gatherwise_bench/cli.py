@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from gatherwise.bench.arg_types import at_least, int_list, name_list
 from gatherwise.bench.sampling_spec import parse_sampling
-
 from gatherwise.logits_dtypes import LOGITS_DTYPES
 from gatherwise.modes import IMPLEMENTED_LABELS, Mode
 
@@ -97,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # heavy imports only once the arguments are known to be good
     import torch
+
     from gatherwise.bench.launch import run_ranks
     from gatherwise.bench.report import SweepResult, find_crossovers, summarize
     from gatherwise.bench.sweep import SweepConfig, sweep_rank

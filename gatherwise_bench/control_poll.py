@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from gatherwise.engine_hooks.control_block import ControlBlockSource
-
 from gatherwise.modes import Mode, ModeTable
 from gatherwise.shm_format.control import control_path
 

@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 from gatherwise.bench.figures import pyplot, save
-
 from gatherwise.shm_format.ring import engine_dir_name
 
 SHAPES = ((1, 32000), (16, 152064))  # (rows, vocab)
@@ -49,10 +48,10 @@ def _measure_shape(comm, rank: int, world: int, rows: int, vocab: int, iters: in
     """(start, end) ns per timed call of each variant on this rank."""
     import torch
     import torch.distributed as dist
+
     from gatherwise.engine_hooks.logits_path import LogitsPath
     from gatherwise.engine_hooks.recorder import RingRecorder
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
-
     from gatherwise.modes import Mode, ModeTable
     from gatherwise.shm_format.ring import ring_path
 
@@ -145,10 +144,10 @@ def single_rank_path_us(rounds: int = 60, block: int = 100) -> dict:
     with its pure-Python record() (`on_python`: the writer before the compiled one) and with the compiled
     record() (`on`), in interleaved blocks of calls; per-call medians of thread CPU time in µs."""
     import torch
+
     from gatherwise.engine_hooks.comm import SingleRankCommunicator
     from gatherwise.engine_hooks.logits_path import LogitsPath
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
-
     from gatherwise.modes import Mode, ModeTable
 
     torch.set_num_threads(1)

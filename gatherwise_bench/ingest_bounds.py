@@ -28,7 +28,6 @@ from pathlib import Path
 from gatherwise.bench.figures import pyplot, save
 from gatherwise.engine_hooks.call_marks import call_marks
 from gatherwise.engine_hooks.recorder import RingRecorder
-
 from gatherwise.shm_format.liveness import LivenessLock, is_engine_dir_name
 from gatherwise.shm_format.ring import engine_dir, ring_path
 

@@ -23,10 +23,10 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+
 from gatherwise.bench.bench_sidecar import start_sidecar
 from gatherwise.bench.figures import pyplot, save
 from gatherwise.bench.telemetry_standin import TelemetryStandIn
-
 from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, bucket_upper_bound
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"

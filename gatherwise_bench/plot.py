@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matplotlib.ticker import NullLocator
+
 from gatherwise.bench.figures import pyplot, save
 from gatherwise.bench.report import CLEAR_WIN_SHARE, SweepResult
-from matplotlib.ticker import NullLocator
 
 
 def plot_crossover(path: Path, result: SweepResult) -> Path:

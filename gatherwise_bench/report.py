@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from gatherwise.bench.sweep import CallTimes, ShapeKey, SweepConfig
 from gatherwise.engine_hooks.logits_path import shard_width
 from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES

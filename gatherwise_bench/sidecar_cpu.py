@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 import yaml
+
 from gatherwise.bench.bench_sidecar import auth_header, start_sidecar
 from gatherwise.bench.telemetry_standin import TelemetryStandIn
 

@@ -17,16 +17,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
 from gatherwise.engine_hooks.call_marks import call_marks
 from gatherwise.engine_hooks.recorder import RingRecorder
+from gatherwise.shm_format.ring import engine_dir, ring_path
 from gatherwise.sidecar.hooks_off import HooksOffWatch
 from gatherwise.sidecar.ingest import Ingest
 from gatherwise.sidecar.record_histograms import RecordHistograms
 from gatherwise.sidecar.traces import CallTracer, new_provider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-from gatherwise.shm_format.ring import engine_dir, ring_path
 
 TARGET = 200_000
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from gatherwise.bench.report import ShapeResult, shape_group
 from gatherwise.bench.sweep import SweepConfig
-
 from gatherwise.modes import Mode, ModeTable, bucket_of
 from gatherwise.table_file import fill_nearest, save_table_file
 

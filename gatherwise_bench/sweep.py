@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
 from gatherwise.bench.sampling_spec import parse_sampling
 from gatherwise.engine_hooks.call_marks import (
     COLL_END,
@@ -38,7 +39,6 @@ from gatherwise.engine_hooks.comm import default_communicator
 from gatherwise.engine_hooks.logits_path import LogitsPath
 from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
 from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
-
 from gatherwise.modes import Mode, ModeTable
 from gatherwise.shm_format.ring import broadcast_bytes
 

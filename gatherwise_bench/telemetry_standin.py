@@ -17,11 +17,11 @@ from http import HTTPStatus
 from pathlib import Path
 
 import httpx
+
 from gatherwise.engine_hooks.call_marks import call_marks
 from gatherwise.engine_hooks.control_block import ControlBlockSource
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.engine_hooks.table_source import AppliedStatus
-
 from gatherwise.modes import Mode, ModeTable, bucket_of
 from gatherwise.shm_format.control import control_path
 from gatherwise.shm_format.ring import engine_dir, ring_path

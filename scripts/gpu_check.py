@@ -78,9 +78,9 @@ def _sync(device) -> None:
 
 def _path(device, vocab: int, mode, *, dtype=None, recorder=None, clock=None, source=None, comm=None):
     import torch
+
     from gatherwise.engine_hooks.comm import SingleRankCommunicator
     from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
-
     from gatherwise.modes import ModeTable
 
     kw = {"clock": clock} if clock is not None else {}
@@ -91,6 +91,7 @@ def _path(device, vocab: int, mode, *, dtype=None, recorder=None, clock=None, so
 def _recording(device, path_dir: str, name: str, vocab: int, dtype):
     """(clock, recorder, ring) for a path on `device`: CUDA events + resolver on CUDA, perf_counter on CPU."""
     import torch
+
     from gatherwise.engine_hooks.cuda_timing import cuda_recording
     from gatherwise.engine_hooks.recorder import RingRecorder
 
@@ -140,8 +141,8 @@ def check_sync_free(ctx: dict) -> dict:
     mode and sampling kind, with a mode switch — except the kinds in SYNCS_BY_DESIGN, which are run and reported
     (synchronizes or not) without failing the check."""
     import torch
-    from gatherwise.engine_hooks.table_source import InProcessTableSource
 
+    from gatherwise.engine_hooks.table_source import InProcessTableSource
     from gatherwise.modes import IMPLEMENTED
 
     device, vocab, batch = ctx["device"], 32000, 4
@@ -213,9 +214,9 @@ def _innermost_frames(exc: BaseException, count: int = 4) -> list[str]:
 
 def _tp2_rank(rank: int, world: int, device: str, vocab: int, batch: int) -> dict:
     import torch
+
     from gatherwise.engine_hooks.comm import TorchDistCommunicator
     from gatherwise.engine_hooks.table_source import InProcessTableSource
-
     from gatherwise.modes import IMPLEMENTED
 
     out = {}
@@ -267,9 +268,9 @@ def check_tp2_gloo_cuda(ctx: dict) -> dict:
 def check_event_timing(ctx: dict) -> dict:
     """Per mode: the recorded path time (CUDA events, resolved later) against synchronized wall time."""
     import torch
-    from gatherwise.sidecar.ring_reader import RingReader
 
     from gatherwise.modes import IMPLEMENTED
+    from gatherwise.sidecar.ring_reader import RingReader
 
     device, batch = ctx["device"], 64
     vocab, calls = (32000, 12) if ctx["cpu"] else (SAMPLER_VOCAB, 30)
@@ -396,8 +397,8 @@ def check_sampler(ctx: dict) -> dict:
     """Per mode, B, kind: the path call as that mode runs it (collective + that mode's sampling) at TP=1, and
     the shared sampler alone on the received [P, B, V/P] layout for P = 1 and 8."""
     import torch
-    from gatherwise.engine_hooks.sampling import sample
 
+    from gatherwise.engine_hooks.sampling import sample
     from gatherwise.modes import IMPLEMENTED
 
     # On the CPU (the plumbing test in make test) a smaller vocab: the GPU shapes would take minutes there.
@@ -549,9 +550,9 @@ def check_header_metrics(ctx: dict) -> dict:
     except ImportError as exc:
         raise Skip(f"sidecar metrics need {exc.name}") from None
     import torch
-    from gatherwise.sidecar.ring_reader import RingReader
 
     from gatherwise.modes import IMPLEMENTED
+    from gatherwise.sidecar.ring_reader import RingReader
 
     device, vocab, batch = ctx["device"], 32000, 4
     clock, recorder, ring = _recording(device, ctx["tmp"], "metrics", vocab, "bfloat16")

@@ -11,11 +11,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+
+from gatherwise import HOOKS_VERSION
 from gatherwise.sidecar import routes_control, routes_status
 from gatherwise.sidecar.body_limit import BodySizeLimit
 from gatherwise.sidecar.state import SidecarState
-
-from gatherwise import HOOKS_VERSION
 
 # Routers and their prefixes
 ROUTERS = [

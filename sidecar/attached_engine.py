@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gatherwise.shm_format.hooks_off import HooksOffNotice
+from gatherwise.shm_format.liveness import Liveness, liveness
 from gatherwise.sidecar.histograms import Series
 from gatherwise.sidecar.record_histograms import CallSeries
 from gatherwise.sidecar.ring_reader import RingReader
-
-from gatherwise.shm_format.hooks_off import HooksOffNotice
-from gatherwise.shm_format.liveness import Liveness, liveness
 
 
 @dataclass

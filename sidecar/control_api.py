@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gatherwise.config import PolicyParams
+from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
+from gatherwise.shm_format.control import ControlFormatError
 from gatherwise.sidecar.control_block_client import AreaMidWriteError, ControlSnapshot, InvalidTableWordError
 from gatherwise.sidecar.control_gauges import ControlView
 from gatherwise.sidecar.control_models import BucketModeStats, StatsResponse
@@ -23,10 +26,6 @@ from gatherwise.sidecar.estimates import Estimate
 from gatherwise.sidecar.loop import Loop, on_loop
 from gatherwise.sidecar.policy import Decision, ModePolicy
 from gatherwise.sidecar.session_store import SessionStore
-
-from gatherwise.config import PolicyParams
-from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
-from gatherwise.shm_format.control import ControlFormatError
 
 log = logging.getLogger("gatherwise.sidecar.control")
 # Distinct unreadable table words warned about (a block written over and over must not flood the log).

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from gatherwise.sidecar.metric_names import ACTIVE_MODE, POLICY_ESTIMATE_SECONDS
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from gatherwise.sidecar.metric_names import ACTIVE_MODE, POLICY_ESTIMATE_SECONDS
 
 
 @dataclass

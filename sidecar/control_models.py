@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from gatherwise.sidecar.policy import Decision
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from gatherwise.config import ModeLabel, ModeOrAuto, PolicyParams
 from gatherwise.modes import NUM_BUCKETS, bucket_from_upper_bound
+from gatherwise.sidecar.policy import Decision
 from gatherwise.table_file import TableDocument
 
 BucketTable = dict[str, ModeLabel]  # bucket upper bound ("1", "2", "4", ... "32768") -> mode

@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gatherwise.modes import ModeTable
 from gatherwise.sidecar.attached_engine import AttachedEngine
 from gatherwise.sidecar.control_block_client import ControlClient, InvalidTableWordError
 from gatherwise.sidecar.policy import ModePolicy
-
-from gatherwise.modes import ModeTable
 
 
 @dataclass

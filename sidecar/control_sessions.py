@@ -14,15 +14,14 @@ import logging
 import time
 from pathlib import Path
 
+from gatherwise.config import GatherwiseConfig, PolicyParams
+from gatherwise.shm_format.control import CONTROL_NAME, ControlFormatError, sidecar_state_path
 from gatherwise.sidecar.attached_engine import AttachedEngine
 from gatherwise.sidecar.control_block_client import AreaMidWriteError, ControlClient
 from gatherwise.sidecar.control_session import ControlSession, readable_table
 from gatherwise.sidecar.decision_events import DecisionEvents
 from gatherwise.sidecar.decision_publisher import DecisionPublisher
 from gatherwise.sidecar.session_store import SessionStore
-
-from gatherwise.config import GatherwiseConfig, PolicyParams
-from gatherwise.shm_format.control import CONTROL_NAME, ControlFormatError, sidecar_state_path
 
 log = logging.getLogger("gatherwise.sidecar.control")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from gatherwise.sidecar.metric_names import MODE_SWITCHES
 from prometheus_client import Counter
 
 from gatherwise.modes import IMPLEMENTED
+from gatherwise.sidecar.metric_names import MODE_SWITCHES
 
 if TYPE_CHECKING:  # the GPU check imports the metrics modules without pydantic, which the policy needs
     from gatherwise.sidecar.policy import Decision

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 import httpx
-from gatherwise.dashboards.local_stack import LocalStack, start_local_stack
 
+from gatherwise.dashboards.local_stack import LocalStack, start_local_stack
 from gatherwise.modes import IMPLEMENTED_LABELS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,6 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gatherwise.modes import IMPLEMENTED, Mode
+from gatherwise.shm_format.ring import MODE_OPS, RingHeader
 from gatherwise.sidecar.metric_names import (
     CALLS,
     COLLECTIVE_BYTES,
@@ -21,11 +26,6 @@ from gatherwise.sidecar.metric_names import (
     TOPP_FALLBACK_ROWS,
     TOPP_ROWS,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
-from gatherwise.modes import IMPLEMENTED, Mode
-from gatherwise.shm_format.ring import MODE_OPS, RingHeader
 
 
 @dataclass

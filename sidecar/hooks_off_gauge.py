@@ -6,11 +6,11 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Iterable, Sequence
 
-from gatherwise.sidecar.metric_names import ENGINE_HOOKS_OFF
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gatherwise.shm_format.hooks_off import HooksOffNotice
+from gatherwise.sidecar.metric_names import ENGINE_HOOKS_OFF
 
 
 class HooksOffCollector(Collector):

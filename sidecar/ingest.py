@@ -29,16 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gatherwise.modes import LABEL_OF_CODE, bucket_label, bucket_of
+from gatherwise.shm_format.liveness import Liveness, is_removable, liveness
+from gatherwise.shm_format.private_files import check_shm_dir_for_reading
 from gatherwise.sidecar.attached_engine import AttachedEngine, EngineInfo, PendingCall
 from gatherwise.sidecar.header_counters import EngineCounters, rank_counters
 from gatherwise.sidecar.hooks_off import HooksOffWatch
 from gatherwise.sidecar.record_histograms import RecordHistograms
 from gatherwise.sidecar.ring_reader import EngineFiles, RingFormatError, RingReader, discover_engines
 from gatherwise.sidecar.traces import CallTracer
-
-from gatherwise.modes import LABEL_OF_CODE, bucket_label, bucket_of
-from gatherwise.shm_format.liveness import Liveness, is_removable, liveness
-from gatherwise.shm_format.private_files import check_shm_dir_for_reading
 
 log = logging.getLogger("gatherwise.sidecar.ingest")
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gatherwise.sidecar.record_histograms import RecordHistograms
 from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+
+from gatherwise.sidecar.record_histograms import RecordHistograms
 
 
 class SidecarMetrics:

@@ -46,14 +46,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, Literal
 
-from gatherwise.sidecar.estimates import Estimate, KindMix, WindowEstimates
-from gatherwise.sidecar.paired_evidence import Evidence, Pair, combine_kind, combine_mix, decisive, pair_stats
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as validated_dataclass
 
 from gatherwise.call_kind import KINDS, kind_label, split_tag
 from gatherwise.config import ModeOrAuto, PolicyParams
 from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable, bucket_label
+from gatherwise.sidecar.estimates import Estimate, KindMix, WindowEstimates
+from gatherwise.sidecar.paired_evidence import Evidence, Pair, combine_kind, combine_mix, decisive, pair_stats
 
 DECISION_LOG = 256
 PAIRS_KEPT = 64  # paired ratios kept per bucket

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gatherwise.modes import Mode
+from gatherwise.shm_format.ring import MODE_OPS
 from gatherwise.sidecar.histograms import HistogramFamily, Series
 from gatherwise.sidecar.metric_names import (
     COLLECTIVE_SECONDS,
@@ -16,9 +18,6 @@ from gatherwise.sidecar.metric_names import (
     SAMPLE_SECONDS,
     STEP_CRITICAL_PATH_SECONDS,
 )
-
-from gatherwise.modes import Mode
-from gatherwise.shm_format.ring import MODE_OPS
 
 # 10 µs .. 1.3 s: collectives on one host are tens of µs (GPU) to tens of ms (gloo, big vocab).
 BUCKETS = tuple(1e-5 * 2**i for i in range(18))

@@ -18,6 +18,9 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from gatherwise.modes import parse_buckets
+from gatherwise.shm_format.control import ControlFormatError, seq_reached
 from gatherwise.sidecar.control_api import ControlApi, NotAttached, PolicyView
 from gatherwise.sidecar.control_block_client import ControlSnapshot, InvalidTableWordError
 from gatherwise.sidecar.control_models import (
@@ -33,9 +36,6 @@ from gatherwise.sidecar.control_models import (
 )
 from gatherwise.sidecar.state import StateDep
 from gatherwise.sidecar.strict_json import StrictJSONRoute
-
-from gatherwise.modes import parse_buckets
-from gatherwise.shm_format.control import ControlFormatError, seq_reached
 from gatherwise.validation_errors import request_error_details
 
 router = APIRouter(tags=["control"], route_class=StrictJSONRoute)  # a repeated JSON key is a 422

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
 from gatherwise.sidecar.attached_engine import EngineInfo
 from gatherwise.sidecar.state import StateDep
-from pydantic import BaseModel
 
 router = APIRouter()
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import time
 
+from gatherwise.modes import Mode
+from gatherwise.shm_format.control import ControlFormatError
 from gatherwise.sidecar.attached_engine import AttachedEngine
 from gatherwise.sidecar.control_session import ControlSession
 from gatherwise.sidecar.control_sessions import ControlSessions
@@ -20,9 +22,6 @@ from gatherwise.sidecar.decision_publisher import DecisionPublisher
 from gatherwise.sidecar.ingest import Ingest, JoinedCall
 from gatherwise.sidecar.loop import Loop
 from gatherwise.sidecar.session_store import SessionStore
-
-from gatherwise.modes import Mode
-from gatherwise.shm_format.control import ControlFormatError
 
 log = logging.getLogger("gatherwise.sidecar.control")
 # While calls flow the policy steps this often (its decisions are paced in seconds; a probe ends as its last call

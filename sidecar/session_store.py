@@ -12,13 +12,12 @@ import logging
 import time
 from typing import Any
 
+from gatherwise.config import PolicyParams
+from gatherwise.modes import Mode, ModeTable
 from gatherwise.sidecar.control_block_client import ControlSnapshot
 from gatherwise.sidecar.control_session import ControlSession, readable_table
 from gatherwise.sidecar.policy import ModePolicy
 from gatherwise.sidecar.policy_state import load_state, policy_from_json, policy_to_json, save_state
-
-from gatherwise.config import PolicyParams
-from gatherwise.modes import Mode, ModeTable
 
 log = logging.getLogger("gatherwise.sidecar.control")
 SAVE_INTERVAL_S = 1.0

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
+
+from gatherwise.config import GatherwiseConfig
 from gatherwise.sidecar.control_api import ControlApi, api_token
 from gatherwise.sidecar.control_gauges import ControlGaugesCollector
 from gatherwise.sidecar.control_sessions import ControlSessions
@@ -23,8 +25,6 @@ from gatherwise.sidecar.record_histograms import RecordHistograms
 from gatherwise.sidecar.schedule import SidecarSchedule
 from gatherwise.sidecar.session_store import SessionStore
 from gatherwise.sidecar.traces import CallTracer, build_tracer
-
-from gatherwise.config import GatherwiseConfig
 
 
 @dataclass

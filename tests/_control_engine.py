@@ -54,12 +54,12 @@ def rows_for(spec: LoopSpec, call: int) -> int:
 
 def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
     import torch
+
+    from gatherwise.config import load_config
     from gatherwise.engine_hooks.comm import default_communicator
     from gatherwise.engine_hooks.install import install_hooks
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
     from gatherwise.tp_engine.decode_load import stop_on_every_rank
-
-    from gatherwise.config import load_config
 
     cfg = load_config(spec.config_path)
     if not spec.control:

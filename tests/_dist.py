@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gatherwise.tp_engine.launch import launch
-
 from gatherwise.free_port import free_port
+from gatherwise.tp_engine.launch import launch
 
 __all__ = ["free_port", "run_ranks"]
 

@@ -11,7 +11,6 @@ from gatherwise.engine_hooks.comm import SingleRankCommunicator
 from gatherwise.engine_hooks.cuda_timing import EventClock, EventResolver
 from gatherwise.engine_hooks.logits_path import LogitsPath
 from gatherwise.engine_hooks.recorder import RingRecorder
-
 from gatherwise.modes import ModeTable
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from gatherwise.bench.serve.checkpoints import initialise_random
 
 

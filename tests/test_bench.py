@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from gatherwise.bench.cli import build_parser, main
 
+from gatherwise.bench.cli import build_parser, main
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
 from gatherwise.table_file import load_table_file, read_table_file, save_table_file
 
@@ -177,9 +177,8 @@ def test_bench_table_file_is_the_engines_starting_table(tmp_path):
     """engine.initial_table_file (config) loads what the bench writes: the engine starts on the measured table."""
     from gatherwise.bench.report import ModeStats, ShapeResult
     from gatherwise.bench.starting_table import best_table
-    from gatherwise.engine_hooks.install import initial_table
-
     from gatherwise.config import EngineSection, GatherwiseConfig
+    from gatherwise.engine_hooks.install import initial_table
 
     def shape(rows: int, ag: float, g: float, wins: float = 1.0) -> ShapeResult:
         st = lambda t: ModeStats(t, t, t, 0.0, 0.0, 0.0, 0.0, 0.0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from gatherwise.bench.cli import main
 from gatherwise.bench.serve.configurations import interleaved
 from gatherwise.bench.serve.greedy_match import TokenCounter, compare_outputs

@@ -9,10 +9,10 @@ import httpx
 import pytest
 import schemathesis
 import yaml
-from gatherwise.sidecar.mode_cli import main as mode_cli
 from hypothesis import HealthCheck, given, settings
 
 from gatherwise.modes import IMPLEMENTED, Mode
+from gatherwise.sidecar.mode_cli import main as mode_cli
 from tests._control_engine import BackgroundEngine, LoopSpec
 from tests._sidecar import start_sidecar, wait_for
 

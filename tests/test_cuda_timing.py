@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from gatherwise.engine_hooks.call_marks import SECOND_END, SECOND_START, CallMarks, call_marks
 from gatherwise.engine_hooks.cuda_timing import EventClock, EventResolver
-
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
 from tests._fake_cuda import FakeCudaEvent, FakeGpuStream

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from gatherwise.dashboards import build, promql
 from gatherwise.dashboards.local_prometheus import start_prometheus, write_local_config
-
 from tests._dist import free_port
 from tests.conftest import require_tool
 

@@ -3,6 +3,7 @@ adoption whose copy has not landed waits for it (counted) instead of reading a s
 
 import pytest
 import torch
+
 from gatherwise.engine_hooks.deferred_word import ADOPT_LAG, DeferredWords
 
 

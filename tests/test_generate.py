@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from gatherwise.engine_hooks.handshake import HandshakeError, handshake
 from gatherwise.engine_hooks.sampling import SamplingParams
 from gatherwise.engine_hooks.sharded_exchange import collectives_for
+from gatherwise.modes import Mode, ModeTable
 from gatherwise.tp_engine.hf_config import config_from_hf
 from gatherwise.tp_engine.launch import LaunchError, launch
 from gatherwise.tp_engine.runner import DTYPES, Engine, GenerateSpec, ModelSpec, generate_rank, make_path
 from gatherwise.tp_engine.scheduler import make_requests
 from gatherwise.tp_engine.weights import RandomSource
-
-from gatherwise.modes import Mode, ModeTable
 from tests._counting_comm import CountingComm
 from tests._generate_cli import assert_refused, generate_json
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from gatherwise.tp_engine.generate_cli import generate_main
 
+from gatherwise.tp_engine.generate_cli import generate_main
 from tests._generate_cli import assert_refused, generate_json
 from tests._hf_checkpoints import TinyCheckpoint, build, load_reference, reference_greedy, write_tokenizer
 

@@ -49,7 +49,6 @@ def _graphed_run(rank, world, exchange_only):
     from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
     from gatherwise.engine_hooks.table_source import InProcessTableSource
-
     from gatherwise.modes import Mode, ModeTable
 
     source = InProcessTableSource()
@@ -108,7 +107,6 @@ def _single_rank_graphs():
     from gatherwise.engine_hooks.comm import SingleRankCommunicator
     from gatherwise.engine_hooks.graphs import ModeGraphs
     from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
-
     from gatherwise.modes import Mode, ModeTable
 
     path = LoggedLogitsPath(SingleRankCommunicator(), VOCAB, initial_table=ModeTable.uniform(Mode.GATHER))
@@ -130,8 +128,8 @@ def test_sharded_mode_is_refused_for_capture_and_runs_eagerly():
     """Sharded calls decide on the host (fallback rows, owners of draws): no graph variant, a clear error, and
     the same call then runs eagerly through path.run()."""
     import torch
-    from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
 
+    from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
     from gatherwise.modes import Mode, ModeTable
 
     path, graphs = _single_rank_graphs()
@@ -168,9 +166,8 @@ def test_capture_asks_for_the_mode_it_captures():
 def test_replayed_calls_are_timed_around_the_replay_and_nothing_is_timed_inside_the_graph(tmp_path):
     from gatherwise.engine_hooks.graphs import CAPTURABLE, ModeGraphs
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
-    from gatherwise.sidecar.ring_reader import RingReader
-
     from gatherwise.modes import Mode, ModeTable
+    from gatherwise.sidecar.ring_reader import RingReader
     from tests._fake_cuda import event_clock_path
 
     timed = event_clock_path(tmp_path / "rank-0", VOCAB, ModeTable.uniform(Mode.GATHER))

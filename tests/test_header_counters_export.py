@@ -9,12 +9,12 @@ import signal
 from pathlib import Path
 
 import pytest
+
 from gatherwise.engine_hooks.call_marks import call_marks
 from gatherwise.engine_hooks.recorder import RingRecorder
-from gatherwise.sidecar.ring_reader import RingReader
-
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
+from gatherwise.sidecar.ring_reader import RingReader
 from tests._sidecar import scrape, start_sidecar, total, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

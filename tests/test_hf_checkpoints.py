@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from gatherwise.modes import IMPLEMENTED
 from gatherwise.tp_engine.hf_config import eos_token_ids
 from gatherwise.tp_engine.launch import launch
 from gatherwise.tp_engine.runner import GenerateSpec, ModelSpec, generate_rank
-
-from gatherwise.modes import IMPLEMENTED
 from tests._hf_checkpoints import TinyCheckpoint, build, load_reference, reference_greedy
 
 MODES = (*(m.label for m in IMPLEMENTED), "schedule:5")

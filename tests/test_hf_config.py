@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from gatherwise.tp_engine.hf_config import (
     IRRELEVANT_KEYS,
     READ_KEYS,
@@ -20,7 +21,6 @@ from gatherwise.tp_engine.hf_config import (
 )
 from gatherwise.tp_engine.rope import RopeConfig, attention_scaling, inverse_frequencies
 from gatherwise.tp_engine.runner import ModelSpec
-
 from tests._hf_checkpoints import TinyCheckpoint, build
 
 LLAMA = dict(model_type="llama", vocab_size=101, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import random
 
-from gatherwise.sidecar.histograms import HistogramFamily, HistogramsCollector
-from gatherwise.sidecar.record_histograms import BUCKETS
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 from prometheus_client.parser import text_string_to_metric_families
+
+from gatherwise.sidecar.histograms import HistogramFamily, HistogramsCollector
+from gatherwise.sidecar.record_histograms import BUCKETS
 
 
 def _samples(registry: CollectorRegistry) -> dict:

@@ -26,7 +26,6 @@ def _run_path(rank, world, vocab, mode, dtype_name, switch_at=None):
     from gatherwise.engine_hooks.comm import default_communicator
     from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.engine_hooks.table_source import InProcessTableSource, ScheduleTableSource, initial_schedule_table
-
     from gatherwise.modes import Mode, ModeTable
 
     source = None
@@ -121,7 +120,6 @@ def test_bfloat16_logits_agree_across_modes():
 def _mismatched_handshake(rank, world):
     from gatherwise.engine_hooks.comm import default_communicator
     from gatherwise.engine_hooks.handshake import HandshakeError, handshake
-
     from gatherwise.modes import Mode, ModeTable
 
     table = ModeTable.uniform(Mode.GATHER if rank == 1 else Mode.ALL_GATHER)
@@ -140,7 +138,6 @@ def test_handshake_refuses_mismatched_tables_on_every_rank():
 def test_run_without_filled_buffer_is_a_clear_error():
     from gatherwise.engine_hooks.comm import SingleRankCommunicator
     from gatherwise.engine_hooks.logits_path import LogitsPath
-
     from gatherwise.modes import Mode, ModeTable
 
     path = LogitsPath(SingleRankCommunicator(), 10, initial_table=ModeTable.uniform(Mode.GATHER))

@@ -19,7 +19,6 @@ def _split_path(rank, world, first_mode):
     from gatherwise.engine_hooks.comm import default_communicator
     from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.engine_hooks.table_source import InProcessTableSource
-
     from gatherwise.modes import Mode, ModeTable
 
     source = InProcessTableSource()

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import pytest
+
 from gatherwise.engine_hooks.adapters import hooks_off, sglang_patches, sglang_plugin, vllm_patches, vllm_plugin
 from gatherwise.engine_hooks.adapters.patch_targets import Target, target_problems, version_supported
-
 from gatherwise.shm_format.hooks_off import read_notices
 
 

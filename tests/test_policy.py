@@ -7,11 +7,11 @@ import math
 from pathlib import Path
 
 import pytest
+
+from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_of
 from gatherwise.sidecar.estimates import Estimate, WindowEstimates
 from gatherwise.sidecar.policy import ModePolicy, PolicyParams, should_switch
 from gatherwise.sidecar.policy_state import policy_from_json, policy_to_json
-
-from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_of
 
 A, G = Mode.ALL_GATHER, Mode.GATHER
 TWO = (A, G)  # tests whose costs tell only these two apart; three-mode tests pass their own list

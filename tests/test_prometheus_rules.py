@@ -6,8 +6,8 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from gatherwise.dashboards import promql
 
+from gatherwise.dashboards import promql
 from tests.conftest import require_tool
 
 PROMETHEUS_DIR = Path(__file__).resolve().parents[1] / "dashboards" / "prometheus"

@@ -3,10 +3,10 @@
 import os
 
 import pytest
+
 from gatherwise.engine_hooks import recorder as recorder_module
 from gatherwise.engine_hooks.call_marks import MARKS, call_marks
 from gatherwise.engine_hooks.recorder import PURE_PYTHON_ENV, RingRecorder
-
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
 

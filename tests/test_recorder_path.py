@@ -6,11 +6,11 @@ import os
 
 import pytest
 import torch
-from gatherwise.sidecar.ring_reader import RingReader
 
 from gatherwise.call_kind import Sampling, call_kind, split_tag
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
+from gatherwise.sidecar.ring_reader import RingReader
 from tests._dist import run_ranks
 
 VOCAB = 1001
@@ -118,7 +118,6 @@ def test_event_clock_marks_of_a_sharded_call_are_its_own_events(tmp_path):
     """Sharded calls through the event clock (fake events on CPU): every mark of a record is an event of that
     call, in order — never a token computed from other tokens — greedy (one collective) and temperature (two)."""
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
-
     from gatherwise.modes import ModeTable
     from tests._fake_cuda import event_clock_path
 
@@ -148,7 +147,6 @@ def _run_lagging_device(rank, world, shm_dir, engine_ids):
     from gatherwise.engine_hooks.cuda_timing import EventClock, EventResolver
     from gatherwise.engine_hooks.logits_path import LogitsPath
     from gatherwise.engine_hooks.recorder import RingRecorder
-
     from tests._fake_cuda import FakeCudaEvent, FakeGpuStream
 
     _plain_id, _lagging_id = engine_ids

@@ -9,13 +9,13 @@ import struct
 from pathlib import Path
 
 import pytest
+
 from gatherwise.engine_hooks.call_marks import call_marks
 from gatherwise.engine_hooks.recorder import RingRecorder
-from gatherwise.sidecar.ring_reader import RingFormatError, RingReader, discover_engines
-
 from gatherwise.logits_dtypes import dtype_code, dtype_name
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
+from gatherwise.sidecar.ring_reader import RingFormatError, RingReader, discover_engines
 
 
 def make_recorder(tmp_path, capacity=16, rank=0, engine_id=0x1234ABCD, name=None):

@@ -23,6 +23,7 @@ def _draw(rows: int):
 
 def _run(rank, world, schedule, resync):
     import torch
+
     from gatherwise.engine_hooks.comm import default_communicator
     from gatherwise.engine_hooks.rng_resync import RandomStateResync
 
@@ -81,6 +82,7 @@ SEEDS = {"a": 11, "b": 22}
 
 def _run_seeded(rank, world, schedule):
     import torch
+
     from gatherwise.engine_hooks.comm import default_communicator
     from gatherwise.engine_hooks.rng_resync import RandomStateResync
 

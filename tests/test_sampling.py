@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from gatherwise.engine_hooks.logits_path import shard_width
 from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow, row_uniform, sample
 

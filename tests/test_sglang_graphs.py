@@ -135,12 +135,11 @@ def _logits_forward(hooks, original, processor, batch):
 
 
 def _hooks(comm, graph_modes: str, installed: bool = True):
+    from gatherwise.config import EngineSection, GatherwiseConfig
     from gatherwise.engine_hooks.adapters.sglang_step import SglangStepHooks
     from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.engine_hooks.rng_resync import RandomStateResync
     from gatherwise.engine_hooks.table_source import InProcessTableSource
-
-    from gatherwise.config import EngineSection, GatherwiseConfig
     from gatherwise.modes import Mode, ModeTable
 
     hooks = SglangStepHooks(GatherwiseConfig(engine=EngineSection(graph_modes=graph_modes)))
@@ -160,7 +159,6 @@ def _serve(rank, world, graph_modes, schedule):
     """Capture, then decode steps of `schedule` [(rows, table requested before the step or None)]; returns what
     every step did and gave."""
     from gatherwise.engine_hooks.comm import default_communicator
-
     from gatherwise.modes import Mode, ModeTable
 
     hooks, source = _hooks(default_communicator(), graph_modes)
@@ -249,10 +247,9 @@ def test_without_active_hooks_sglang_captures_and_replays_as_before(disabled):
 
 
 def test_graph_modes_setting():
+    from gatherwise.config import load_config
     from gatherwise.engine_hooks.adapters.sglang_graphs import GRAPH_MODES, fold_label, parse_graph_modes
     from gatherwise.engine_hooks.graphs import CAPTURABLE
-
-    from gatherwise.config import load_config
     from gatherwise.modes import Mode
 
     assert GRAPH_MODES == CAPTURABLE

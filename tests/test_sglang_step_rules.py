@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+
 from gatherwise.engine_hooks.adapters import sglang_patches
 from gatherwise.engine_hooks.adapters.sglang_step import hookable, sampled_ids_dtype, unsupported_features
 
@@ -96,10 +97,9 @@ def _info(greedy=False, top_p=False, top_k=False, min_p=False):
 def test_every_call_names_what_it_samples(info, logprob, kind):
     """The kind the ring record carries (the auto policy compares modes only on calls of one kind), from the
     batch's own flags; the vLLM adapter reads the same facts from its SamplingMetadata."""
+    from gatherwise.call_kind import kind_label
     from gatherwise.engine_hooks.adapters.sglang_step import call_kind_of
     from gatherwise.engine_hooks.adapters.vllm_step import call_kind_of as vllm_call_kind_of
-
-    from gatherwise.call_kind import kind_label
 
     assert kind_label(call_kind_of(SimpleNamespace(sampling_info=info, return_logprob=logprob))) == kind
     metadata = SimpleNamespace(all_greedy=info.is_all_greedy, top_p=[0.9] if info.need_top_p_sampling else None,

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+
 from gatherwise.engine_hooks.call_marks import marks_by_name
 from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
 from gatherwise.engine_hooks.logits_path import shard_width
 from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow, sample
 from gatherwise.engine_hooks.sharded_exchange import collectives_for
+from gatherwise.modes import IMPLEMENTED, Mode
 from gatherwise.tp_engine.launch import launch
 from gatherwise.tp_engine.runner import mode_setup
-
-from gatherwise.modes import IMPLEMENTED, Mode
 from tests._counting_comm import CountingComm
 
 GREEDY = SamplingParams()

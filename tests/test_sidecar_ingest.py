@@ -5,17 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from gatherwise.engine_hooks.call_marks import call_marks
 from gatherwise.engine_hooks.recorder import RingRecorder
+from gatherwise.modes import Mode
+from gatherwise.shm_format.ring import engine_dir, ring_path
 from gatherwise.sidecar.header_counters import HeaderCountersCollector
 from gatherwise.sidecar.hooks_off import HooksOffWatch
 from gatherwise.sidecar.ingest import Ingest
 from gatherwise.sidecar.metrics import SidecarMetrics
 from gatherwise.sidecar.record_histograms import RecordHistograms
-from prometheus_client.parser import text_string_to_metric_families
-
-from gatherwise.modes import Mode
-from gatherwise.shm_format.ring import engine_dir, ring_path
 
 
 class FakeClock:

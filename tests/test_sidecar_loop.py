@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+
 from gatherwise.sidecar.loop import Loop
 
 log = logging.getLogger("test.loop")

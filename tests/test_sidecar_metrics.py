@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gatherwise.sidecar.header_counters import bytes_series
 
 from gatherwise.modes import NUM_BUCKETS, bucket_label
+from gatherwise.sidecar.header_counters import bytes_series
 from tests._dist import free_port
 from tests._sidecar import OPENMETRICS, samples, scrape, start_engine, start_sidecar, total, wait_for
 from tests.conftest import require_tool

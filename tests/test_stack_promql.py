@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+
 from gatherwise.dashboards import promql
 from gatherwise.dashboards.local_stack import start_local_stack
-
 from gatherwise.modes import IMPLEMENTED_LABELS
 from tests._hooks_off import start_reporter, stop
 from tests.conftest import require_tool

@@ -11,15 +11,15 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from gatherwise.sidecar.hooks_off import HooksOffWatch
-from gatherwise.sidecar.ingest import Ingest
-from gatherwise.sidecar.record_histograms import RecordHistograms
-from gatherwise.sidecar.traces import CallTracer, build_tracer, new_provider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import CallRecord
+from gatherwise.sidecar.hooks_off import HooksOffWatch
+from gatherwise.sidecar.ingest import Ingest
+from gatherwise.sidecar.record_histograms import RecordHistograms
+from gatherwise.sidecar.traces import CallTracer, build_tracer, new_provider
 from tests._otlp_receiver import OtlpReceiver
 from tests._sidecar import start_engine, start_sidecar, wait_for
 from tests.test_sidecar_ingest import make_engine, write_call

@@ -6,9 +6,8 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from gatherwise.tp_engine.rope import RopeConfig
-
 from gatherwise.stable_hash import stable_hash
+from gatherwise.tp_engine.rope import RopeConfig
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gatherwise.tp_engine.launch import MAX_LOCAL_RANKS
-
 from gatherwise.shm_format.ring import engine_dir_name
+from gatherwise.tp_engine.launch import MAX_LOCAL_RANKS
 
 MIXED_MAX_ROWS = 64
 FIXED_MAX_ROWS = 1024  # the largest batch `fixed:ROWS` takes
@@ -97,6 +96,7 @@ def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: in
     # stop: the reading end of a pipe from the parent (multiprocessing Connection)
     """Rank main: model + hooks, then synthetic decode steps until rank 0 says stop."""
     import torch
+
     from gatherwise.engine_hooks.comm import default_communicator
     from gatherwise.engine_hooks.install import install_hooks, logits_dtype
     from gatherwise.engine_hooks.sampling_params import SamplingParams
@@ -161,9 +161,8 @@ def engine_main(argv: list[str] | None = None) -> int:
         parser.error(f"--duration must be > 0, got {args.duration}")
     import multiprocessing as mp
 
-    from gatherwise.tp_engine.launch import LaunchError, launch
-
     from gatherwise.config import ConfigError, load_config
+    from gatherwise.tp_engine.launch import LaunchError, launch
 
     try:
         cfg = load_config(args.config)

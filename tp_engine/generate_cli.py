@@ -13,9 +13,8 @@ import json
 import sys
 from typing import Any
 
-from gatherwise.tp_engine.launch import MAX_LOCAL_RANKS
-
 from gatherwise.logits_dtypes import LOGITS_DTYPES
+from gatherwise.tp_engine.launch import MAX_LOCAL_RANKS
 
 SHOWN_TOKENS = 12  # of each request, in the plain-text output
 # Upper bounds of the other arguments: beyond them a run is a mistake on a CPU (or a local node), not a workload.
@@ -137,6 +136,7 @@ def generate_main(argv: list[str] | None = None) -> int:
         parser.error("--chat applies to --prompt TEXT")
 
     import torch
+
     from gatherwise.engine_hooks.sampling import SamplingParams
     from gatherwise.tp_engine.hf_config import eos_token_ids
     from gatherwise.tp_engine.launch import LaunchError, launch

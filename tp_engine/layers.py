@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
 from gatherwise.engine_hooks.logits_path import shard_width
 from gatherwise.tp_engine.config import ModelConfig
 

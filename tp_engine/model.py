@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from gatherwise.tp_engine.config import ModelConfig
 from gatherwise.tp_engine.kv_cache import KVCache
 from gatherwise.tp_engine.layers import (

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+
 from gatherwise.engine_hooks.comm import Communicator, default_communicator
 from gatherwise.engine_hooks.handshake import handshake
 from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
@@ -24,6 +25,8 @@ from gatherwise.engine_hooks.logits_path import CallRecorder, LogitsPath
 from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
 from gatherwise.engine_hooks.table_source import ScheduleTableSource, TableSource, initial_schedule_table
 from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
+from gatherwise.modes import Mode, ModeTable
+from gatherwise.stable_hash import stable_hash
 from gatherwise.tp_engine.config import ModelConfig, tiny_config
 from gatherwise.tp_engine.hf_config import load_hf_config
 from gatherwise.tp_engine.kv_cache import KVCache
@@ -44,9 +47,6 @@ from gatherwise.tp_engine.weights import (
     check_tensor_names,
     shard_weights,
 )
-
-from gatherwise.modes import Mode, ModeTable
-from gatherwise.stable_hash import stable_hash
 
 GREEDY = SamplingParams()
 DTYPES = {"float64": torch.float64, **TORCH_LOGITS_DTYPES}  # compute (float64 is the reference) and logits dtypes

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from gatherwise.tp_engine.config import ModelConfig
-from gatherwise.tp_engine.layers import Span, head_shard, split_evenly, vocab_span
 
 from gatherwise.stable_hash import stable_hash
+from gatherwise.tp_engine.config import ModelConfig
+from gatherwise.tp_engine.layers import Span, head_shard, split_evenly, vocab_span
 
 EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"

@@ -8,6 +8,7 @@ states) crosses them exactly, every bit pattern and NaN payload included.
 from __future__ import annotations
 
 import torch
+
 from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 
 FLOAT_DTYPES = frozenset(TORCH_LOGITS_DTYPES.values())  # what the shared-memory ops take as they are

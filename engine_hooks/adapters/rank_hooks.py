@@ -10,12 +10,12 @@ import logging
 from typing import Any
 
 import torch
-from gatherwise.engine_hooks.adapters.placeholder_logits import PlaceholderLogits
-from gatherwise.engine_hooks.logits_path import LogitsPath, shard_width
-from gatherwise.engine_hooks.sampling_params import SamplingParams, SamplingRow
 
 from gatherwise.call_kind import Sampling, call_kind
 from gatherwise.config import GatherwiseConfig
+from gatherwise.engine_hooks.adapters.placeholder_logits import PlaceholderLogits
+from gatherwise.engine_hooks.logits_path import LogitsPath, shard_width
+from gatherwise.engine_hooks.sampling_params import SamplingParams, SamplingRow
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import engine_dir_name
 

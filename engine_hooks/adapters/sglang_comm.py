@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
 from gatherwise.engine_hooks.adapters.float_views import float_view
 from gatherwise.engine_hooks.adapters.group_coordinator_comm import GroupCoordinatorCommunicator
 

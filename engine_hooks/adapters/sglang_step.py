@@ -45,13 +45,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from gatherwise.call_kind import call_kind, sampling_of_rows
+from gatherwise.config import GatherwiseConfig
 from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
 from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 from gatherwise.engine_hooks.adapters.sglang_graphs import DecodeGraphModes, parse_graph_modes
 from gatherwise.engine_hooks.adapters.sglang_targets import TP_WORKER_FORWARD
-
-from gatherwise.call_kind import call_kind, sampling_of_rows
-from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import Mode
 
 log = logging.getLogger("gatherwise.sglang")

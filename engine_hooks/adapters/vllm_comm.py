@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from gatherwise.engine_hooks.adapters.float_views import float_view
 from gatherwise.engine_hooks.adapters.group_coordinator_comm import GroupCoordinatorCommunicator
 

@@ -41,11 +41,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
-from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 
 from gatherwise.call_kind import call_kind, sampling_of_rows
 from gatherwise.config import GatherwiseConfig
+from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
+from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 from gatherwise.modes import Mode
 
 log = logging.getLogger("gatherwise.vllm")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from gatherwise.bench.serve.cells import Cell
 from gatherwise.bench.serve.configurations import CONFIGURATIONS, Configuration
 from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, Workload
@@ -21,7 +22,6 @@ from gatherwise.bench.serve.load_wait import wait_for_load
 from gatherwise.bench.serve.logits_share import logits_share
 from gatherwise.bench.serve.server_process import ServerProcess
 from gatherwise.bench.serve.sidecar_link import SidecarLink
-
 from gatherwise.free_port import free_port
 
 CLIENT_TIMEOUT_S = 1800.0

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from gatherwise.dashboards.child_process import start_child
 
 READY_TIMEOUT_S = 900.0  # a TP=2 start on 2 shared cores, loading a 600 MB checkpoint twice

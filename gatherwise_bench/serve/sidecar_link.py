@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import yaml
+
 from gatherwise.bench.bench_sidecar import auth_header, start_sidecar
 from gatherwise.dashboards.child_process import stop_child
 

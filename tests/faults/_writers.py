@@ -15,7 +15,6 @@ import time
 
 from gatherwise.engine_hooks.call_marks import call_marks
 from gatherwise.engine_hooks.recorder import RingRecorder
-
 from gatherwise.shm_format.liveness import LivenessLock
 from gatherwise.shm_format.private_files import ensure_private_dir
 from gatherwise.shm_format.ring import engine_dir, ring_path

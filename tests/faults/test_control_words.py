@@ -14,10 +14,10 @@ import struct
 
 import pytest
 import yaml
-from gatherwise.sidecar.control_block_client import ControlClient
 
 from gatherwise.modes import Mode, ModeTable
 from gatherwise.shm_format import control as fmt
+from gatherwise.sidecar.control_block_client import ControlClient
 from tests._control_engine import BackgroundEngine, LoopSpec, reference_tokens
 from tests._sidecar import total, wait_for
 from tests.faults._faults import assert_sidecar_serves, sidecar_with_token

@@ -15,11 +15,11 @@ import time
 
 import pytest
 import yaml
+
 from gatherwise.engine_hooks.call_marks import call_marks
 from gatherwise.engine_hooks.control_block import ControlBlockSource
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.engine_hooks.table_source import AppliedStatus
-
 from gatherwise.modes import Mode, ModeTable
 from gatherwise.shm_format.control import control_path
 from gatherwise.shm_format.liveness import LivenessLock

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from gatherwise.engine_hooks.adapters import vllm_patches, vllm_plugin
 
+from gatherwise.engine_hooks.adapters import vllm_patches, vllm_plugin
 from tests._sidecar import ROOT
 
 

@@ -15,8 +15,8 @@ import os
 import shutil
 
 import pytest
-from gatherwise.engine_hooks.deferred_word import ADOPT_LAG
 
+from gatherwise.engine_hooks.deferred_word import ADOPT_LAG
 from gatherwise.modes import Mode
 from tests._engine_harness import assert_ranks_ran_the_same_calls, metric_samples, mode_runs, run_next_to_sidecar
 from tests.sglang.harness import base_env, run_engine

@@ -65,12 +65,12 @@ def run_switched(llm, sidecar: str, token: str) -> dict:
 
 def run_control_switched(llm, shm_dir: str) -> dict:
     """Greedy requests stepped by hand; the table is flipped across all three modes through the control block."""
-    from gatherwise.sidecar.control_block_client import ControlClient
-    from gatherwise.sidecar.ring_reader import discover_engines
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from gatherwise.modes import Mode, ModeTable
+    from gatherwise.sidecar.control_block_client import ControlClient
+    from gatherwise.sidecar.ring_reader import discover_engines
 
     engine = llm.llm_engine
     for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS, strict=True)):

@@ -33,11 +33,12 @@ def call_gather_outside_a_step(processor, logits) -> str | None:
 def main() -> None:
     args = engine_run_arguments().parse_args()
     import torch
-    from gatherwise.engine_hooks.adapters.vllm_plugin import register
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
     from vllm.v1.worker.cpu.model_runner import CPUModelRunner as CPUModelRunnerV2
+
+    from gatherwise.engine_hooks.adapters.vllm_plugin import register
 
     installed = register()
     config = EngineArgs(model=args.model, skip_tokenizer_init=True, max_model_len=256,
