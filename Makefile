@@ -46,7 +46,7 @@ lint: $(STAMP)
 # and the checkout's scripts and tests against it; its cache stays in build/.
 typecheck: $(STAMP)
 	@$(BIN)/python scripts/package_tree.py build/package-tree >/dev/null
-	$(BIN)/mypy --cache-dir build/mypy-cache -p gatherwise scripts tests
+	$(BIN)/mypy --cache-dir build/mypy-cache build/package-tree/gatherwise scripts tests
 
 clean:
 	rm -rf $(VENV) .venv-vllm .venv-sglang .pytest_cache .ruff_cache out build
