@@ -58,6 +58,7 @@ def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
     from gatherwise.config import load_config
     from gatherwise.engine_hooks.comm import default_communicator
     from gatherwise.engine_hooks.install import install_hooks
+    from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
     from gatherwise.tp_engine.decode_load import stop_on_every_rank
 
@@ -67,6 +68,7 @@ def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
     comm = default_communicator()
     hooks = install_hooks(comm, vocab=spec.vocab, config=cfg, keep_log=True)
     path = hooks.path
+    assert isinstance(path, LoggedLogitsPath)  # keep_log=True
     width = path.width
     lo, hi = rank * width, min(spec.vocab, (rank + 1) * width)
     greedy, seeded = SamplingParams(), SamplingParams(temperature=0.8, top_k=50, seed=11)
@@ -122,6 +124,7 @@ class BackgroundEngine:
             raise AssertionError(f"engine did not stop within {timeout}s (deadlock?)")
         if self.error is not None:
             raise self.error
+        assert self.results is not None  # the thread ended without an error: run_ranks returned
         return self.results
 
 

@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from gatherwise.dashboards.child_process import stop_child
 
@@ -167,7 +168,14 @@ def run_next_to_sidecar(run_engine: Callable[..., dict], model: str, shm_dir: st
         sidecar.stop()
 
 
-def read_rings(shm_dir: str, settle_s: float = 20.0) -> dict:
+class RankRing(TypedDict):
+    """One rank's ring records as read_rings returns them."""
+
+    missed: int
+    calls: list[list[int]]  # [call_index, mode, rows, collective_ns] each
+
+
+def read_rings(shm_dir: str, settle_s: float = 20.0) -> dict[str, RankRing]:
     """Every rank's ring records of the one engine in `shm_dir`: {rank: {"missed": n, "calls": [[call_index,
     mode, rows, collective_ns], ...]}}. The reply comes from rank 0; the other ranks may still be writing the
     record of the last call, so read until every ring reached the same last call (or settle_s passed)."""
@@ -177,7 +185,7 @@ def read_rings(shm_dir: str, settle_s: float = 20.0) -> dict:
     if not engines:
         return {}
     readers = {str(rank): RingReader(path) for rank, path in sorted(engines[0].rings.items())}
-    rings = {rank: {"missed": 0, "calls": []} for rank in readers}
+    rings: dict[str, RankRing] = {rank: {"missed": 0, "calls": []} for rank in readers}
     deadline = time.monotonic() + settle_s
     while True:
         for rank, reader in readers.items():

@@ -31,27 +31,33 @@ class FakeCudaEvent:
 
     def __init__(self, stream: FakeGpuStream) -> None:
         self.stream = stream
-        self.position = None
+        self.position: int | None = None  # in the stream's order, once recorded
         self.queries = 0
         self.synchronize_calls = 0
 
-    def record(self) -> None:
+    def record(self, stream: object = None) -> None:
+        """torch.cuda.Event.record(stream=None); the fake has one stream, its own, whatever `stream` is."""
         self.stream.recorded += 1
         self.position = self.stream.recorded
         self.stream.gpu_ms[self.position] = 0.25 * self.position  # 250 µs of GPU time between events
 
+    def _recorded_at(self) -> int:
+        if self.position is None:
+            raise RuntimeError("the event was never recorded")
+        return self.position
+
     def query(self) -> bool:
         self.queries += 1
-        return self.stream.completed >= self.position
+        return self.stream.completed >= self._recorded_at()
 
     def elapsed_time(self, end: FakeCudaEvent) -> float:
         if not (self.query() and end.query()):
             raise RuntimeError("elapsed_time on an event that has not completed")
-        return self.stream.gpu_ms[end.position] - self.stream.gpu_ms[self.position]
+        return self.stream.gpu_ms[end._recorded_at()] - self.stream.gpu_ms[self._recorded_at()]
 
     def synchronize(self) -> None:
         self.synchronize_calls += 1
-        self.stream.completed = max(self.stream.completed, self.position)
+        self.stream.completed = max(self.stream.completed, self._recorded_at())
 
 
 @dataclass

@@ -30,6 +30,7 @@ def start_reporter(shm: str) -> subprocess.Popen:
     env = {**os.environ, "GATHERWISE_ENGINE_SHM_DIR": shm, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", REPORTER], cwd=ROOT, env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None  # both are PIPEs
     assert proc.stdout.readline().strip() == "published", proc.stderr.read()
     return proc
 

@@ -56,14 +56,17 @@ class Proc:
 def spawn(args: list[str], env_extra: dict[str, str] | None = None, user: tuple[int, int] | None = None) -> Proc:
     """`gatherwise ARGS`, its output pumped into a queue; `user`: (uid, gid) to run it as (the caller is root)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
-    as_user = {"user": user[0], "group": user[1], "extra_groups": []} if user else {}
+    uid, gid = user if user else (None, None)
     popen = subprocess.Popen([*GATHERWISE, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, **as_user)
+                             stderr=subprocess.STDOUT, text=True, user=uid, group=gid,
+                             extra_groups=[] if user else None)
+    stdout = popen.stdout
+    assert stdout is not None  # stdout=PIPE
     lines: queue.Queue = queue.Queue()
     output: list[str] = []
 
     def pump() -> None:
-        for line in popen.stdout:
+        for line in stdout:
             output.append(line)
             lines.put(line)
 

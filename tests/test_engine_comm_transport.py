@@ -12,9 +12,15 @@ name and an AVX-512 CPU, SGLang's AMX or arm64).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from tests._dist import run_ranks
+
+if TYPE_CHECKING:  # imported where used: the ranks import torch and the adapters, this module does not
+    from gatherwise.engine_hooks.adapters.sglang_comm import SglangGroupCommunicator
+    from gatherwise.engine_hooks.adapters.vllm_comm import VllmGroupCommunicator
 
 
 class ShmOpsStandIn:
@@ -79,6 +85,8 @@ def _rank(rank: int, world: int, engine: str) -> dict:
     def refused(*args, **kwargs):
         raise AssertionError("the group's own (gloo) collective was called")
 
+    comm: VllmGroupCommunicator | SglangGroupCommunicator
+    calls: list[str]
     group = SimpleNamespace(rank_in_group=rank, world_size=world, ranks=list(range(world)), device_group=None,
                             broadcast=refused, all_gather_into_tensor=refused)
     if engine == "vllm":
@@ -92,7 +100,7 @@ def _rank(rank: int, world: int, engine: str) -> dict:
 
         calls = []
         comm = SglangGroupCommunicator(group, shm_allgather=sglang_shm_allgather_stand_in(calls))
-    out = {}
+    out: dict[str, object] = {}
     for name, payload in zip(("float64", "int64"), _payloads(rank), strict=True):
         gathered = torch.empty(world, payload.numel(), dtype=payload.dtype)
         comm.all_gather(gathered, payload)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from gatherwise.engine_hooks.handshake import HandshakeError, handshake
+from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
 from gatherwise.engine_hooks.sampling import SamplingParams
 from gatherwise.engine_hooks.sharded_exchange import collectives_for
 from gatherwise.modes import Mode, ModeTable
@@ -79,7 +80,9 @@ def run_suite(rank: int, world: int, models: list[ModelSpec], cases: list[Case])
         model = loaded[case.model]
         vocab = model.config.vocab_size
         path = make_path(comm, vocab, case.mode, DTYPES[case.logits_dtype], model.device)
-        counted, last, sharded_calls = [], [comm.count], []
+        counted: list[int] = []  # collectives each call issued
+        sharded_calls: list[int] = []  # what each call would have cost in sharded mode
+        last = [comm.count]
 
         def on_step(batch, tokens, counted=counted, last=last, sharded_calls=sharded_calls, width=path.width) -> None:
             counted.append(comm.count - last[0])
@@ -93,6 +96,7 @@ def run_suite(rank: int, world: int, models: list[ModelSpec], cases: list[Case])
                             batch_sizes=run.batch_sizes, sharded_calls=sharded_calls))
     synthetic = Engine(loaded[1], lambda: make_path(comm, VOCABS[1], "schedule:21", torch.float32, torch.device("cpu")),
                        max_batch=64).synthetic(SYNTHETIC_SIZES)
+    assert isinstance(synthetic, LoggedLogitsPath)  # make_path keeps the log by default
     return {"probes": probes, "cases": results, "synthetic": [m.label for m in synthetic.mode_log]}
 
 

@@ -42,7 +42,7 @@ def _write_calls(recorders: list[RingRecorder], first: int, n: int) -> None:
 
 
 def _expected(shm: Path) -> dict[tuple[str, ...], float]:
-    out = {}
+    out: dict[tuple[str, ...], float] = {}
     for rank in (0, 1):
         with RingReader(fmt.ring_path(shm, ENGINE_ID, rank)) as reader:
             h = reader.header()

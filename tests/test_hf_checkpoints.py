@@ -81,7 +81,7 @@ def engine_tokens(rank: int, world: int, checkpoints: list[str]) -> list[list[li
         per_mode = []
         for mode in MODES:
             spec = GenerateSpec(model=ModelSpec(checkpoint=ckpt), mode=mode, max_new_tokens=MAX_NEW_TOKENS,
-                                prompts=PROMPTS, stop_ids=eos_token_ids(ckpt))
+                                prompts=tuple(tuple(p) for p in PROMPTS), stop_ids=eos_token_ids(ckpt))
             run = generate_rank(rank, world, spec)
             per_mode.append([run.tokens[i] for i in range(len(PROMPTS))])
         out.append(per_mode)

@@ -44,6 +44,7 @@ print("ok")
 def _package_dirs() -> dict[str, str]:
     """Installed package name -> its folder in the repository (pyproject.toml, read by scripts/package_tree.py)."""
     spec = importlib.util.spec_from_file_location("package_tree", ROOT / "scripts" / "package_tree.py")
+    assert spec is not None and spec.loader is not None, "scripts/package_tree.py cannot be loaded"
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.package_dirs()

@@ -57,11 +57,18 @@ def test_the_engine_plugins_and_the_commands_are_declared_entry_points(installed
         assert (installed / Path(*module.split("."))).with_suffix(".py").is_file(), value
 
 
+def _distribution_name(requirement: str) -> str:
+    """The normalized distribution name a Requires-Dist value starts with."""
+    found = re.match(r"[A-Za-z0-9._-]+", requirement)
+    assert found, f"a Requires-Dist value without a distribution name: {requirement!r}"
+    return re.sub(r"[-_.]+", "_", found.group(0)).lower()
+
+
 def test_the_base_requirements_carry_no_sidecar_stack(installed: Path):
     metadata = (_dist_info(installed) / "METADATA").read_text()
     requires = re.findall(r"^Requires-Dist: (.+)$", metadata, flags=re.M)
     base = [r for r in requires if "extra ==" not in r]
-    names = {re.sub(r"[-_.]+", "_", re.match(r"[A-Za-z0-9._-]+", r).group(0)).lower() for r in base}
+    names = {_distribution_name(r) for r in base}
     assert names and not {n for n in names if n.startswith(SIDECAR_STACK)}, base
     sidecar_extra = [r for r in requires if re.search(r"""extra == ["']sidecar["']""", r)]
     assert any(r.startswith("fastapi") for r in sidecar_extra)

@@ -3,6 +3,7 @@ restarted sidecar's counters continue from the ring headers, and nothing hangs."
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -109,7 +110,7 @@ def test_engine_restart_under_a_running_sidecar_switches_without_mixing(tmp_path
             assert engine.popen.wait(30) == 0
             wait_for(lambda: httpx.get(f"{url}/v1/engine", timeout=5).json()["engine_id"] == labels[-1], 30,
                      "the sidecar to follow the newest engine")
-            text = wait_for(lambda n=calls: exposition_with_calls(url, n), 30, "the new engine's counts")
+            text = wait_for(functools.partial(exposition_with_calls, url, calls), 30, "the new engine's counts")
             engines = {lab["engine"] for _, lab, _ in samples(text) if "engine" in lab}
             assert engines == {labels[-1]}, engines  # the previous instance's series are gone
         assert labels[0] != labels[1]

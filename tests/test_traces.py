@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
 import pytest
+from opentelemetry.sdk.trace import EventBase, ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util.types import AnyValue
 
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import CallRecord
@@ -30,6 +33,12 @@ OFFSET = 1_700_000_000_000_000_000
 def traces_cfg(**overrides) -> SimpleNamespace:
     base = dict(enabled=True, sample_ratio=0.0, every_nth=1, otlp_endpoint=None, service_name="gw-test")
     return SimpleNamespace(**{**base, **overrides})
+
+
+def attrs(item: ReadableSpan | EventBase) -> Mapping[str, AnyValue]:
+    """A span's or an event's attributes; every one the tracer makes carries some."""
+    assert item.attributes is not None, f"{item.name} has no attributes"
+    return item.attributes
 
 
 def in_memory_tracer(**kw) -> tuple[CallTracer, InMemorySpanExporter]:
@@ -55,11 +64,11 @@ def test_span_tree_parents_and_exact_timestamps() -> None:
     root = next(s for s in spans if s.name == "logits.call")
     assert root.parent is None and format(root.context.trace_id, "032x") == trace_id
     assert (root.start_time, root.end_time) == (10_000_000 + OFFSET, max(r.end_ns for r in recs.values()) + OFFSET)
-    assert root.attributes["gatherwise.mode"] == "gather" and root.attributes["tp.size"] == 2
+    assert attrs(root)["gatherwise.mode"] == "gather" and attrs(root)["tp.size"] == 2
     children = [s for s in spans if s is not root]
-    assert all(s.parent.span_id == root.context.span_id and s.context.trace_id == root.context.trace_id
-               for s in children)
-    by_rank = {r: {s.name: s for s in children if s.attributes["tp.rank"] == r} for r in (0, 1)}
+    assert all(s.parent is not None and s.parent.span_id == root.context.span_id
+               and s.context.trace_id == root.context.trace_id for s in children)
+    by_rank = {r: {s.name: s for s in children if attrs(s)["tp.rank"] == r} for r in (0, 1)}
     assert set(by_rank[0]) == {"gather", "sample", "broadcast", "logits_path"}
     assert set(by_rank[1]) == {"gather", "broadcast", "logits_path"}  # only rank 0 samples in gather mode
     for r, rec in recs.items():
@@ -69,15 +78,15 @@ def test_span_tree_parents_and_exact_timestamps() -> None:
             (rec.second_start_ns + OFFSET, rec.second_start_ns + rec.second_ns + OFFSET)
         assert (by_rank[r]["logits_path"].start_time, by_rank[r]["logits_path"].end_time) == \
             (rec.start_ns + OFFSET, rec.end_ns + OFFSET)
-        attrs = by_rank[r]["gather"].attributes
-        assert (attrs["tp.rank"], attrs["tp.size"], attrs["gatherwise.mode"], attrs["gatherwise.rows"],
-                attrs["gatherwise.bytes"], attrs["gatherwise.epoch"]) == (r, 2, "gather", 3, 2048, 5)
+        gather = attrs(by_rank[r]["gather"])
+        assert (gather["tp.rank"], gather["tp.size"], gather["gatherwise.mode"], gather["gatherwise.rows"],
+                gather["gatherwise.bytes"], gather["gatherwise.epoch"]) == (r, 2, "gather", 3, 2048, 5)
 
 
 def test_all_gather_call_has_sample_on_every_rank() -> None:
     tracer, exporter = in_memory_tracer()
     tracer.trace_call("00000000000000aa", 2, 42, {r: record(r, Mode.ALL_GATHER, 5_000) for r in (0, 1)})
-    names = sorted((s.attributes.get("tp.rank", -1), s.name) for s in exporter.get_finished_spans())
+    names = sorted((attrs(s).get("tp.rank", -1), s.name) for s in exporter.get_finished_spans())
     assert names == [(-1, "logits.call"), (0, "all_gather"), (0, "logits_path"), (0, "sample"),
                      (1, "all_gather"), (1, "logits_path"), (1, "sample")]
 
@@ -109,9 +118,10 @@ def test_mode_switch_event_carries_the_reason() -> None:
     (span,) = exporter.get_finished_spans()
     (event,) = span.events
     assert event.name == "mode.switch" and event.timestamp == 1000 + OFFSET
-    assert event.attributes["gatherwise.switch.reason"] == "auto"
-    assert list(event.attributes["gatherwise.switch.changed"]) == ["1:all_gather->gather"]
-    assert event.attributes["gatherwise.evidence.p50_gain"] == 0.12
+    assert attrs(event)["gatherwise.switch.reason"] == "auto"
+    changed = attrs(event)["gatherwise.switch.changed"]
+    assert isinstance(changed, Sequence) and list(changed) == ["1:all_gather->gather"]
+    assert attrs(event)["gatherwise.evidence.p50_gain"] == 0.12
 
 
 def test_build_tracer_from_config_and_otel_env() -> None:
@@ -127,6 +137,7 @@ def test_build_tracer_from_config_and_otel_env() -> None:
 def test_otlp_http_export_from_real_rings(tmp_path: Path) -> None:
     with OtlpReceiver() as receiver:
         tracer = build_tracer(traces_cfg(otlp_endpoint=receiver.url), env={})
+        assert tracer is not None  # an OTLP endpoint is configured
         ingest = Ingest(tmp_path, RecordHistograms(), HooksOffWatch(tmp_path), tracer)
         rings = make_engine(tmp_path, 0xBEEF)
         t0 = time.monotonic_ns()
@@ -135,6 +146,7 @@ def test_otlp_http_export_from_real_rings(tmp_path: Path) -> None:
                 write_call(r, i, Mode.GATHER, 2, t0 + i * 100_000)
         ingest.poll_once()
         tracer.shutdown()  # flushes the BatchSpanProcessor
+        assert ingest.engine is not None  # the poll attached to the engine it wrote
         readers = ingest.engine.readers
         spans = list(receiver.spans)
     records = {(rec.call_index, rec.rank): rec for rd in readers for rec in _reread(rd)}

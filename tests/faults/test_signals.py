@@ -27,6 +27,7 @@ def start_demo_in_background(log: Path, *extra: str) -> tuple[subprocess.Popen, 
               f"echo $!; wait $!"
     shell = subprocess.Popen(["bash", "-c", command], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    assert shell.stdout is not None  # stdout=PIPE
     pid = int(shell.stdout.readline())
     return shell, pid
 

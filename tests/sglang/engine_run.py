@@ -29,8 +29,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import TYPE_CHECKING
 
 from tests._engine_harness import engine_run_arguments, http, read_rings
+
+if TYPE_CHECKING:
+    from gatherwise.sidecar.ring_reader import RingReader
 
 PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23, 29, 31, 37], [2], [900, 901, 902, 903],
            [12345, 54321, 11]]
@@ -57,7 +61,8 @@ class Controller:
     """Sets the mode through the sidecar; does nothing for a plain-SGLang run (no sidecar)."""
 
     def __init__(self, url: str | None, token: str | None) -> None:
-        self.url, self.token, self.puts = url, token, []
+        self.url, self.token = url, token
+        self.puts: list[dict[str, object]] = []
 
     def put(self, body: dict, phase: str) -> None:
         if self.url is None:
@@ -87,7 +92,9 @@ class PhaseMarks:
     Rank 0 writes a call's record before SGLang processes the call's ids, so a finished phase is recorded."""
 
     def __init__(self, shm_dir: str | None) -> None:
-        self.shm_dir, self.reader, self.last, self.marks = shm_dir, None, -1, {}
+        self.shm_dir, self.last = shm_dir, -1
+        self.reader: RingReader | None = None
+        self.marks: dict[str, int] = {}
 
     def mark(self, phase: str) -> None:
         if self.shm_dir is None:

@@ -82,7 +82,10 @@ def run_control_switched(llm, shm_dir: str) -> dict:
     while engine.has_unfinished_requests():
         if step in plan:
             if client is None:
-                client = ControlClient(discover_engines(shm_dir)[0].control)
+                control = discover_engines(shm_dir)[0].control
+                if control is None:
+                    raise RuntimeError(f"the engine in {shm_dir} has no control block to write commands to")
+                client = ControlClient(control)
             applied.append({"step": step, "mode": plan[step].label,
                             "seq": client.write_command(ModeTable.uniform(plan[step]))})
         for out in engine.step():
@@ -106,7 +109,7 @@ def main() -> None:
     greedy = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False) for n in MAX_TOKENS]
     seeded = [SamplingParams(temperature=0.8, top_p=0.9, seed=100 + i, max_tokens=n, ignore_eos=True,
                              detokenize=False) for i, n in enumerate(MAX_TOKENS)]
-    result = {"greedy": token_ids(llm.generate(prompts, greedy, use_tqdm=False)),
+    result: dict[str, object] = {"greedy": token_ids(llm.generate(prompts, greedy, use_tqdm=False)),
               "seeded": token_ids(llm.generate(prompts, seeded, use_tqdm=False))}
     if args.sidecar:
         result["switched"] = run_switched(llm, args.sidecar, args.token)

@@ -170,7 +170,7 @@ def main() -> None:
             phases.append({"round": mode, "phase": name, "after": first,
                            "last": control.call_index() if control else None, "flips": flips})
         rounds.append(tokens)
-    result = {"rounds": rounds, "phases": phases}
+    result: dict[str, object] = {"rounds": rounds, "phases": phases}
     if args.shm_dir:
         result["rings"] = read_rings(args.shm_dir)
     print("RESULT " + json.dumps(result), flush=True)
