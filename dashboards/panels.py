@@ -38,7 +38,7 @@ TOPP_FALLBACK_SHARE = "engine:gatherwise_topp_fallback_rows:ratio_rate5m"
 BUCKET_SOURCE = "gatherwise_step_critical_path_seconds_count"
 MODE_COLORS = {"all_gather": "blue", "gather": "orange", "sharded": "green"}
 MODES = tuple(Mode)  # every mode code
-OP_NAMES = tuple(dict.fromkeys(op for m in MODES for op in MODE_OPS[int(m)] if op))
+OP_NAMES = tuple(dict.fromkeys(op for m in MODES for op in MODE_OPS[m] if op))
 OPTIONAL_OPS = ("shard_resolve",)  # runs only in sharded calls with temperature-only or top-p rows
 
 
@@ -203,8 +203,8 @@ def per_op_panels() -> list[Panel]:
     for op in OP_NAMES:
         if op in OPTIONAL_OPS:
             continue  # shown with its mode's first collective: it only runs in some calls of that mode
-        modes = [m for m in MODES if op in MODE_OPS[int(m)]]
-        optional = [o for m in modes for o in MODE_OPS[int(m)] if o in OPTIONAL_OPS]
+        modes = [m for m in MODES if op in MODE_OPS[m]]
+        optional = [o for m in modes for o in MODE_OPS[m] if o in OPTIONAL_OPS]
         ops = "|".join([op, *optional])
         title = f"{op} latency by bucket" if not optional else f"{' + '.join([op, *optional])} latency by bucket"
         panels.append(

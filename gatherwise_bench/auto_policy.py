@@ -32,6 +32,7 @@ import time
 from collections import defaultdict
 from http import HTTPStatus
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import yaml
@@ -43,6 +44,9 @@ from gatherwise.call_kind import kind_label, split_tag
 from gatherwise.config import PolicyParams
 from gatherwise.modes import IMPLEMENTED, Mode, bucket_label, bucket_of
 from gatherwise.shm_format.ring import engine_dir_name
+
+if TYPE_CHECKING:
+    from gatherwise.shm_format.ring import CallRecord
 
 STATIC = tuple(m.label for m in IMPLEMENTED)  # every implemented mode is a static variant
 
@@ -122,7 +126,7 @@ class Engine:
 
         self.engine_id = fresh[0].engine_id
         self.readers = [RingReader(p) for p in fresh[0].rings.values()]
-        self.by_call: dict[int, dict[int, object]] = defaultdict(dict)
+        self.by_call: dict[int, dict[int, CallRecord]] = defaultdict(dict)
 
     def drain(self) -> None:
         for rank, reader in enumerate(self.readers):
@@ -255,7 +259,10 @@ def summarize(costs: dict[str, dict[str, list[float]]], load: dict) -> dict:
                   for v, m in mean.items()}
     oracle = {b: min(per_bucket[m][b] for m in STATIC) for b in buckets}
     per_bucket["oracle"] = oracle
-    best = {b: min(STATIC, key=lambda m, b=b: per_bucket[m][b]) for b in buckets}
+    def best_static(b: str) -> str:
+        return min(STATIC, key=lambda m: per_bucket[m][b])
+
+    best = {b: best_static(b) for b in buckets}
     totals = {v: sum(t.values()) for v, t in per_bucket.items() if len(t) == len(buckets)}
     return {"mean_seconds": mean, "samples": {v: {k: len(c) for k, c in per.items()} for v, per in costs.items()},
             "calls_per_cycle": counts, "seconds_per_cycle_by_bucket": per_bucket, "best_static_by_bucket": best,
@@ -307,6 +314,8 @@ def plot(path: Path, result: dict) -> None:
 
 def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, gather_delay: float = 0.0,
         load: dict | None = None) -> dict:
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, not {rounds}")
     load = load or workload("fast")
     shm = os.path.join(workdir, "shm")
     os.makedirs(shm)
@@ -323,7 +332,8 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
         variants = [*STATIC, "auto"]
         engine = Engine(config, shm, os.path.join(workdir, "stop1"), load)
         wait_attached(url, engine.engine_id)
-        segments, previous = [], None
+        segments: list[tuple[str, int, int]] = []  # (variant, first call, end call)
+        previous: tuple[str, int] | None = None  # (variant, first call) of the segment being measured
         sidecar_cpu: dict[str, list[float]] = {}  # variant -> [sidecar CPU seconds, wall seconds] while measured
         for r in range(rounds):
             for variant in variants[r % len(variants):] + variants[: r % len(variants)]:
@@ -341,6 +351,7 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
                 cpu[1] += time.monotonic() - t0
         engine.stop()
         calls = engine.calls()
+        assert previous is not None  # rounds >= 1 (checked above): the loop measured a segment
         segments.append((*previous, calls[-1][0] + 1))
         costs = segment_costs(calls, segments)
         actual = by_actual_mode(calls, segments)

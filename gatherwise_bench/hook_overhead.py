@@ -78,7 +78,7 @@ def _measure_shape(comm, rank: int, world: int, rows: int, vocab: int, iters: in
         return path.run(sampling)
 
     calls = {"bare": bare, "off": lambda: hooked(paths["off"]), "on": lambda: hooked(paths["on"])}
-    marks = {v: [] for v in VARIANTS}
+    marks: dict[str, list[tuple[int, int]]] = {v: [] for v in VARIANTS}
     for i in range(warmup + iters):
         for variant in VARIANTS[i % 3:] + VARIANTS[: i % 3]:
             dist.barrier()

@@ -25,6 +25,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gatherwise.shm_format.ring import CallRecord
 
 MODES = ("all_gather", "gather", "sharded")
 MS = 1e-6
@@ -57,8 +61,10 @@ class _Rings:
         self.readers = {rank: RingReader(path) for rank, path in sorted(engine.rings.items())}
         from gatherwise.sidecar.control_block_client import ControlClient
 
+        if engine.control is None:
+            raise RuntimeError(f"engine {engine.dir} has no control block (control disabled?)")
         self.control = ControlClient(engine.control)
-        self.records: dict[int, dict[int, object]] = {rank: {} for rank in self.readers}
+        self.records: dict[int, dict[int, CallRecord]] = {rank: {} for rank in self.readers}
 
     def read(self) -> None:
         for rank, reader in self.readers.items():

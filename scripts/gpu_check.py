@@ -26,6 +26,8 @@ A checkout tool, not part of the installed package: it runs from a plain checkou
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import json
 import os
 import platform
@@ -219,7 +221,7 @@ def _tp2_rank(rank: int, world: int, device: str, vocab: int, batch: int) -> dic
     from gatherwise.engine_hooks.table_source import InProcessTableSource
     from gatherwise.modes import IMPLEMENTED
 
-    out = {}
+    out: dict[str, dict[str, Any]] = {}  # mode -> its tokens, modes and reference, or its error
     gen = torch.Generator().manual_seed(7)
     logits = [torch.randn(batch, vocab, generator=gen) for _ in range(6)]
     for mode in IMPLEMENTED:
@@ -338,7 +340,7 @@ def check_graphs(ctx: dict) -> dict:
 
         for mode in CAPTURABLE:
             for r in static_in:
-                graphs.capture(mode, r, lambda r=r: step(r))
+                graphs.capture(mode, r, functools.partial(step, r))
         capture_s = time.perf_counter() - t0
         tokens, ref, host_ns = [], [], []
         try:
@@ -429,7 +431,7 @@ def check_sampler(ctx: dict) -> dict:
             for kind in kinds:
                 rows = _rows(kind, batch)
                 out["sample_only_us"][f"P{p}/{kind}/B{batch}"] = _cuda_time_us(
-                    device, lambda shards=shards, rows=rows: sample(shards, vocab, rows), reps)
+                    device, functools.partial(sample, shards, vocab, rows), reps)
     out["status"] = "pass"
     return out
 
@@ -535,7 +537,7 @@ def check_event_costs(ctx: dict) -> dict:
 
 def _compiled_writer() -> bool:
     try:
-        from gatherwise.engine_hooks import _ring_writer  # noqa: F401
+        importlib.import_module("gatherwise.engine_hooks._ring_writer")  # compiled when pip install had a compiler
     except ImportError:
         return False
     return True
@@ -602,7 +604,7 @@ def verdict(checks: dict[str, dict]) -> bool:
 def _environment(device: str, cpu: bool) -> dict:
     import torch
 
-    env = {"python": platform.python_version(), "torch": torch.__version__, "host": platform.node(),
+    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "host": platform.node(),
            "cpus": os.cpu_count(), "loadavg": os.getloadavg(), "device": device, "cpu_fallback": cpu,
            "cuda_available": torch.cuda.is_available(), "compiled_record_writer": _compiled_writer()}
     if torch.cuda.is_available() and not cpu:
@@ -647,7 +649,8 @@ def run(outdir: Path, *, cpu: bool, only: list[str] | None = None, budget_s: flo
         torch.set_num_threads(1)
     report: dict[str, Any] = {"started_unix": time.time(), "environment": _environment(device, cpu), "checks": {}}
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
-        ctx = {"device": device, "cpu": cpu, "tmp": tmp, "left": lambda: budget_s - (time.monotonic() - t0)}
+        ctx: dict[str, Any] = {"device": device, "cpu": cpu, "tmp": tmp,
+                               "left": lambda: budget_s - (time.monotonic() - t0)}
         for name, check in CHECKS:
             if only and name not in only:
                 continue

@@ -15,20 +15,21 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests._hf_checkpoints import TinyCheckpoint, build, write_tokenizer
 
-LAYERS = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+LAYERS: dict[str, Any] = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 # With a tokenizer: small, and a Llama 3 RoPE, so `gatherwise generate` runs its scaled-RoPE path.
-WITH_TOKENIZER = dict(LAYERS, hidden_size=64, intermediate_size=128, bos_token_id=1, eos_token_id=2,
-                      rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                       "original_max_position_embeddings": 64})
+WITH_TOKENIZER: dict[str, Any] = dict(
+    LAYERS, hidden_size=64, intermediate_size=128, bos_token_id=1, eos_token_id=2,
+    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
 # For vLLM's and SGLang's CPU attention: a head size of 32 (hidden 128 over 4 heads), room for 512 positions.
-FOR_ENGINES = dict(LAYERS, hidden_size=128, intermediate_size=256, max_position_embeddings=512,
-                   tie_word_embeddings=False, vocab_size=32000)
+FOR_ENGINES: dict[str, Any] = dict(LAYERS, hidden_size=128, intermediate_size=256, max_position_embeddings=512,
+                                   tie_word_embeddings=False, vocab_size=32000)
 
 
 def main() -> None:

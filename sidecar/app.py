@@ -40,6 +40,7 @@ def create_app(state: SidecarState) -> FastAPI:
     app.state.gatherwise = state
     for router, prefix in ROUTERS:
         app.include_router(router, prefix=prefix)
-    app.add_exception_handler(RequestValidationError, routes_control.validation_error)
+    # Starlette types every handler as taking Exception, though it calls it only with the class registered here
+    app.add_exception_handler(RequestValidationError, routes_control.validation_error)  # type: ignore[arg-type]
     app.add_middleware(BodySizeLimit)  # outermost: a too-large body is refused before anything reads it
     return app

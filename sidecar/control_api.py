@@ -119,7 +119,8 @@ class ControlApi:
         decision = (session.policy.release(buckets, now) if mode == "auto"
                     else session.policy.pin(Mode.parse(mode), buckets, now))
         self.publisher.publish(session, [decision])
-        return int(decision.command_seq), decision
+        assert decision.command_seq is not None  # publish() writes the command of every decision it publishes
+        return decision.command_seq, decision
 
     @on_loop
     def set_params(self, changes: dict[str, Any]) -> PolicyParams:

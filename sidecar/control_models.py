@@ -6,7 +6,7 @@ What exists elsewhere is not declared again: the policy parameters and their ran
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
@@ -97,14 +97,21 @@ class DecisionsResponse(BaseModel):
 def all_optional(model: type[BaseModel], name: str, doc: str) -> type[BaseModel]:
     """The Update model of `model` (the Base/Update pattern): every field optional (null or absent = unchanged),
     with the same type and constraints, and strict like every request body."""
-    fields: dict[str, Any] = {
-        key: (Annotated[(field.annotation | None, *field.metadata)], Field(None, description=field.description))
-        for key, field in model.model_fields.items()}
+    fields: dict[str, Any] = {}
+    for key, field in model.model_fields.items():
+        assert field.annotation is not None  # pydantic sets it on every field of a built model
+        fields[key] = (Annotated[(field.annotation | None, *field.metadata)],
+                       Field(None, description=field.description))
     config = ConfigDict(**{**model.model_config, **STRICT_REQUEST, "frozen": False})
     return create_model(name, __config__=config, __doc__=doc, **fields)
 
 
-PolicyUpdate = all_optional(PolicyParams, "PolicyUpdate", "Any subset of the parameters; the others keep their values.")
+if TYPE_CHECKING:
+    class PolicyUpdate(BaseModel):
+        """What the checker sees of the model built below (a class built at run time is no type to it)."""
+else:
+    PolicyUpdate = all_optional(PolicyParams, "PolicyUpdate",
+                                "Any subset of the parameters; the others keep their values.")
 
 
 class PolicyResponse(BaseModel):

@@ -80,7 +80,8 @@ class ControlSessions:
         except FileNotFoundError:
             return  # control disabled, or rank 0 has not created it yet: the next poll looks again
         except AreaMidWriteError:  # the owner died between two writes and is not replaced yet: look again
-            client.close()
+            if client is not None:  # always set: only the reads after opening raise this
+                client.close()
             return
         except (ControlFormatError, OSError) as exc:
             if client is not None:
@@ -102,16 +103,16 @@ class ControlSessions:
                         "and refuses mutations until that one is gone", eng.label, block_path)
             return
         self.events.restore_switch_counts(eng.label, session.switch_counts)
-        if not extra and policy.policy_label != "manual" and self.config.policy.table_file and not snap.command.seq:
-            self._adopt_table_file(session)
+        table_file = self.config.policy.table_file
+        if not extra and policy.policy_label != "manual" and table_file and not snap.command.seq:
+            self._adopt_table_file(session, table_file)
         self.publisher.sync(session)
         log.info("control attached to engine %s (policy %s, active %s)", eng.label, policy.policy_label,
                  readable_table(lambda: snap.active_table) or "not readable")
 
-    def _adopt_table_file(self, session: ControlSession) -> None:
+    def _adopt_table_file(self, session: ControlSession, table_path: str) -> None:
         from gatherwise.table_file import load_table_file
 
-        table_path = self.config.policy.table_file
         try:
             table = load_table_file(table_path)
         except (OSError, ValueError) as exc:

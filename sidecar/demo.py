@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -42,9 +43,9 @@ def _ms(seconds: float | None) -> str:
     return "      -" if seconds is None else f"{seconds * 1e3:7.3f}"
 
 
-def _cell(stats: dict | None) -> str:
+def _cell(stats: dict[str, Any] | None) -> str:
     """A (bucket, mode) cell: its p50 critical path and how many samples it rests on."""
-    return f"{_ms(stats and stats['p50_seconds'])} ({stats['samples'] if stats else 0:>4})"
+    return f"{_ms(stats['p50_seconds'] if stats else None)} ({stats['samples'] if stats else 0:>4})"
 
 
 MODES = IMPLEMENTED_LABELS

@@ -44,7 +44,7 @@ class RankCounters:
 
 def bytes_series(modes: tuple[Mode, ...] = IMPLEMENTED) -> tuple[tuple[str, Mode], ...]:
     """(op, mode) pairs that move bytes: each mode's operations (MODE_OPS), e.g. gather runs gather + broadcast."""
-    return tuple((op, m) for m in modes for op in MODE_OPS[int(m)] if op)
+    return tuple((op, m) for m in modes for op in MODE_OPS[m] if op)
 
 
 def seconds_series(modes: tuple[Mode, ...] = IMPLEMENTED) -> tuple[tuple[str, Mode], ...]:
@@ -120,8 +120,8 @@ class HeaderCountersCollector(Collector):
                     calls.add_metric([snap.engine, rank, mode], value)
                 for (op, mode), value in sorted(rc.bytes.items()):
                     nbytes.add_metric([snap.engine, rank, op, mode], value)
-                for (op, mode), value in sorted(rc.seconds.items()):
-                    seconds.add_metric([snap.engine, rank, op, mode], value)
+                for (op, mode), secs in sorted(rc.seconds.items()):
+                    seconds.add_metric([snap.engine, rank, op, mode], secs)
                 for mode, value in sorted(rc.logits_path_bytes.items()):
                     logits_path_bytes.add_metric([snap.engine, rank, mode], value)
                 for reason, value in sorted(rc.dropped.items()):

@@ -154,7 +154,7 @@ class Ingest:
                                                                                   bucket_label(bucket))
         rank_paths = eng.rank_path_series
         max_start = max_end = 0
-        min_start = None
+        min_start = first.start_ns  # first is one of by_rank: the loop takes the minimum over every rank
         for rank, rec in by_rank.items():
             rank_path = rank_paths.get((rank, mode))
             if rank_path is None:
@@ -172,7 +172,7 @@ class Ingest:
                 max_start = start
             if end > max_end:
                 max_end = end
-            if min_start is None or start < min_start:
+            if start < min_start:
                 min_start = start
         if max_end > eng.last_record_end_ns:
             eng.last_record_end_ns = max_end
@@ -298,10 +298,10 @@ class Ingest:
             tp = probe.header().tp_size
         if sorted(files.rings) != list(range(tp)):
             return None  # not every rank has created its ring yet
-        readers = []
+        readers: list[RingReader] = []
         try:
-            for r in range(tp):
-                readers.append(RingReader(files.rings[r], max_backlog=self.max_records_per_poll))
+            for rank in range(tp):
+                readers.append(RingReader(files.rings[rank], max_backlog=self.max_records_per_poll))
         except BaseException:
             for reader in readers:
                 reader.close()

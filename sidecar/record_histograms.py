@@ -60,10 +60,11 @@ class RecordHistograms:
         return self.logits_path.series(engine, rank, mode)
 
     def call_series(self, engine: str, mode_code: int, bucket: str) -> CallSeries:
-        mode = Mode(mode_code).label
+        code = Mode(mode_code)
+        mode = code.label
         return CallSeries(self.critical_path.series(engine, mode, bucket), self.skew.series(engine, mode),
                           self.sample.series(engine, mode, bucket),
-                          self.collective.series(engine, MODE_OPS[mode_code][0], mode, bucket), {})
+                          self.collective.series(engine, MODE_OPS[code][0], mode, bucket), {})
 
     def second_op_series(self, engine: str, calls: CallSeries, op: str, mode: str, bucket: str) -> Series:
         found = calls.second_ops.get(op)

@@ -226,7 +226,7 @@ _TAG_SHIFT, _TAG_MASK = fmt.TAG_SHIFT, fmt.TAG_MASK
 def _decode(data: bytes, first_seq: int, skip: int) -> tuple[list[CallRecord], int]:
     """Unpack a run of records starting at first_seq; drop the first `skip` and any whose seqs disagree."""
     names = fmt.DTYPE_NAMES
-    out = []
+    out: list[CallRecord] = []
     append = out.append
     torn = 0
     expected = first_seq
@@ -255,7 +255,7 @@ class EngineFiles:
     created_ns: int = 0  # from the lowest rank's ring header, else the directory's mtime
 
 
-def discover_engines(shm_dir: str | os.PathLike,
+def discover_engines(shm_dir: str | os.PathLike[str],
                      cache: dict[str, tuple[tuple[int, int], EngineFiles]] | None = None) -> list[EngineFiles]:
     """Engine instances under shm_dir (directories named by a 16-hex-digit id), newest first.
 

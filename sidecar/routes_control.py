@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -41,8 +41,9 @@ from gatherwise.validation_errors import request_error_details
 router = APIRouter(tags=["control"], route_class=StrictJSONRoute)  # a repeated JSON key is a 422
 bearer = HTTPBearer(auto_error=False, description="the sidecar's API token (sidecar.api_token or "
                                                   "GATHERWISE_API_TOKEN)")
-NO_ENGINE = {409: {"model": ErrorResponse, "description": "no engine with a control block is attached"}}
-AUTH = {401: {"model": ErrorResponse, "description": "missing or wrong bearer token"},
+ResponsesDoc = dict[int | str, dict[str, Any]]  # the `responses` of a route (FastAPI's type)
+NO_ENGINE: ResponsesDoc = {409: {"model": ErrorResponse, "description": "no engine with a control block is attached"}}
+AUTH: ResponsesDoc = {401: {"model": ErrorResponse, "description": "missing or wrong bearer token"},
         403: {"model": ErrorResponse, "description": "no API token configured: mutations are disabled"}}
 WAIT_STEP_S = 0.002
 

@@ -96,7 +96,8 @@ class SidecarSchedule:
         batch = min(BATCH_RECORDS, max(1, eng.readers[0].capacity // 4))
         session = self.sessions.current
         probe = session.policy.probe if session is not None else None
-        if probe is not None:  # the calls the probe still needs, at most: its end is seen soon after it comes
+        if session is not None and probe is not None:
+            # the calls the probe still needs, at most: its end is seen soon after it comes
             batch = min(batch, max(1, session.policy.params.probe_calls - probe.calls))
         return min(max(elapsed * batch / per_rank, base), max(base, MAX_POLL_WAIT_S))
 

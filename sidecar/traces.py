@@ -21,6 +21,7 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.util.types import AttributeValue
 
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import MODE_OPS
@@ -93,8 +94,9 @@ class CallTracer:
         ctx = trace.set_span_in_context(root)
         for rank in sorted(records):
             rec = records[rank]
-            attrs = {"tp.rank": rank, "tp.size": tp_size, "gatherwise.mode": mode.label,
-                     "gatherwise.rows": rec.rows, "gatherwise.bytes": rec.nbytes, "gatherwise.epoch": rec.epoch}
+            attrs: dict[str, AttributeValue] = {
+                "tp.rank": rank, "tp.size": tp_size, "gatherwise.mode": mode.label, "gatherwise.rows": rec.rows,
+                "gatherwise.bytes": rec.nbytes, "gatherwise.epoch": rec.epoch}
             for name, start, duration in _operations(rec, mode):
                 span = self.tracer.start_span(name, context=ctx, start_time=start + off, attributes=attrs)
                 span.end(end_time=start + duration + off)
@@ -130,7 +132,7 @@ def _operations(rec: CallRecord, mode: Mode) -> list[tuple[str, int, int]]:
     """(span name, start ns, duration ns) of each operation one rank ran in this call: the mode's first
     collective (MODE_OPS), sampling where this rank sampled, the second operation the record names (broadcast,
     shard_resolve), and the whole path."""
-    ops = [(MODE_OPS[int(mode)][0], rec.collective_start_ns, rec.collective_ns)]
+    ops = [(MODE_OPS[mode][0], rec.collective_start_ns, rec.collective_ns)]
     if rec.sample_ns or rec.rank == 0:
         ops.append(("sample", rec.sample_start_ns, rec.sample_ns))
     if rec.second_op is not None:

@@ -130,16 +130,16 @@ class Engine:
         cache = self.model.new_cache(self.max_batch, max_sequence_length(requests))
         scheduler = Scheduler(requests, cache, self.max_batch)
         sizes = []
-        logged = isinstance(path, LoggedLogitsPath)
-        calls_before = len(path.mode_log) if logged else 0
+        logged = path if isinstance(path, LoggedLogitsPath) else None  # the path that logs its calls, if it does
+        calls_before = len(logged.mode_log) if logged is not None else 0
         while (batch := scheduler.next_batch()) is not None:
             tokens = self.step(path, batch, cache)
             sizes.append(len(batch.rows))
             if on_step is not None:
                 on_step(batch, tokens)
             scheduler.complete(tokens.tolist())
-        modes = [m.label for m in path.mode_log[calls_before:]] if logged else []
-        colls = list(path.collective_log[calls_before:]) if logged else []
+        modes = [m.label for m in logged.mode_log[calls_before:]] if logged is not None else []
+        colls = list(logged.collective_log[calls_before:]) if logged is not None else []
         return RunResult(dict(sorted(scheduler.finished.items())), modes, colls, sizes)
 
     def step(self, path: LogitsPath, batch: StepBatch, cache: KVCache) -> torch.Tensor:
