@@ -30,8 +30,7 @@ from tests.vllm.harness import VLLM_SHM_LEFTOVERS, base_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 try:
-    # Installed only in .venv-vllm (like vllm itself, which pyproject's override types as Any); not here.
-    import openai  # type: ignore[import-not-found]
+    import openai
 except ImportError:  # scripts/test_vllm.sh installs it into .venv-vllm
     if REQUIRED:
         raise
