@@ -63,12 +63,12 @@ def call_marks(*marks: int, **named: int) -> CallMarks:
         if values[i] is not None:
             raise TypeError(f"mark {name!r} given twice")
         values[i] = value
-    for i, name in enumerate(MARKS):
-        if values[i] is None:
-            if name not in OPTIONAL:
-                raise TypeError(f"missing required mark {name!r}")
-            values[i] = 0
-    return tuple(values)  # type: ignore[return-value]  # every None was replaced above
+    filled: list[int] = []
+    for name, given in zip(MARKS, values, strict=True):
+        if given is None and name not in OPTIONAL:
+            raise TypeError(f"missing required mark {name!r}")
+        filled.append(0 if given is None else given)
+    return tuple(filled)
 
 
 def with_clock_marks(marks: CallMarks, clock_marks: list[int]) -> CallMarks:

@@ -27,7 +27,7 @@ _READ_TRIES = 4  # the engine never spins: after a few torn reads it tries again
 
 
 class ControlBlockSource:
-    def __init__(self, path: str | os.PathLike, *, engine_id: int, tp_size: int, table: ModeTable) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, engine_id: int, tp_size: int, table: ModeTable) -> None:
         self.path = os.fspath(path)
         self.engine_id, self.tp_size = engine_id, tp_size
         block = fmt.new_block(engine_id, tp_size, table.encode(), time.time_ns(), os.getpid())
@@ -64,10 +64,12 @@ class ControlBlockSource:
 
     # -- slow path: a new command -------------------------------------------------------------------------
     def _read_command(self) -> TableRequest | None:
-        words = self._words
+        mm, words = self._mm, self._words
+        if mm is None or words is None:  # closed (both are, together): nothing to read
+            return self._request
         try:
-            fmt.parse_header(self._mm, self.path)
-            header = fmt.HEADER.unpack_from(self._mm, 0)
+            fmt.parse_header(mm, self.path)
+            header = fmt.HEADER.unpack_from(mm, 0)
             if header[3] != self.engine_id:
                 raise fmt.ControlFormatError(f"{self.path}: engine id {engine_dir_name(header[3])} in the block, "
                                              f"this engine is {engine_dir_name(self.engine_id)}: the block was "

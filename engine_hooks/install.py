@@ -22,7 +22,7 @@ from gatherwise.engine_hooks.comm import Communicator
 from gatherwise.engine_hooks.delay_injection import DelayedCommunicator
 from gatherwise.engine_hooks.handshake import handshake
 from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
-from gatherwise.engine_hooks.logits_path import LogitsPath
+from gatherwise.engine_hooks.logits_path import CallRecorder, LogitsPath
 from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 from gatherwise.modes import Mode, ModeTable
 
@@ -113,18 +113,18 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
             _runs_without("control", comm.rank, f"cannot create its control block in {engine_dir}: "
                           f"{exc.strerror or exc}")
     clock = time.perf_counter_ns
+    path_recorder: CallRecorder | None = recorder
     if recorder is not None and torch.device(device).type == "cuda":
         from gatherwise.engine_hooks.cuda_timing import cuda_recording
 
         # event pairs on the stream, resolved calls later by query(): no synchronize on the hot path
-        ring = recorder
-        clock, recorder = cuda_recording(ring)
-        closables[closables.index(ring)] = recorder  # closing the resolver flushes, then closes the ring
+        clock, path_recorder = cuda_recording(recorder)
+        closables[closables.index(recorder)] = path_recorder  # closing the resolver flushes, then closes the ring
     if cfg.control.inject_delay:
         comm = DelayedCommunicator(comm, cfg.control.inject_delay)
     path_class = LoggedLogitsPath if keep_log else LogitsPath
     path = path_class(comm, vocab, dtype=dtype, device=device, initial_table=table, table_source=source,
-                      recorder=recorder, clock=clock)
+                      recorder=path_recorder, clock=clock)
     return InstalledHooks(path, engine_id, engine_dir, cfg, closables, liveness)
 
 

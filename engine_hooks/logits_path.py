@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Protocol, overload
 
 import torch
 
@@ -144,10 +144,13 @@ class LogitsPath:
             return self._run_sharded(rows, t_start, kind)
         mode, shards = self.exchange(t_start=t_start, kind=kind)
         if mode == Mode.ALL_GATHER or self.rank == 0:
-            sample_start = self._call.coll_end  # sampling starts as the collective ends: one clock read for both
+            # sampling starts as the collective ends: one clock read for both (exchange() just filled _open_call)
+            sample_start = self._open_call.coll_end
             tokens = sample(shards, self.vocab, rows)
             return self.complete(tokens, sample_start=sample_start, sample_end=self.clock())
-        return self.complete(None)
+        received = self.complete(None)
+        assert received is not None  # gather mode: the broadcast brings rank 0's tokens
+        return received
 
     def exchange(self, *, mode: Mode | None = None, t_start: int | None = None,
                  kind: int = 0) -> tuple[Mode, torch.Tensor]:
@@ -209,16 +212,25 @@ class LogitsPath:
         if word is not None and word != self._word:  # decode only when the word changed
             cw = ControlWord.unpack(word)
             self.table, self.epoch, self._word = cw.table, cw.epoch, word
-        if self.table_source is not None:
-            word = self._word_to_send()
+        source = self.table_source
+        if source is not None:
+            word = self._word_to_send(source)
             if word != self._sent_word:
                 self._word_dev.fill_(word)  # a kernel with the value as argument: no synchronization
                 self._sent_word = word
             # after poll() put this call in the heartbeat: a status saying "applied" never precedes it
             while self._due and self._due[0].apply_call <= self.call_index:  # every rank runs it from this call
-                self.table_source.report(self._due.popleft())
+                source.report(self._due.popleft())
         self._table_mode = self.table.mode_for_rows(rows)
         return self._table_mode
+
+    @overload
+    def complete(self, tokens: torch.Tensor, *, sample_start: int | None = None,
+                 sample_end: int | None = None) -> torch.Tensor: ...
+
+    @overload
+    def complete(self, tokens: None, *, sample_start: int | None = None,
+                 sample_end: int | None = None) -> torch.Tensor | None: ...
 
     def complete(self, tokens: torch.Tensor | None, *, sample_start: int | None = None,
                  sample_end: int | None = None) -> torch.Tensor | None:
@@ -239,6 +251,8 @@ class LogitsPath:
         if mode != Mode.ALL_GATHER:
             tokens_buf = self._tokens[: batch + 1]
             if self.rank == 0:
+                if tokens is None:  # what assigning None below raised, said plainly
+                    raise TypeError("complete(): rank 0 passes the sampled tokens in gather mode")
                 tokens_buf[:batch] = tokens
                 tokens_buf[batch:].copy_(self._word_dev)
             second_start = clock()
@@ -250,6 +264,7 @@ class LogitsPath:
             self._captured_word_in[(mode, batch)] = word_in
             self._rows = 0
             return tokens
+        assert word_in is not None  # all_gather: exchange() took it from the collective; else the broadcast above
         self._end_call(mode, batch, word_in, call.t_start, call.coll_start, call.coll_end, second_start, second_end,
                        sample_start, sample_end, call.kind)
         return tokens
@@ -318,12 +333,13 @@ class LogitsPath:
             self._rows = rows
             self._call = self._open_call.fill(mode, rows, t_start, t_start, t_end, word_in, kind)
             return
+        assert word_in is not None  # a variant captured through complete() holds the word it received
         second = t_end if mode != Mode.ALL_GATHER else 0
         self._end_call(mode, rows, word_in, t_start, t_start, t_end, second, second, t_end, t_end, kind)
 
-    def _word_to_send(self) -> int:
+    def _word_to_send(self, source: TableSource) -> int:
         """Rank 0: the control word for this call — the last one sent, or a newly requested one."""
-        request = self.table_source.poll(self.call_index)
+        request = source.poll(self.call_index)
         if request is None or request.seq == self._applied_seq:
             return self._sent_word
         self._applied_seq = request.seq

@@ -24,7 +24,7 @@ from gatherwise.shm_format.private_files import create_private_file, temporary_n
 try:  # the compiled record() (engine_hooks/_ring_writer.c), built by pip install when a C compiler is there
     from gatherwise.engine_hooks import _ring_writer
 except ImportError:
-    _ring_writer = None
+    _ring_writer = None  # type: ignore[assignment]  # mypy has no optional module; None: not built
 
 _NATIVE_LAYOUT = ("FORMAT_VERSION", "HEADER_SIZE", "RECORD_SIZE", "WRITE_INDEX_OFFSET", "COUNTERS_OFFSET",
                   "NUM_MODE_ROWS", "TOPP_ROWS_OFFSET", "TAG_SHIFT")
@@ -52,7 +52,7 @@ if _ring_writer is not None and not _native_matches_format(_ring_writer):
     # the reader misparses: use the Python writer and say why, once.
     print("gatherwise: gatherwise.engine_hooks._ring_writer was built for another ring format; using the Python "
           "record writer (reinstall gatherwise to rebuild it)", file=sys.stderr)
-    _ring_writer = None
+    _ring_writer = None  # type: ignore[assignment]  # as above
 
 PURE_PYTHON_ENV = "GATHERWISE_PURE_PYTHON_RECORDER"  # "1": never use the compiled record()
 
@@ -85,7 +85,7 @@ def _u32(value: int) -> int:
 class RingRecorder:
     """Writes one record per call into `path` (created, truncated to size, memory-mapped)."""
 
-    def __init__(self, path: str | os.PathLike, *, engine_id: int, rank: int, tp_size: int, vocab: int,
+    def __init__(self, path: str | os.PathLike[str], *, engine_id: int, rank: int, tp_size: int, vocab: int,
                  dtype: object, capacity: int) -> None:
         if sys.byteorder != "little":  # the header counters are updated as native u64 words
             raise RuntimeError("the telemetry ring format is little-endian; this host is big-endian")
@@ -121,7 +121,9 @@ class RingRecorder:
         self._native = None
         if _ring_writer is not None and os.environ.get(PURE_PYTHON_ENV, "") in ("", "0"):
             self._native = _ring_writer.Writer(self._mm, capacity, vocab, rank, self.dtype_code)
-            self.record = self._native.record  # the same bytes as the Python record() below, in one C call
+            # the same bytes as the Python record() below, in one C call; an instance attribute on purpose, so the
+            # hot path calls the C function directly (mypy flags any assignment to a method)
+            self.record = self._native.record  # type: ignore[method-assign]
 
     @property
     def native(self) -> bool:
@@ -250,14 +252,13 @@ class RingRecorder:
 
     def close(self, unlink: bool = False) -> None:
         """Mark the ring closed and unmap it; unlink=True also removes the file. Idempotent."""
-        if self._mm is not None:
+        if not self._mm.closed:
             fmt.STATE.pack_into(self._mm, fmt.STATE_OFFSET, fmt.STATE_CLOSED)
             if self._native is not None:
                 self._native.release()
-                self.record = self._closed_record
+                self.record = self._closed_record  # type: ignore[method-assign]  # as in __init__
             self._words.release()
             self._mm.close()
-            self._mm = None
         if unlink:
             try:
                 os.unlink(self.path)

@@ -50,9 +50,11 @@ def sample(shards: torch.Tensor, vocab: int, rows: list[SamplingRow]) -> torch.T
         if g.kind == Kind.FULL:
             found = torch.empty_like(draw.shard)
             for r, (_, cum) in enumerate(parts):  # each shard's owner search, as that rank would run it
+                assert cum is not None  # summarize gives temperature rows their cumulative masses
                 found = torch.where(draw.shard == r, find_in_shard(cum, draw.target) + r * width, found)
             tokens[index] = found
             continue
+        assert isinstance(index, torch.Tensor)  # token_slots: top-p rows always get an index, never a slice
         vals, ids, covered = top_p_covered(g, summaries, draw, width)
         if bool(covered.any()):
             tokens[index[covered]] = draw_candidates(vals[covered], ids[covered], g.params, u[covered],

@@ -123,16 +123,20 @@ class ShardedSampler:
             if g.kind == Kind.GREEDY:
                 tokens[index] = combine_greedy(summaries)
             elif g.kind == Kind.TOP_K:
+                assert u is not None  # only greedy groups have no uniforms
                 tokens[index] = combine_top_k(g, summaries, u)
             else:
+                assert u is not None  # only greedy groups have no uniforms
                 draw = draw_shard(summaries[:, :, 0], summaries[:, :, 1], g.params.temperature, u)
                 if g.kind == Kind.FULL:
                     # every row searched, the owned ones kept: no host decision (searches are per row)
+                    assert cum is not None  # summarize gives temperature rows their cumulative masses
                     found = torch.where(draw.shard == self.rank, find_in_shard(cum, draw.target) + self.rank * width,
                                         -1)
                     owned.append((g, draw.shard))
                     mine.append(found)
                     continue
+                assert isinstance(index, torch.Tensor)  # token_slots: top-p rows always get an index
                 vals, ids, covered = top_p_covered(g, summaries, draw, width)
                 topp_rows += len(g.rows)
                 if bool(covered.any()):

@@ -62,7 +62,7 @@ def parse_yaml(text: str) -> Any:
         raise YAMLInputError("nested too deeply") from None
 
 
-def read_yaml_file(path: str | os.PathLike, limit: int = MAX_YAML_BYTES) -> Any:
+def read_yaml_file(path: str | os.PathLike[str], limit: int = MAX_YAML_BYTES) -> Any:
     """The YAML document in file `path` (UTF-8, a regular file of at most `limit` bytes).
     OSError when it cannot be opened; YAMLInputError for everything else, naming the file."""
     path = os.fspath(path)

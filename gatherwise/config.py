@@ -160,10 +160,21 @@ class GatherwiseConfig(Schema):
     policy: PolicySection = Field(default_factory=PolicySection)
 
 
-SECTIONS: dict[str, type[Schema]] = {name: f.annotation for name, f in GatherwiseConfig.model_fields.items()}
+def _sections() -> dict[str, type[Schema]]:
+    """GatherwiseConfig's sections by name: each field's annotation, which must be a Schema."""
+    sections: dict[str, type[Schema]] = {}
+    for name, f in GatherwiseConfig.model_fields.items():
+        schema = f.annotation
+        if not (isinstance(schema, type) and issubclass(schema, Schema)):
+            raise TypeError(f"GatherwiseConfig.{name} is no config section: {schema!r}")
+        sections[name] = schema
+    return sections
 
 
-def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> GatherwiseConfig:
+SECTIONS = _sections()
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> GatherwiseConfig:
     """Defaults, then the YAML file (`path`, else env GATHERWISE_CONFIG), then GATHERWISE_<SECTION>_<KEY> overrides."""
     env = os.environ if env is None else env
     path = path if path is not None else env.get("GATHERWISE_CONFIG") or None
@@ -191,7 +202,7 @@ def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | 
         raise ConfigError(joined_errors(exc, lambda e: _explain(e, source, origins), "\n")) from None
 
 
-def _read_yaml(path: str | os.PathLike, source: str) -> dict[Any, Any]:
+def _read_yaml(path: str | os.PathLike[str], source: str) -> dict[Any, Any]:
     try:
         raw = read_yaml_file(path) or {}
     except NotUTF8Error as exc:

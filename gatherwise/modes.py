@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import cast
 
 NUM_BUCKETS = 16
 BITS_PER_BUCKET = 2
@@ -109,7 +110,10 @@ class ModeTable:
         if not 0 <= word < 1 << (BITS_PER_BUCKET * NUM_BUCKETS):
             raise ValueError(f"table word out of range: {word:#x}")
         mask = (1 << BITS_PER_BUCKET) - 1
-        return cls(tuple((word >> (BITS_PER_BUCKET * b)) & mask for b in range(NUM_BUCKETS)))
+        codes = tuple((word >> (BITS_PER_BUCKET * b)) & mask for b in range(NUM_BUCKETS))
+        # Raw codes on purpose: __post_init__ rejects one that is no mode (3) with its own message, and
+        # converts the rest to Mode.
+        return cls(cast("tuple[Mode, ...]", codes))
 
     def as_labels(self) -> dict[str, str]:
         """{"1": "all_gather", "2": "gather", ...}: the form the HTTP API and YAML use."""

@@ -55,9 +55,10 @@ class SglangGroupCommunicator(GroupCoordinatorCommunicator):
         self.group.all_gather_into_tensor(out, inp)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
-        flat = float_view(tensor) if self._shm is not None and tensor.is_cpu else None
-        if flat is None:
+        shm = self._shm
+        flat = float_view(tensor) if shm is not None and tensor.is_cpu else None
+        if shm is None or flat is None:
             return super().broadcast(tensor)
-        gathered = self._shm(flat, 0)
+        gathered = shm(flat, 0)
         if self.rank != 0:
             flat.copy_(gathered[: flat.numel()])

@@ -101,12 +101,12 @@ _SAMPLED_MODES = ("DECODE", "EXTEND", "MIXED")  # ForwardMode names of batches S
 def hookable(forward_batch: Any) -> bool:
     """A logits call that SGLang samples from right after: decode, or extend/mixed without input logprobs, for
     a batch that is not prefill-only (speculative verify and draft passes never qualify)."""
-    mode = getattr(forward_batch, "forward_mode", None)
-    if getattr(mode, "name", None) not in _SAMPLED_MODES:
+    mode_name = getattr(getattr(forward_batch, "forward_mode", None), "name", None)
+    if mode_name not in _SAMPLED_MODES:
         return False
     if getattr(forward_batch, "sampling_info", None) is None or getattr(forward_batch, "is_prefill_only", False):
         return False
-    return mode.name == "DECODE" or not forward_batch.return_logprob  # input logprobs: SGLang's chunked path
+    return mode_name == "DECODE" or not forward_batch.return_logprob  # input logprobs: SGLang's chunked path
 
 
 def call_kind_of(forward_batch: Any) -> int:
@@ -343,6 +343,8 @@ class SglangStepHooks(RankHooks):
         """A hooked call that SGLang never sampled from (not expected): finish it the same way on every rank so
         the next call starts clean."""
         pending, self._pending = self._pending, None
+        if pending is None:  # no hooked call is open
+            return
         if pending.mode == Mode.SHARDED:  # finished inside the path already
             self._sharded_tokens = None
             return

@@ -49,7 +49,12 @@ class VllmGroupCommunicator(GroupCoordinatorCommunicator):
         if fast_inp is None:
             return dist.gather(inp, list(out.unbind(0)) if out is not None else None, dst=self._root,
                                group=self._device_group)
-        gather_list = list(float_view(out).view(self.world_size, -1).unbind(0)) if out is not None else None
+        gather_list = None
+        if out is not None:
+            fast_out = float_view(out)  # out has inp's dtype: it has a float view unless it is not contiguous
+            if fast_out is None:
+                raise ValueError("gather(): out must be contiguous to take the transport's float32 view")
+            gather_list = list(fast_out.view(self.world_size, -1).unbind(0))
         self._fast.gather(fast_inp, gather_list, dst=self._root, group=self._device_group)
 
     def broadcast(self, tensor: torch.Tensor) -> None:

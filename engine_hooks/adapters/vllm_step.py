@@ -38,6 +38,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 import torch
@@ -182,6 +183,7 @@ class VllmStepHooks(RankHooks):
         path = self.installed.path
         if mode == Mode.SHARDED:
             tokens, self._sharded_tokens = self._sharded_tokens, None
+            assert tokens is not None  # gather_logits ran the sharded call (_sharded_argmax) before this sampler call
             from vllm.v1.outputs import SamplerOutput
 
             return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1), logprobs_tensors=None)
@@ -238,7 +240,7 @@ def _tp_rank() -> int | None:
 
 def _runner_frame_name() -> str:
     """Who called the logits gather: the nearest caller outside vLLM's model and layers (the runner's method)."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if not module.startswith(("vllm.model_executor", "torch", "gatherwise.engine_hooks")):

@@ -22,6 +22,7 @@ a JSON file next to it, `sidecar-state.json`, written atomically (temp file + re
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -81,12 +82,12 @@ class ControlFormatError(ValueError):
     """The file is not a control block this code understands (foreign, corrupt, other version)."""
 
 
-def control_path(shm_dir: str | os.PathLike, engine_id: int) -> str:
+def control_path(shm_dir: str | os.PathLike[str], engine_id: int) -> str:
     """`<shm_dir>/<engine_id as 16 hex digits>/control`."""
     return os.path.join(engine_dir(shm_dir, engine_id), CONTROL_NAME)
 
 
-def sidecar_state_path(control_file: str | os.PathLike) -> str:
+def sidecar_state_path(control_file: str | os.PathLike[str]) -> str:
     """Where the sidecar keeps its durable decision state for the engine that owns `control_file`."""
     return os.path.join(os.path.dirname(os.fspath(control_file)), SIDECAR_STATE_NAME)
 
@@ -134,7 +135,7 @@ def new_block(engine_id: int, tp_size: int, table_word: int, created_ns: int, pi
     return block
 
 
-def parse_header(block: bytes | memoryview | bytearray, where: str = "control block") -> ControlHeader:
+def parse_header(block: bytes | bytearray | memoryview | mmap.mmap, where: str = "control block") -> ControlHeader:
     """Validate magic, version and size; raise ControlFormatError naming what is wrong."""
     if len(block) < BLOCK_SIZE:
         raise ControlFormatError(f"{where}: {len(block)} bytes, a control block is {BLOCK_SIZE}")

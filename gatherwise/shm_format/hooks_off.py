@@ -18,6 +18,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass
+from typing import TypeGuard
 
 from gatherwise.shm_format.private_files import (
     create_private_file,
@@ -75,7 +76,7 @@ class HooksOffNotice:
         return cls(engine, reason if reason in REASONS else "other", detail[:MAX_DETAIL_CHARS], pid, rank, created)
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
@@ -89,7 +90,7 @@ class NoticeWriter:
     def __init__(self) -> None:
         self._held: dict[tuple[str, str], int] = {}  # (shm_dir, reason) -> the locked file's descriptor
 
-    def publish(self, shm_dir: str | os.PathLike, engine: str, reason: str, detail: str,
+    def publish(self, shm_dir: str | os.PathLike[str], engine: str, reason: str, detail: str,
                 tp_rank: int | None = None) -> str | None:
         """Write the notice unless this process already published one for this reason in this directory.
         Returns the file's path, or None when it was published before. OSError when it cannot be written."""
@@ -118,7 +119,7 @@ class NoticeWriter:
         return path
 
 
-def read_notices(shm_dir: str | os.PathLike, remove_dead: bool = True) -> list[HooksOffNotice]:
+def read_notices(shm_dir: str | os.PathLike[str], remove_dead: bool = True) -> list[HooksOffNotice]:
     """The notices of live processes in shm_dir, oldest first; dead ones (lock free) are removed when asked.
     Unreadable or foreign files are skipped. Never raises for one file."""
     try:

@@ -33,7 +33,7 @@ class Liveness(enum.Enum):
 class LivenessLock:
     """Held by one rank for its lifetime; close() (or the process ending) releases it."""
 
-    def __init__(self, engine_dir: str | os.PathLike, rank: int) -> None:
+    def __init__(self, engine_dir: str | os.PathLike[str], rank: int) -> None:
         self.path = os.path.join(os.fspath(engine_dir), f"{ALIVE_PREFIX}{rank}")
         tmp = temporary_name(self.path)
         fd = create_private_file(tmp)
@@ -56,7 +56,7 @@ def is_engine_dir_name(name: str) -> bool:
     return len(name) == ENGINE_ID_HEX_DIGITS and all(c in "0123456789abcdef" for c in name)
 
 
-def liveness(directory: str | os.PathLike) -> Liveness:
+def liveness(directory: str | os.PathLike[str]) -> Liveness:
     """Probe every `alive-*` file with a non-blocking shared lock (released at once)."""
     directory = os.fspath(directory)
     locks = [n for n in os.listdir(directory) if n.startswith(ALIVE_PREFIX) and n[len(ALIVE_PREFIX):].isdigit()]
@@ -76,7 +76,7 @@ def liveness(directory: str | os.PathLike) -> Liveness:
     return Liveness.DEAD
 
 
-def is_removable(directory: str | os.PathLike, now: float | None = None) -> bool:
+def is_removable(directory: str | os.PathLike[str], now: float | None = None) -> bool:
     """Dead by its locks, or empty for longer than EMPTY_DIR_GRACE_S; and a real directory owned by this user."""
     directory = os.fspath(directory)
     st = os.lstat(directory)
@@ -90,10 +90,10 @@ def is_removable(directory: str | os.PathLike, now: float | None = None) -> bool
     return False
 
 
-def remove_dead_engine_dirs(shm_dir: str | os.PathLike, keep: frozenset[str] = frozenset()) -> list[str]:
+def remove_dead_engine_dirs(shm_dir: str | os.PathLike[str], keep: frozenset[str] = frozenset()) -> list[str]:
     """Remove the engine directories under shm_dir whose engine is gone (see is_removable); names in `keep`
     stay. Returns the removed directory names. Never raises for one directory that cannot be handled."""
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(os.scandir(shm_dir))
     except OSError:

@@ -53,7 +53,7 @@ def _others_can_write(st: os.stat_result) -> bool:
     return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
-def check_private_dir(path: str | os.PathLike, st: os.stat_result | None = None, *, reader: bool = False) -> None:
+def check_private_dir(path: str | os.PathLike[str], st: os.stat_result | None = None, *, reader: bool = False) -> None:
     """Raise UnsafePathError unless `path` is a directory (not a symlink) owned by this user or root and not
     writable by group or others. `reader`: the caller only reads engines' files and writes into files they made;
     as root it accepts a directory of any owner (see the module docstring)."""
@@ -138,7 +138,7 @@ def _open_dir_path(path: str, create: bool, owners: frozenset[int] | None = None
         raise
 
 
-def ensure_private_dir(path: str | os.PathLike) -> str:
+def ensure_private_dir(path: str | os.PathLike[str]) -> str:
     """Create `path` 0700 (missing parents too, each 0700) unless it exists, then check it is private and
     writable. Every component of the path is walked as described in the module docstring. Returns the path."""
     path = os.fspath(path)
@@ -165,7 +165,7 @@ def ensure_private_dir(path: str | os.PathLike) -> str:
     return path
 
 
-def check_shm_dir_for_reading(path: str | os.PathLike) -> None:
+def check_shm_dir_for_reading(path: str | os.PathLike[str]) -> None:
     """What a reader (the sidecar) requires of `shm_dir`: check_private_dir(reader=True), and every component of
     its path walked as the engine walks it, where a reader running as root also accepts directories of the
     user who owns `shm_dir`. FileNotFoundError while no engine created it yet."""
@@ -176,17 +176,17 @@ def check_shm_dir_for_reading(path: str | os.PathLike) -> None:
                             owners=frozenset((os.geteuid(), 0, st.st_uid if os.geteuid() == 0 else 0))))
 
 
-def temporary_name(path: str | os.PathLike) -> str:
+def temporary_name(path: str | os.PathLike[str]) -> str:
     """A fresh sibling name for building `path` before renaming it into place (unique per process and call)."""
     return f"{os.fspath(path)}.tmp-{os.getpid()}-{os.urandom(6).hex()}"
 
 
-def create_private_file(path: str | os.PathLike) -> int:
+def create_private_file(path: str | os.PathLike[str]) -> int:
     """A new 0600 file opened read-write; fails if anything (a file, a symlink, a FIFO) already has the name."""
     return os.open(os.fspath(path), _CREATE, PRIVATE_FILE_MODE)
 
 
-def write_private_file(path: str | os.PathLike, data: bytes) -> None:
+def write_private_file(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace `path` atomically with a 0600 file holding `data`; never follows or writes through a link."""
     path = os.fspath(path)
     tmp = temporary_name(path)
@@ -207,7 +207,7 @@ def write_private_file(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
-def open_regular_file(path: str | os.PathLike, flags: int = os.O_RDONLY, *, owner_of_dir: bool = False) -> int:
+def open_regular_file(path: str | os.PathLike[str], flags: int = os.O_RDONLY, *, owner_of_dir: bool = False) -> int:
     """Open without following a symlink and without blocking on a FIFO; raise UnsafePathError unless the result
     is a regular file (and, with `owner_of_dir`, owned by whoever owns its directory: a reader running as root
     then never opens somebody else's file linked into an engine directory). The caller owns the descriptor."""
@@ -232,11 +232,12 @@ def open_regular_file(path: str | os.PathLike, flags: int = os.O_RDONLY, *, owne
     return fd
 
 
-def read_small_file(path: str | os.PathLike, limit: int) -> bytes:
+def read_small_file(path: str | os.PathLike[str], limit: int) -> bytes:
     """The content of a regular file of at most `limit` bytes (ValueError beyond), opened as above."""
     fd = open_regular_file(path)
     try:
-        chunks, total = [], 0
+        chunks: list[bytes] = []
+        total = 0
         while True:
             chunk = os.read(fd, _READ_CHUNK)
             if not chunk:

@@ -33,11 +33,11 @@ def engine_dir_name(engine_id: int) -> str:
     return f"{engine_id:0{ENGINE_ID_HEX_DIGITS}x}"
 
 
-def engine_dir(shm_dir: str | os.PathLike, engine_id: int) -> str:
+def engine_dir(shm_dir: str | os.PathLike[str], engine_id: int) -> str:
     return os.path.join(os.fspath(shm_dir), engine_dir_name(engine_id))
 
 
-def ring_path(shm_dir: str | os.PathLike, engine_id: int, rank: int) -> str:
+def ring_path(shm_dir: str | os.PathLike[str], engine_id: int, rank: int) -> str:
     return os.path.join(engine_dir(shm_dir, engine_id), f"{RING_PREFIX}{rank}")
 
 
@@ -81,7 +81,7 @@ assert DROPS_OFFSET + DROPS.size <= HEADER_SIZE
 # The operations a call runs, by mode: (its first collective, its second operation or None). In a record the
 # first is timed by the collective fields, the second by the second-operation fields (flag FLAG_BROADCAST or
 # FLAG_RESOLVE says which second operation ran). Keyed by Mode, which is an int: a mode code finds its entry.
-MODE_OPS: dict[Mode, tuple[str, str | None]] = {
+MODE_OPS: dict[int, tuple[str, str | None]] = {
     Mode.ALL_GATHER: ("all_gather", None),
     Mode.GATHER: ("gather", "broadcast"),
     Mode.SHARDED: ("shard_exchange", "shard_resolve"),
