@@ -35,9 +35,9 @@ class Command:
         if spec is None or spec.origin is None:
             return ""
         docstring = ast.get_docstring(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))) or ""
-        first = docstring.strip().split("\n", 1)[0]
+        first = " ".join(docstring.strip().split("\n\n", 1)[0].split())  # the first paragraph, on one line
         # "`gatherwise demo`: engine + sidecar ..." says the command's name twice; keep what follows the colon
-        named = re.match(r"`gatherwise [^`]*`:\s*(.+)", first)
+        named = re.match(r"(?:`gatherwise [^`]*`[\s/]*)+:\s*(.+)", first)
         return named.group(1) if named else first.replace("`", "")
 
 

@@ -1,4 +1,5 @@
-"""`gatherwise mode get` / `gatherwise mode set <mode>|auto [--buckets 1,2,4] [--wait S]`.
+"""`gatherwise mode get` / `gatherwise mode set <mode>|auto [--buckets 1,2,4] [--wait S]`: get or set the logits
+mode through the sidecar's HTTP API.
 
 <mode> is any implemented mode (gatherwise.modes.IMPLEMENTED: all_gather, gather, sharded).
 
