@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT_TIMEOUT_S = 300
 SIDECAR_STOP_TIMEOUT_S = 20
 LOG_TAIL_CHARS = 8000  # of a failed engine run's output, in the assertion message
+# "ValueError: ...", "(Worker_TP0 pid=1) RuntimeError: ...", and engine log lines at level ERROR
+ERROR_LINE = re.compile(r"^(\(\w+ pid=\d+\) )?([\w.]*(Error|Exception)\b.*:|.*\bERROR\b)")
 
 
 def build_model(out_dir: str, tokenizer: bool = False) -> str:
@@ -99,8 +101,12 @@ def run_engine_process(module: str, model: str, env: dict[str, str], args: tuple
         remove_new_shm_files(shm_leftovers, before)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        tail = (proc.stdout + proc.stderr)[-LOG_TAIL_CHARS:]
-        raise AssertionError(f"engine run {args} failed (rc {proc.returncode}):\n{tail}")
+        output = proc.stdout + proc.stderr
+        # An engine's workers die first and its front end's cleanup tracebacks come last: name every error line
+        # too, so the root cause shows even when the tail holds only the aftermath.
+        errors = list(dict.fromkeys(line.strip() for line in output.splitlines() if ERROR_LINE.match(line.strip())))
+        raise AssertionError(f"engine run {args} failed (rc {proc.returncode}); error lines:\n"
+                             + "\n".join(errors[:40]) + f"\n--- last output:\n{output[-LOG_TAIL_CHARS:]}")
     result = json.loads(lines[-1][len("RESULT "):])
     result["log"] = proc.stderr
     return result
