@@ -1,5 +1,9 @@
-"""Auto policy end to end: a delay injected into one mode makes the policy pick the other, per bucket, and
-move back when the delay moves; probes stay within budget. Real TP=2 gloo engine + real uvicorn sidecar."""
+"""Auto policy end to end: a delay injected into gather makes the policy leave it, per bucket, and come back
+when the delay moves to all_gather; probes stay within budget. Real TP=2 gloo engine + real uvicorn sidecar.
+
+The delay sits in the communicator's all_gather and gather, and sharded exchanges its candidates by all_gather:
+in phase 1 all_gather and sharded are both undelayed and within noise of each other (either may win, and which
+one does depends on the machine), in phase 2 both are delayed and gather is the one fast mode."""
 
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ def test_auto_follows_the_injected_delay(tmp_path, shm_dir):
     try:
         wait_for(lambda: client.get("/v1/mode").status_code == 200, 90, "the sidecar to attach the engine")
         assert client.get("/v1/mode").json()["policy"] == "auto"
-        wait_for(lambda: active("1") == "all_gather" and active("8") == "all_gather", PHASE_2_AT - 3,
+        wait_for(lambda: active("1") != "gather" and active("8") != "gather", PHASE_2_AT - 3,
                  "auto to leave the delayed gather mode")
         assert active("2") == "gather"  # a bucket without traffic is left alone
         # the decision log is bounded and probes fill it fast: keep phase 1's decisions now
@@ -54,10 +58,11 @@ def test_auto_follows_the_injected_delay(tmp_path, shm_dir):
         sidecar.stop()
     seen = {d["id"]: d for d in phase_1 + decisions}
     auto = [seen[i] for i in sorted(seen) if seen[i]["reason"] == "auto"]
-    assert {(tuple(d["buckets"]), d["mode"]) for d in auto} >= {(("1",), "all_gather"), (("8",), "all_gather"),
-                                                               (("1",), "gather"), (("8",), "gather")}
-    ev = auto[0]["evidence"]["estimates"]
-    assert ev["all_gather"]["p50"] < ev["gather"]["p50"] and ev["all_gather"]["samples"] >= 6
+    for bucket in ("1", "8"):
+        moves = [d["mode"] for d in auto if d["buckets"] == [bucket]]
+        assert moves[0] != "gather" and moves[-1] == "gather", moves  # left the delayed mode, came back to it
+    left = auto[0]["evidence"]["estimates"][auto[0]["mode"]]
+    assert left["p50"] < auto[0]["evidence"]["estimates"]["gather"]["p50"] and left["samples"] >= 6
     assert [d for d in decisions if d["reason"] == "probe"]
     assert stats["probe_share"] <= BUDGET + 0.05, stats
     assert {s["bucket"] for s in stats["stats"]} == {"1", "8"}
