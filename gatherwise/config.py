@@ -135,6 +135,10 @@ class PolicyParams(Schema):
     probe_backoff_margin: float = Field(0.25, ge=0.0, le=10.0,
                                         description="far behind = slower than the chosen mode by this fraction; "
                                                     "the chosen mode's cost moving by it ends the back-off")
+    cost: Literal["step", "path"] = Field(
+        "step", description="what a call costs its mode: step = from its start to the next call's start (the "
+                            "logits path and whatever the mode does to the rest of the engine's step), path = the "
+                            "logits path's critical path alone")
 
     @property
     def probe_timeout_seconds(self) -> float:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from gatherwise.modes import ModeTable
 from gatherwise.sidecar.attached_engine import AttachedEngine
+from gatherwise.sidecar.call_costs import CallCosts
 from gatherwise.sidecar.control_block_client import ControlClient, InvalidTableWordError
 from gatherwise.sidecar.policy import ModePolicy
 
@@ -28,6 +29,7 @@ class ControlSession:
     dirty: bool = False  # new samples since the last save
     decided: bool = False  # a policy decision since the last save
     saved_at: float = 0.0
+    costs: CallCosts = field(default_factory=CallCosts)  # what each call costs its mode (policy.cost)
 
 
 def readable_table(table: Callable[[], ModeTable]) -> ModeTable | None:

@@ -95,8 +95,9 @@ class ControlSessions:
         state_path = sidecar_state_path(block_path)
         policy, extra = self.store.recover(state_path, snap, self.params)
         requested = readable_table(lambda: snap.requested_table) if snap.command.seq else None
-        session = ControlSession(eng, client, policy, state_path, requested, int(extra.get("last_call_index", -1)),
-                                 dict(extra.get("switch_counts", {})), read_only)
+        session = ControlSession(eng, client, policy, state_path, requested,
+                                 last_call_index=int(extra.get("last_call_index", -1)),
+                                 switch_counts=dict(extra.get("switch_counts", {})), read_only=read_only)
         self.current = session
         if read_only:  # the owner counts the decisions and keeps the state: nothing of it is written here
             log.warning("engine %s: another sidecar holds its control lock (%s); this sidecar serves it read-only "

@@ -53,6 +53,7 @@ class JoinedCall(NamedTuple):
     bucket: int
     seconds: float  # critical path: last rank in to last rank holding its tokens
     tag: int  # call kind (gatherwise.call_kind)
+    start_ns: int  # rank 0's start (its clock): the next call's start minus this one is the call's step
 
 
 @dataclass
@@ -183,7 +184,7 @@ class Ingest:
         critical = (max_end - max_start) * 1e-9
         calls.critical_path.observe(critical, exemplar)
         calls.skew.observe((max_start - min_start) * 1e-9, exemplar)
-        joined.append(JoinedCall(eng, call_index, mode, bucket, critical, first.tag))
+        joined.append(JoinedCall(eng, call_index, mode, bucket, critical, first.tag, by_rank[0].start_ns))
 
     # -- discovery and engine restarts ------------------------------------------------------------------
     def _discover(self, now: int) -> None:

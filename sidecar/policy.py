@@ -1,5 +1,5 @@
 """The sidecar's mode policy (ModePolicy): manual pins where set; elsewhere the auto choice: per bucket, run the
-mode with the lowest critical path.
+mode whose calls cost least (what a call costs is sidecar.call_costs': its step by default, `policy.cost`).
 
 Pure decision logic, no I/O: the sidecar's loop feeds it samples (`observe`) and the monotonic time of every
 call (`now`), and writes whatever `desired_table()` says into the control block. The only clock it reads is

@@ -122,11 +122,15 @@ class SidecarSchedule:
                 continue
             session.last_call_index = call.call_index
             policy = session.policy
-            if call.mode not in policy.modes:  # a mode code this sidecar does not choose among: nothing to learn
+            costed = session.costs.cost(call, policy.params.cost)
+            if costed is None:
+                continue
+            learned, seconds = costed
+            if learned.mode not in policy.modes:  # a mode code this sidecar does not choose among: nothing to learn
                 continue
             now = time.monotonic()
             session.dirty = self._called = True
-            if policy.observe(Mode(call.mode), call.bucket, call.seconds, now, call.tag):
+            if policy.observe(Mode(learned.mode), learned.bucket, seconds, now, learned.tag):
                 # the running probe has its calls: end it now, not at the next step, so it costs no extra calls
                 try:
                     self.publisher.publish(session, policy.step(now))

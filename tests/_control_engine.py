@@ -28,6 +28,9 @@ class LoopSpec:
     pace_seconds: float = 0.001  # sleep between calls: leaves CPU to the sidecar and other tests
     max_calls: int | None = None  # stop after this many calls (a reference run) instead of on the stop file
     control: bool = True
+    # (mode label, seconds) pairs: sleep this long after a call that ran that mode, outside the logits path.
+    # Stands in for a mode that lengthens the rest of the engine's step (the path's records do not show it).
+    rest_of_step: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass
@@ -60,6 +63,7 @@ def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
     from gatherwise.engine_hooks.install import install_hooks
     from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
+    from gatherwise.modes import LABEL_OF_CODE
     from gatherwise.tp_engine.decode_load import stop_on_every_rank
 
     cfg = load_config(spec.config_path)
@@ -88,6 +92,8 @@ def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
             batch = [SamplingRow(seeded if r % 2 else greedy, request_id=r, position=call) for r in range(rows)]
             tokens.append(path.run(batch).tolist())
             call += 1
+            if spec.rest_of_step:
+                time.sleep(dict(spec.rest_of_step).get(LABEL_OF_CODE[path.mode_log[-1]], 0.0))
             if spec.pace_seconds:
                 time.sleep(spec.pace_seconds)
             if call % CHECK_EVERY == 0 and stop_on_every_rank(comm, flag, finished):

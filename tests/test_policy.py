@@ -169,7 +169,7 @@ STATE_V2 = Path(__file__).parent / "data" / "sidecar-state-v2.json"  # written b
 
 def test_a_state_file_of_the_previous_codec_loads_and_is_written_back_with_everything_it_held():
     """Version 2 (before call kinds): read, its pairs as kind 0 (unknown), and written back as version 3 with
-    every version 2 field unchanged."""
+    every version 2 field unchanged (its params gain the ones added since, at their defaults)."""
     text = STATE_V2.read_text()
     restored = policy_from_json(text)
     assert restored.pins == {4: G} and restored.backoff == {(0, G): 16.0, (3, G): 16.0}
@@ -178,8 +178,9 @@ def test_a_state_file_of_the_previous_codec_loads_and_is_written_back_with_every
     assert [(p.kind, p.ratio) for p in restored.pairs[0]] == [(0, 2.0)]
     old, new = json.loads(text), json.loads(policy_to_json(restored, restored.restored_extra))
     assert new["version"] == 3
-    assert {k: v for k, v in new.items() if k in old and k not in ("version", "pairs")} == \
-        {k: v for k, v in old.items() if k not in ("version", "pairs")}
+    assert {k: v for k, v in new.items() if k in old and k not in ("version", "pairs", "params")} == \
+        {k: v for k, v in old.items() if k not in ("version", "pairs", "params")}
+    assert new["params"] == {**old["params"], "cost": "step"}
     assert {b: [p[:4] for p in v] for b, v in new["pairs"].items()} == old["pairs"]
     again = policy_from_json(json.dumps(new))
     assert again.pairs == restored.pairs and again.estimates.to_json() == restored.estimates.to_json()

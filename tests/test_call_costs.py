@@ -1,0 +1,49 @@
+"""What a joined call costs its mode (sidecar.call_costs): its step, known at the next call, or its path."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from pytest import approx
+
+from gatherwise.sidecar.call_costs import CallCosts
+from gatherwise.sidecar.ingest import JoinedCall
+
+ENGINE, OTHER = cast(Any, object()), cast(Any, object())
+
+
+def call(index: int, start_ms: float, path_ms: float = 1.0, engine: Any = ENGINE, mode: int = 0) -> JoinedCall:
+    return JoinedCall(engine, index, mode, 3, path_ms * 1e-3, 0, int(start_ms * 1e6))
+
+
+def test_a_step_is_charged_to_the_call_it_follows_once_the_next_call_starts():
+    costs = CallCosts()
+    first, second, third = call(0, 0.0, mode=1), call(1, 40.0, mode=2), call(2, 55.0)
+    assert costs.cost(first, "step") is None  # its step ends when the next call starts
+    learned, seconds = costs.cost(second, "step") or (None, None)
+    assert learned is first and seconds == approx(0.04)
+    learned, seconds = costs.cost(third, "step") or (None, None)
+    assert learned is second and seconds == approx(0.015)
+
+
+def test_no_step_across_a_missing_call_or_another_engine():
+    costs = CallCosts()
+    costs.cost(call(0, 0.0), "step")
+    assert costs.cost(call(2, 50.0), "step") is None  # call 1 was never joined: 50 ms is two steps
+    assert costs.cost(call(0, 60.0, engine=OTHER), "step") is None  # a new engine starts its own sequence
+    assert costs.cost(call(1, 70.0, engine=OTHER), "step") is not None
+
+
+def test_a_step_is_never_shorter_than_its_path():
+    costs = CallCosts()
+    costs.cost(call(0, 0.0, path_ms=9.0), "step")  # clocks of two ranks can make the next start look early
+    _, seconds = costs.cost(call(1, 5.0), "step") or (None, None)
+    assert seconds == approx(0.009)
+
+
+def test_path_cost_is_the_call_itself_and_a_switch_to_step_loses_no_call():
+    costs = CallCosts()
+    only = call(0, 0.0, path_ms=2.0)
+    assert costs.cost(only, "path") == (only, approx(0.002))
+    learned, seconds = costs.cost(call(1, 30.0), "step") or (None, None)
+    assert learned is only and seconds == approx(0.03)
