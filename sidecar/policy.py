@@ -23,6 +23,9 @@ of modes (`modes`, default every implemented one). Rules:
   decisive either way. Windows are compared directly only when the bucket's calls are all of one kind and the
   other mode's samples all fall within the running mode's window, with `min_samples` on both sides.
   A bucket never switches twice within `dwell_seconds`;
+- probes go where the time is: among the buckets due a probe, the one whose calls take most of the engine's
+  time lately (call rate x running cost) is probed first, so a bucket of a few slow calls between batches
+  cannot spend the budget a busy bucket's switch would earn;
 - probes cost what they add: `probe_budget` bounds the seconds probe calls took beyond what the running mode
   would have taken for them (same bucket, same kind), as a share of all seconds observed. A probe of a faster
   mode is free; one of a slower mode ends the moment the budget is spent, however slow its calls;
@@ -480,6 +483,16 @@ class ModePolicy:
         gap = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else QUIET_SECONDS
         return now - times[-1] > max(QUIET_SECONDS, 4.0 * gap)
 
+    def _time_share(self, bucket: int, now: float) -> float:
+        """Seconds per second the bucket's calls take lately: its call rate x its running cost, rounded to a
+        coarse scale (1.5^k) so that noise between buckets of about the same weight does not reorder them."""
+        times = self.arrivals.get(bucket)
+        active = self._running_estimate(bucket, now)
+        if not times or len(times) < 2 or active is None or times[-1] <= times[0]:
+            return 0.0
+        share = (len(times) - 1) / (times[-1] - times[0]) * active.value
+        return 1.5 ** round(math.log(share, 1.5)) if share > 0 else 0.0
+
     def _fresh_reference(self, bucket: int) -> bool:
         """The running mode ran enough calls since the bucket's last probe for a new probe to compare with."""
         return bucket not in self.last_probe_end or self.running_since_probe.get(bucket, 0) >= MIN_PROBE_CALLS
@@ -505,22 +518,25 @@ class ModePolicy:
             newest_active = self.estimates.newest(b, self.choice[b])
             if newest_active is None or self._quiet(b, now):
                 continue  # no traffic in this bucket right now: a probe would measure nothing
+            weight = -self._time_share(b, now)
             for m in self.others(b):
                 promising = self._promising(b, m, now)
                 if promising is not None:  # confirm it as soon as there is a fresh reference to compare with
                     if not self._fresh_reference(b):
                         continue
-                    candidates.append((0, promising, b, int(m)))
+                    candidates.append((weight, 0, promising, b, int(m)))
                     continue
                 if now - self.last_probe.get((b, m), -math.inf) < self.probe_interval(b, m):
                     continue
                 newest_other = self.estimates.newest(b, m)
-                candidates.append((1, -math.inf if newest_other is None else newest_other, b, int(m)))
+                candidates.append((weight, 1, -math.inf if newest_other is None else newest_other, b, int(m)))
         if not candidates:
             return None
-        # a mode whose first probes beat the running one is confirmed first, the most promising first (a switch
-        # it earns is worth more than any refresh); otherwise the (bucket, mode) measured longest ago
-        _, _, b, code = min(candidates)
+        # the bucket that takes most of the engine's time first: the budget goes where a switch gains most (a
+        # bucket of a few slow calls between batches must not spend it all); within a bucket, a mode whose first
+        # probes beat the running one is confirmed first, the most promising first, otherwise the mode measured
+        # longest ago
+        *_, b, code = min(candidates)
         mode = Mode(code)
         self.probe = Probe(b, mode, now)
         self.last_probe[(b, mode)] = now

@@ -53,7 +53,8 @@ def test_auto_charges_the_step_and_path_cost_charges_the_path_alone(tmp_path, sh
         path = {m: total(metrics, PATH_SUM, engine=engine_label, mode=m)
                 / total(metrics, PATH_COUNT, engine=engine_label, mode=m) for m in ("gather", by_step[0]["mode"])}
         assert path["gather"] < path[by_step[0]["mode"]], path  # the path alone would have kept gather
-        assert client.put("/v1/policy", json={"cost": "path"}, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        assert client.put("/v1/policy", json={"cost": "path"}, headers=auth).status_code == 200
         wait_for(lambda: active("1") == "gather" and active("8") == "gather", 90,
                  "auto (path cost) to come back to gather")
         assert client.get("/v1/policy").json()["params"]["cost"] == "path"

@@ -462,3 +462,18 @@ def test_a_probe_does_not_wait_on_a_bucket_whose_traffic_stopped():
     out = policy.step(now)
     assert next(d.evidence["phase"] for d in out if d.reason == "probe") == "end"
     assert policy.probe is None or policy.probe.bucket != 0
+
+
+def test_probes_go_first_to_the_bucket_that_takes_most_of_the_engines_time():
+    """One call of 64 rows per 32 calls of 1 row, but each 64-row call costs 100x more: bucket 64 takes three
+    quarters of the time, so it is probed before bucket 1, whose every probe would gain little."""
+    policy = ModePolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO)
+    rows = (1,) * 32 + (64,)
+    costs = {1: 0.001, 64: 0.1}
+    now = 0.0
+    for i in range(660):  # 0.66 s of calls, no policy step until they are in
+        r = rows[i % len(rows)]
+        policy.observe(A, bucket_of(r), costs[r], now)
+        now += 0.001
+    first = next(d for d in policy.step(now) if d.reason == "probe")
+    assert first.buckets == ["64"] and first.evidence["phase"] == "start", first
