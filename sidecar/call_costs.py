@@ -6,13 +6,23 @@ rest of the engine's step. A mode can shorten the path and lengthen the step (on
 cores, idle OpenMP workers of one rank spin on the core the other rank needs: docs/BENCHMARKS.md), and only the
 step shows that. A call's step is known once the next call is joined, so under `step` the policy learns each
 call one call late; a call whose successor is not the next joined call (a call missing, another engine) teaches
-nothing. A gap in which the engine idled is part of a step too: it does not depend on the mode, and the
-policy's medians and paired evidence set such outliers aside.
+nothing. The engine may idle between two calls (no request to run): a step's part outside the path (its rest)
+counts at most REST_CAP times the median rest of the engine's recent calls. Uncapped, one idle gap after a
+probe call charged the probe with seconds of idle time and spent the whole probe budget; capped, a mode whose
+rest is really longer still shows as up to REST_CAP times slower, never as free.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from statistics import median
+
 from gatherwise.sidecar.ingest import JoinedCall
+
+REST_CAP = 4.0  # a step's rest counts at most this many times the recent median rest
+REST_WINDOW = 64  # recent rests kept (every bucket and mode)
+MIN_RESTS = 8  # rests seen before the cap applies
+CAP_EVERY = 8  # rests between two recomputations of the cap (a median of the window per call costs CPU)
 
 
 class CallCosts:
@@ -20,6 +30,9 @@ class CallCosts:
 
     def __init__(self) -> None:
         self.previous: JoinedCall | None = None  # kept under `path` too, so a switch to `step` costs no call
+        self.rests: deque[float] = deque(maxlen=REST_WINDOW)  # recent rests, as capped
+        self.rest_cap = float("inf")
+        self.until_cap = MIN_RESTS  # rests to go before the cap is recomputed
 
     def cost(self, call: JoinedCall, kind: str) -> tuple[JoinedCall, float] | None:
         """The call the policy learns now and its cost: under `path` this call, under `step` the previous
@@ -29,4 +42,9 @@ class CallCosts:
             return call, call.seconds
         if previous is None or previous.engine is not call.engine or call.call_index != previous.call_index + 1:
             return None
-        return previous, max(previous.seconds, (call.start_ns - previous.start_ns) * 1e-9)
+        rest = min(max(0.0, (call.start_ns - previous.start_ns) * 1e-9 - previous.seconds), self.rest_cap)
+        self.rests.append(rest)
+        self.until_cap -= 1
+        if self.until_cap <= 0:
+            self.rest_cap, self.until_cap = REST_CAP * median(self.rests), CAP_EVERY
+        return previous, previous.seconds + rest

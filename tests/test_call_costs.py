@@ -6,7 +6,7 @@ from typing import Any, cast
 
 from pytest import approx
 
-from gatherwise.sidecar.call_costs import CallCosts
+from gatherwise.sidecar.call_costs import MIN_RESTS, REST_CAP, CallCosts
 from gatherwise.sidecar.ingest import JoinedCall
 
 ENGINE, OTHER = cast(Any, object()), cast(Any, object())
@@ -47,3 +47,37 @@ def test_path_cost_is_the_call_itself_and_a_switch_to_step_loses_no_call():
     assert costs.cost(only, "path") == (only, approx(0.002))
     learned, seconds = costs.cost(call(1, 30.0), "step") or (None, None)
     assert learned is only and seconds == approx(0.03)
+
+
+def test_an_idle_gap_counts_at_most_rest_cap_times_the_recent_median_rest():
+    costs = CallCosts()
+    start = 0.0
+    for i in range(MIN_RESTS + 1):  # steps of 1 ms path + 9 ms rest
+        costs.cost(call(i, start), "step")
+        start += 10.0
+    idle = call(MIN_RESTS + 1, start + 5000.0)  # the engine waited 5 s for a request
+    costs.cost(idle, "step")
+    _, seconds = costs.cost(call(MIN_RESTS + 2, start + 5010.0), "step") or (None, None)
+    assert seconds == approx(0.010)  # the step after the gap is an ordinary one
+    costs2 = CallCosts()
+    start = 0.0
+    for i in range(MIN_RESTS + 1):
+        costs2.cost(call(i, start), "step")
+        start += 10.0
+    _, seconds = costs2.cost(call(MIN_RESTS + 1, start + 5000.0), "step") or (None, None)
+    assert seconds == approx(0.001 + REST_CAP * 0.009)  # the call before the gap: capped, still 4x slower
+
+
+def test_a_longer_rest_that_lasts_raises_the_cap_within_half_a_window():
+    costs = CallCosts()
+    start, i = 0.0, 0
+    for _ in range(MIN_RESTS + 8):  # 9 ms rests
+        costs.cost(call(i, start), "step")
+        start, i = start + 10.0, i + 1
+    seen = []
+    for _ in range(48):  # a mode whose rest is 10x longer: 90 ms
+        found = costs.cost(call(i, start), "step")
+        seen.append(found[1] if found else None)
+        start, i = start + 91.0, i + 1
+    assert seen[1] == approx(0.001 + REST_CAP * 0.009)  # capped at first
+    assert seen[-1] == approx(0.091)  # the window has learned the new rest
