@@ -129,7 +129,8 @@ def mode_panels() -> list[Panel]:
     estimates = (
         timeseries.Panel()
         .title("Policy estimate per bucket and mode")
-        .description("The auto policy's current critical-path estimate for each mode; it switches on a margin.")
+        .description("The auto policy's current cost estimate for each mode (policy.cost: its step by default, "
+                     "or its critical path); it switches on paired probes and a margin.")
         .unit("s")
         .with_target(
             query(

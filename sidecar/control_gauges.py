@@ -32,8 +32,9 @@ class ControlGaugesCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         active = GaugeMetricFamily(ACTIVE_MODE, "1 for the mode each bucket runs now (control block status), else 0.",
                                    labels=["engine", "bucket", "mode"])
-        estimate = GaugeMetricFamily(POLICY_ESTIMATE_SECONDS, "The auto policy's windowed median critical path "
-                                     "per bucket and mode.", labels=["engine", "bucket", "mode"], unit="seconds")
+        estimate = GaugeMetricFamily(POLICY_ESTIMATE_SECONDS, "The auto policy's windowed median cost per call "
+                                     "(policy.cost: the step, or the critical path) per bucket and mode.",
+                                     labels=["engine", "bucket", "mode"], unit="seconds")
         v = self.view()
         if v is not None:
             for bucket, running in v.active.items():
