@@ -34,11 +34,11 @@ class CallCosts:
         self.rest_cap = float("inf")
         self.until_cap = MIN_RESTS  # rests to go before the cap is recomputed
 
-    def cost(self, call: JoinedCall, kind: str) -> tuple[JoinedCall, float] | None:
+    def charge(self, call: JoinedCall, cost: str) -> tuple[JoinedCall, float] | None:
         """The call the policy learns now and its cost: under `path` this call, under `step` the previous
         one, once this one shows where its step ended (None when there is none)."""
         previous, self.previous = self.previous, call
-        if kind == "path":
+        if cost == "path":
             return call, call.seconds
         if previous is None or previous.engine is not call.engine or call.call_index != previous.call_index + 1:
             return None

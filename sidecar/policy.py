@@ -480,18 +480,21 @@ class ModePolicy:
         times = self.arrivals.get(bucket)
         if not times:
             return True
-        gap = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else QUIET_SECONDS
-        return now - times[-1] > max(QUIET_SECONDS, 4.0 * gap)
+        gap = self._mean_gap(bucket)
+        return now - times[-1] > max(QUIET_SECONDS, 4.0 * (QUIET_SECONDS if gap is None else gap))
+
+    def _mean_gap(self, bucket: int) -> float | None:
+        """Mean seconds between the bucket's recent calls (None before two)."""
+        times = self.arrivals.get(bucket)
+        return (times[-1] - times[0]) / (len(times) - 1) if times and len(times) > 1 else None
 
     def _time_share(self, bucket: int, now: float) -> float:
         """Seconds per second the bucket's calls take lately: its call rate x its running cost, rounded to a
         coarse scale (1.5^k) so that noise between buckets of about the same weight does not reorder them."""
-        times = self.arrivals.get(bucket)
-        active = self._running_estimate(bucket, now)
-        if not times or len(times) < 2 or active is None or times[-1] <= times[0]:
+        gap, active = self._mean_gap(bucket), self._running_estimate(bucket, now)
+        if not gap or active is None or active.value <= 0:
             return 0.0
-        share = (len(times) - 1) / (times[-1] - times[0]) * active.value
-        return 1.5 ** round(math.log(share, 1.5)) if share > 0 else 0.0
+        return 1.5 ** round(math.log(active.value / gap, 1.5))
 
     def _fresh_reference(self, bucket: int) -> bool:
         """The running mode ran enough calls since the bucket's last probe for a new probe to compare with."""

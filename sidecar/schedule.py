@@ -122,7 +122,7 @@ class SidecarSchedule:
                 continue
             session.last_call_index = call.call_index
             policy = session.policy
-            costed = session.costs.cost(call, policy.params.cost)
+            costed = session.costs.charge(call, policy.params.cost)
             if costed is None:
                 continue
             learned, seconds = costed

@@ -19,33 +19,33 @@ def call(index: int, start_ms: float, path_ms: float = 1.0, engine: Any = ENGINE
 def test_a_step_is_charged_to_the_call_it_follows_once_the_next_call_starts():
     costs = CallCosts()
     first, second, third = call(0, 0.0, mode=1), call(1, 40.0, mode=2), call(2, 55.0)
-    assert costs.cost(first, "step") is None  # its step ends when the next call starts
-    learned, seconds = costs.cost(second, "step") or (None, None)
+    assert costs.charge(first, "step") is None  # its step ends when the next call starts
+    learned, seconds = costs.charge(second, "step") or (None, None)
     assert learned is first and seconds == approx(0.04)
-    learned, seconds = costs.cost(third, "step") or (None, None)
+    learned, seconds = costs.charge(third, "step") or (None, None)
     assert learned is second and seconds == approx(0.015)
 
 
 def test_no_step_across_a_missing_call_or_another_engine():
     costs = CallCosts()
-    costs.cost(call(0, 0.0), "step")
-    assert costs.cost(call(2, 50.0), "step") is None  # call 1 was never joined: 50 ms is two steps
-    assert costs.cost(call(0, 60.0, engine=OTHER), "step") is None  # a new engine starts its own sequence
-    assert costs.cost(call(1, 70.0, engine=OTHER), "step") is not None
+    costs.charge(call(0, 0.0), "step")
+    assert costs.charge(call(2, 50.0), "step") is None  # call 1 was never joined: 50 ms is two steps
+    assert costs.charge(call(0, 60.0, engine=OTHER), "step") is None  # a new engine starts its own sequence
+    assert costs.charge(call(1, 70.0, engine=OTHER), "step") is not None
 
 
 def test_a_step_is_never_shorter_than_its_path():
     costs = CallCosts()
-    costs.cost(call(0, 0.0, path_ms=9.0), "step")  # clocks of two ranks can make the next start look early
-    _, seconds = costs.cost(call(1, 5.0), "step") or (None, None)
+    costs.charge(call(0, 0.0, path_ms=9.0), "step")  # clocks of two ranks can make the next start look early
+    _, seconds = costs.charge(call(1, 5.0), "step") or (None, None)
     assert seconds == approx(0.009)
 
 
 def test_path_cost_is_the_call_itself_and_a_switch_to_step_loses_no_call():
     costs = CallCosts()
     only = call(0, 0.0, path_ms=2.0)
-    assert costs.cost(only, "path") == (only, approx(0.002))
-    learned, seconds = costs.cost(call(1, 30.0), "step") or (None, None)
+    assert costs.charge(only, "path") == (only, approx(0.002))
+    learned, seconds = costs.charge(call(1, 30.0), "step") or (None, None)
     assert learned is only and seconds == approx(0.03)
 
 
@@ -53,18 +53,18 @@ def test_an_idle_gap_counts_at_most_rest_cap_times_the_recent_median_rest():
     costs = CallCosts()
     start = 0.0
     for i in range(MIN_RESTS + 1):  # steps of 1 ms path + 9 ms rest
-        costs.cost(call(i, start), "step")
+        costs.charge(call(i, start), "step")
         start += 10.0
     idle = call(MIN_RESTS + 1, start + 5000.0)  # the engine waited 5 s for a request
-    costs.cost(idle, "step")
-    _, seconds = costs.cost(call(MIN_RESTS + 2, start + 5010.0), "step") or (None, None)
+    costs.charge(idle, "step")
+    _, seconds = costs.charge(call(MIN_RESTS + 2, start + 5010.0), "step") or (None, None)
     assert seconds == approx(0.010)  # the step after the gap is an ordinary one
     costs2 = CallCosts()
     start = 0.0
     for i in range(MIN_RESTS + 1):
-        costs2.cost(call(i, start), "step")
+        costs2.charge(call(i, start), "step")
         start += 10.0
-    _, seconds = costs2.cost(call(MIN_RESTS + 1, start + 5000.0), "step") or (None, None)
+    _, seconds = costs2.charge(call(MIN_RESTS + 1, start + 5000.0), "step") or (None, None)
     assert seconds == approx(0.001 + REST_CAP * 0.009)  # the call before the gap: capped, still 4x slower
 
 
@@ -72,11 +72,11 @@ def test_a_longer_rest_that_lasts_raises_the_cap_within_half_a_window():
     costs = CallCosts()
     start, i = 0.0, 0
     for _ in range(MIN_RESTS + 8):  # 9 ms rests
-        costs.cost(call(i, start), "step")
+        costs.charge(call(i, start), "step")
         start, i = start + 10.0, i + 1
     seen = []
     for _ in range(48):  # a mode whose rest is 10x longer: 90 ms
-        found = costs.cost(call(i, start), "step")
+        found = costs.charge(call(i, start), "step")
         seen.append(found[1] if found else None)
         start, i = start + 91.0, i + 1
     assert seen[1] == approx(0.001 + REST_CAP * 0.009)  # capped at first
