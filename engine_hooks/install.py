@@ -88,6 +88,18 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
             engine_dir, liveness = _create_engine_dir(cfg.engine.shm_dir, engine_id, comm.rank)
         except OSError as exc:
             _runs_without("telemetry and control", comm.rank, f"engine.shm_dir {cfg.engine.shm_dir}: {exc}")
+    # Rank 0's control block before its ring: a sidecar attaches once every ring exists, and then finds the block.
+    if cfg.control.enabled and comm.rank == 0 and engine_dir is not None:
+        from gatherwise.engine_hooks.control_block import ControlBlockSource
+        from gatherwise.shm_format.control import control_path
+
+        try:
+            source = ControlBlockSource(control_path(cfg.engine.shm_dir, engine_id), engine_id=engine_id,
+                                        tp_size=comm.world_size, table=table)
+            closables.append(source)
+        except OSError as exc:
+            _runs_without("control", comm.rank, f"cannot create its control block in {engine_dir}: "
+                          f"{exc.strerror or exc}")
     if cfg.telemetry.enabled and engine_dir is not None:
         from gatherwise.engine_hooks.recorder import RingRecorder
         from gatherwise.shm_format.ring import ring_file_size, ring_path
@@ -100,17 +112,6 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
         except OSError as exc:
             _runs_without("telemetry", comm.rank, f"cannot reserve the "
                           f"{ring_file_size(cfg.telemetry.ring_capacity)} bytes of its ring in {engine_dir}: "
-                          f"{exc.strerror or exc}")
-    if cfg.control.enabled and comm.rank == 0 and engine_dir is not None:
-        from gatherwise.engine_hooks.control_block import ControlBlockSource
-        from gatherwise.shm_format.control import control_path
-
-        try:
-            source = ControlBlockSource(control_path(cfg.engine.shm_dir, engine_id), engine_id=engine_id,
-                                        tp_size=comm.world_size, table=table)
-            closables.append(source)
-        except OSError as exc:
-            _runs_without("control", comm.rank, f"cannot create its control block in {engine_dir}: "
                           f"{exc.strerror or exc}")
     clock = time.perf_counter_ns
     path_recorder: CallRecorder | None = recorder

@@ -47,6 +47,15 @@ class ControlSessions:
         if eng is not None:
             self.open(eng)
 
+    def attaching(self, eng: AttachedEngine) -> bool:
+        """`eng` has a control block this sidecar has not opened (nor given up on) yet: /readyz waits for it, so
+        that a command sent once the sidecar is ready finds the engine. (Read from the API threads: one
+        reference and one set lookup.)"""
+        current = self.current
+        if (current is not None and current.engine is eng) or eng.engine_id in self._unusable:
+            return False
+        return (Path(eng.dir) / CONTROL_NAME).exists()
+
     def take_over_if_free(self, session: ControlSession) -> None:
         """A read-only session becomes the owner once the sidecar that held the lock is gone (its state is in
         the file)."""
@@ -91,6 +100,9 @@ class ControlSessions:
             return
         if snap.header.engine_id != engine_id:
             client.close()
+            self._unusable.add(engine_id)
+            log.warning("engine %s: its control block %s belongs to engine %016x: control API disabled for it",
+                        eng.label, block_path, snap.header.engine_id)
             return
         state_path = sidecar_state_path(block_path)
         policy, extra = self.store.recover(state_path, snap, self.params)

@@ -1,6 +1,7 @@
-"""The read-only status endpoints: GET /healthz (the process answers), GET /readyz (an engine is attached and
-its heartbeat is fresh), GET /v1/engine (the attached engine and what the sidecar has ingested from it) and
-GET /metrics (OpenMetrics with exemplars when the Accept header asks for it, classic text otherwise).
+"""The read-only status endpoints: GET /healthz (the process answers), GET /readyz (an engine is attached, its
+heartbeat is fresh and its control block, if it has one, is attached), GET /v1/engine (the attached engine and
+what the sidecar has ingested from it) and GET /metrics (OpenMetrics with exemplars when the Accept header asks
+for it, classic text otherwise).
 
 /metrics is a route, not a Starlette Mount: a Mount answers /metrics with a 307 to /metrics/.
 """
@@ -44,6 +45,8 @@ def readyz(state: StateDep):
     elif not info.up:
         reason = f"engine heartbeat is {info.heartbeat_age_seconds:.1f} s old (stale after " \
                  f"{state.ingest.heartbeat_stale} s) or the engine closed its rings"
+    elif (eng := state.ingest.engine) is not None and state.control.sessions.attaching(eng):
+        reason = "engine attached; its control block is not attached yet"
     else:
         return Readiness(ready=True, engine=info.engine_id, heartbeat_age_seconds=info.heartbeat_age_seconds)
     body = Readiness(ready=False, engine=info.engine_id, heartbeat_age_seconds=info.heartbeat_age_seconds,

@@ -5,8 +5,10 @@ attaches to the live engine, never blocks, removes what dead engines left; a new
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -117,3 +119,43 @@ def test_full_ring_of_a_large_capacity_is_read_in_bounded_polls(shm_dir):
         writer.wait(60)
         if sidecar is not None and sidecar.popen.poll() is None:
             sidecar.popen.kill()
+
+
+def test_ready_waits_for_the_control_block(shm_dir):
+    """/readyz answers 200 only once the attached engine's control block is attached too, so a command sent then
+    finds its engine. The engine is a stand-in (rings, liveness lock, control block, no torch process): its status
+    area is left mid-write, as by a rank 0 stopped between two writes, which holds the attach back."""
+    from gatherwise.engine_hooks.control_block import ControlBlockSource
+    from gatherwise.modes import Mode, ModeTable
+    from gatherwise.shm_format import control as fmt
+    from tests.faults._writers import fill, make_engine
+
+    engine_id = int.from_bytes(os.urandom(8), "little") >> 1
+    lock, ring = make_engine(shm_dir, engine_id, 64)
+    block = ControlBlockSource(fmt.control_path(shm_dir, engine_id), engine_id=engine_id, tp_size=1,
+                               table=ModeTable.uniform(Mode.parse("all_gather")))
+    stop = threading.Event()
+    beat = threading.Thread(target=lambda: [fill(ring, 1) for _ in iter(lambda: stop.wait(0.2), True)], daemon=True)
+    fd = os.open(fmt.control_path(shm_dir, engine_id), os.O_RDWR)
+    sidecar = None
+    try:
+        status = fmt.fd_read_fields(fd, fmt.ST_LOCK, fmt.STATUS_FIELDS)
+        os.pwrite(fd, struct.pack("<Q", 1), fmt.ST_LOCK * fmt.WORD_BYTES)  # odd: a write under way
+        beat.start()
+        sidecar, _url, api = sidecar_with_token(shm_dir)
+        wait_for(lambda: api.get("/v1/engine").json()["attached"], 60, "ingest to attach")
+        ready = api.get("/readyz")
+        assert ready.status_code == 503 and "control block is not attached" in ready.json()["reason"], ready.text
+        assert api.get("/v1/mode").status_code == 409
+        fmt.fd_seqlock_write(fd, fmt.ST_LOCK, status)  # the write completes
+        wait_for(lambda: api.get("/readyz").status_code == 200, 60, "the control block to attach")
+        assert set(api.get("/v1/mode").json()["active"].values()) == {"all_gather"}
+    finally:
+        stop.set()
+        os.close(fd)
+        if sidecar is not None:
+            sidecar.popen.terminate()
+            sidecar.popen.wait(30)
+        block.close()
+        ring.close()
+        lock.close()
