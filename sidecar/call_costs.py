@@ -9,7 +9,10 @@ call one call late; a call whose successor is not the next joined call (a call m
 nothing. The engine may idle between two calls (no request to run): a step's part outside the path (its rest)
 counts at most REST_CAP times the median rest of the engine's recent calls. Uncapped, one idle gap after a
 probe call charged the probe with seconds of idle time and spent the whole probe budget; capped, a mode whose
-rest is really longer still shows as up to REST_CAP times slower, never as free.
+rest is really longer still shows as up to REST_CAP times slower, never as free. Until MIN_RESTS rests give a
+median there is nothing to cap against, so those first steps teach nothing (they only fill the window): the
+gap between an engine's warm-up request and its first traffic, charged in full, once made auto adopt a mode
+for a bucket from one probe whose reference held it.
 """
 
 from __future__ import annotations
@@ -42,9 +45,10 @@ class CallCosts:
             return call, call.seconds
         if previous is None or previous.engine is not call.engine or call.call_index != previous.call_index + 1:
             return None
+        capped = self.rest_cap != float("inf")
         rest = min(max(0.0, (call.start_ns - previous.start_ns) * 1e-9 - previous.seconds), self.rest_cap)
         self.rests.append(rest)
         self.until_cap -= 1
         if self.until_cap <= 0:
             self.rest_cap, self.until_cap = REST_CAP * median(self.rests), CAP_EVERY
-        return previous, previous.seconds + rest
+        return (previous, previous.seconds + rest) if capped else None

