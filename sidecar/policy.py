@@ -393,7 +393,10 @@ class ModePolicy:
     def _challenger(self, b: int, now: float) -> Mode | None:
         """The mode bucket b should switch to, if any: the lowest paired ratio that is decisively below 1 and
         below 1 - margin, from at least MIN_PROBES probes; or else, in a bucket whose calls are all of one
-        kind, the lowest window median of that kind that beats the running mode's over the same period."""
+        kind, the lowest window median of that kind that beats the running mode's over the same period, among
+        modes whose probes (if any) found them faster by the margin. Windows of a served engine's bucket mix
+        batch sizes and step shapes that pairs compare alike: windows once adopted a mode whose three probes
+        had found it 5 % slower."""
         p = self.params
         best, best_ratio = None, 1.0 - p.margin
         for m in self.others(b):
@@ -410,6 +413,9 @@ class ModePolicy:
         active_span = self.kind_estimates.span(key, self.choice[b])
         best_est = None
         for m in self.others(b):
+            paired = self.paired_evidence(b, m, now)
+            if paired is not None and paired.ratio >= 1.0 - p.margin:
+                continue  # pairs overrule windows: its probes did not find it faster than the running mode
             span = self.kind_estimates.span(key, m)
             if span is None or active_span is None or span[0] < active_span[0]:
                 continue  # the other mode has samples from before the running mode's window: not the same period

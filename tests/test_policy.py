@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -477,3 +478,21 @@ def test_probes_go_first_to_the_bucket_that_takes_most_of_the_engines_time():
         now += 0.001
     first = next(d for d in policy.step(now) if d.reason == "probe")
     assert first.buckets == ["64"] and first.evidence["phase"] == "start", first
+
+
+def test_windows_never_adopt_a_mode_whose_probes_found_it_slower(three_modes):
+    """A bucket of one kind whose gather window reads 20 % cheaper than all_gather's over the same period (in a
+    served engine, the windows weigh a bucket's batch sizes differently), while three probes found gather 5 %
+    slower: the pairs decide, and the bucket stays."""
+    from gatherwise.sidecar.paired_evidence import Pair
+
+    policy = ModePolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
+    bucket, now = bucket_of(32), 0.0
+    for i in range(2 * policy.params.min_samples):
+        mode = A if i % 2 == 0 else G
+        policy.observe(mode, bucket, 0.030 if mode == A else 0.024, now, call_tag(GREEDY, int(mode)))
+        now += 0.25
+    assert policy._challenger(bucket, now) == G  # the windows alone would switch
+    policy.pairs[bucket] = deque(Pair(now - 1.0, G, A, 1.05, GREEDY, 0.01, 8) for _ in range(3))
+    assert policy._challenger(bucket, now) is None
+    assert not [d for d in policy.step(now) if d.reason == "auto"] and policy.choice[bucket] == A
