@@ -54,7 +54,7 @@ class ControlSessions:
         current = self.current
         if (current is not None and current.engine is eng) or eng.engine_id in self._unusable:
             return False
-        return (Path(eng.dir) / CONTROL_NAME).exists()
+        return _block_path(eng).exists()
 
     def take_over_if_free(self, session: ControlSession) -> None:
         """A read-only session becomes the owner once the sidecar that held the lock is gone (its state is in
@@ -80,7 +80,7 @@ class ControlSessions:
         engine_id = eng.engine_id
         if engine_id in self._unusable:
             return
-        block_path = Path(eng.dir) / CONTROL_NAME
+        block_path = _block_path(eng)
         client = None
         try:
             client = ControlClient(block_path)
@@ -133,3 +133,7 @@ class ControlSessions:
             return
         decision = session.policy.adopt_table(table, time.monotonic(), str(table_path))
         self.publisher.publish(session, [decision] if decision else [])
+
+
+def _block_path(eng: AttachedEngine) -> Path:
+    return Path(eng.dir) / CONTROL_NAME

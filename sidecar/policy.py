@@ -399,8 +399,8 @@ class ModePolicy:
         had found it 5 % slower."""
         p = self.params
         best, best_ratio = None, 1.0 - p.margin
-        for m in self.others(b):
-            found = self.paired_evidence(b, m, now)
+        paired = {m: self.paired_evidence(b, m, now) for m in self.others(b)}
+        for m, found in paired.items():
             if found is not None and found.probes >= MIN_PROBES and found.faster and found.ratio < best_ratio:
                 best, best_ratio = m, found.ratio
         if best is not None:
@@ -413,8 +413,8 @@ class ModePolicy:
         active_span = self.kind_estimates.span(key, self.choice[b])
         best_est = None
         for m in self.others(b):
-            paired = self.paired_evidence(b, m, now)
-            if paired is not None and paired.ratio >= 1.0 - p.margin:
+            found = paired[m]
+            if found is not None and found.ratio >= 1.0 - p.margin:
                 continue  # pairs overrule windows: its probes did not find it faster than the running mode
             span = self.kind_estimates.span(key, m)
             if span is None or active_span is None or span[0] < active_span[0]:
