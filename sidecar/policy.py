@@ -27,8 +27,10 @@ of modes (`modes`, default every implemented one). Rules:
   time lately (call rate x running cost) is probed first, so a bucket of a few slow calls between batches
   cannot spend the budget a busy bucket's switch would earn;
 - probes cost what they add: `probe_budget` bounds the seconds probe calls took beyond what the running mode
-  would have taken for them (same bucket, same kind), as a share of all seconds observed. A probe of a faster
-  mode is free; one of a slower mode ends the moment the budget is spent, however slow its calls;
+  would have taken for them (same bucket, same kind), as a share of all seconds observed, counted per probe
+  net of its calls: on a noisy host half of an equal mode's calls run over the running median and half under,
+  and charging only the ones over spent the budget on noise before a faster mode could be confirmed. A probe
+  of a faster mode is free; one of a slower mode ends the moment the budget is spent, however slow its calls;
 - probes back off: a (bucket, mode) is probed every `probe_interval_seconds` x its back-off factor. A probe
   that finds the mode far behind (slower than the chosen one by more than `probe_backoff_margin`) doubles the
   factor, up to `probe_backoff_max`; one that finds it close resets it to 1. When the chosen mode's own cost
@@ -96,6 +98,7 @@ class Probe:
     calls: int = 0
     samples: dict[int, list[float]] = field(default_factory=dict)  # kind -> seconds of the probe's calls
     references: dict[int, list[float]] = field(default_factory=dict)  # kind -> the running mode's, just before
+    extra: float = 0.0  # seconds its calls took beyond the running mode's cost for them, signed
 
 
 def should_switch(active: Estimate | None, challenger: Estimate | None, params: PolicyParams) -> bool:
@@ -132,7 +135,7 @@ class ModePolicy:
         self.calls_total = 0
         self.probe_calls_used = 0
         self.seconds_total = 0.0
-        self.probe_extra_seconds = 0.0  # what probe calls took beyond the running mode's cost for them
+        self.probe_extra_seconds = 0.0  # what ended probes took beyond the running mode's cost (net, >= 0)
         self.decisions: deque[Decision] = deque(maxlen=DECISION_LOG)
         self.next_decision_id = 1
         self.wall_clock = wall_clock  # stamps decisions (Decision.time)
@@ -163,7 +166,7 @@ class ModePolicy:
     @property
     def probe_cost_share(self) -> float:
         """Seconds probes added, as a share of all seconds observed: what probe_budget bounds."""
-        return self.probe_extra_seconds / self.seconds_total if self.seconds_total > 0 else 0.0
+        return self._charged_seconds() / self.seconds_total if self.seconds_total > 0 else 0.0
 
     def others(self, bucket: int) -> list[Mode]:
         return [m for m in self.modes if m != self.choice[bucket]]
@@ -253,7 +256,11 @@ class ModePolicy:
             self.running_since_probe[bucket] = self.running_since_probe.get(bucket, 0) + 1
         elif bucket not in self.pins:
             self.probe_calls_used += 1
-            self.probe_extra_seconds += max(0.0, seconds - self._running_cost(bucket, kind, seconds, now))
+            extra = seconds - self._running_cost(bucket, kind, seconds, now)
+            if probe is not None and probe.bucket == bucket and named == probe.mode:
+                probe.extra += extra  # charged net when the probe ends: noise around an equal cost adds nothing
+            else:
+                self.probe_extra_seconds += max(0.0, extra)  # a call whose table had not caught up yet
         if probe is None or probe.bucket != bucket or named != probe.mode:
             return False
         probe.calls += 1
@@ -271,7 +278,17 @@ class ModePolicy:
         return est.value if est is not None else fallback
 
     def _over_budget(self) -> bool:
-        return self.probe_extra_seconds > self.params.probe_budget * self.seconds_total
+        return self._charged_seconds() > self.params.probe_budget * self.seconds_total
+
+    def _charged_seconds(self) -> float:
+        """What probes added so far: ended probes' net extra, and the running probe's once it is positive."""
+        return self.probe_extra_seconds + (max(0.0, self.probe.extra) if self.probe is not None else 0.0)
+
+    def _end_probe(self) -> None:
+        probe = self.probe
+        if probe is not None:
+            self.probe_extra_seconds += max(0.0, probe.extra)
+            self.probe = None
 
     @staticmethod
     def _probe_settled(probe: Probe) -> bool:
@@ -316,7 +333,7 @@ class ModePolicy:
         for b in chosen:
             self.pins[b] = mode
         if self.probe is not None and self.probe.bucket in self.pins:
-            self.probe = None
+            self._end_probe()
         return self._decide("manual", mode.label, chosen, previous, {"pinned": [bucket_label(b) for b in chosen]})
 
     def release(self, buckets: list[int] | None, now: float) -> Decision:
@@ -362,7 +379,7 @@ class ModePolicy:
         if probe is not None and (probe.calls >= p.probe_calls or now - probe.started >= p.probe_timeout_seconds
                                   or self._over_budget() or self._quiet(probe.bucket, now)
                                   or (probe.calls >= MIN_PROBE_CALLS and self._probe_settled(probe))):
-            self.probe = None
+            self._end_probe()
             self.last_probe_end[probe.bucket] = now
             self.running_since_probe[probe.bucket] = 0
             backoff = self._after_probe(probe, now)

@@ -47,6 +47,7 @@ class ProbeState(BaseModel):
     calls: int = Field(ge=0)
     samples: dict[int, list[float]] = Field(default_factory=dict)  # kind -> seconds of the probe's calls
     references: dict[int, list[float]] = Field(default_factory=dict)
+    extra: float = 0.0  # its calls' seconds beyond the running mode's cost so far, signed
 
 
 class PolicyState(BaseModel):
@@ -114,7 +115,8 @@ def policy_to_json(policy: ModePolicy, extra: dict[str, Any] | None = None) -> s
                for b, v in policy.pairs.items() if v},
         probe=None if probe is None else ProbeState(bucket=probe.bucket, mode=probe.mode.label,
                                                     started=probe.started, calls=probe.calls,
-                                                    samples=probe.samples, references=probe.references),
+                                                    samples=probe.samples, references=probe.references,
+                                                    extra=probe.extra),
         calls_total=policy.calls_total, probe_calls_used=policy.probe_calls_used,
         next_decision_id=policy.next_decision_id, decisions=list(policy.decisions),
         estimates=policy.estimates.to_json(), kind_estimates=policy.kind_estimates.to_json(),
@@ -142,7 +144,7 @@ def policy_from_json(text: str) -> ModePolicy:
                                  maxlen=PAIRS_KEPT) for b, v in state.pairs.items()}
         probe = state.probe
         policy.probe = None if probe is None else Probe(probe.bucket, Mode.parse(probe.mode), probe.started,
-                                                        probe.calls, probe.samples, probe.references)
+                                                        probe.calls, probe.samples, probe.references, probe.extra)
         policy.calls_total, policy.probe_calls_used = state.calls_total, state.probe_calls_used
         policy.next_decision_id = state.next_decision_id
         policy.decisions.extend(state.decisions)
