@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 APT_PACKAGES := prometheus docker-compose
 
-.PHONY: demo test test-vllm test-sglang lint typecheck deps apt bench clean
+.PHONY: demo test test-vllm test-sglang bench-serve lint typecheck deps apt clean
 
 $(STAMP): pyproject.toml constraints.txt engine_hooks/_ring_writer.c
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ test-vllm:
 
 test-sglang:
 	bash scripts/test_sglang.sh
+
+# The serving benchmark on both engines' own servers and clients, with its defaults (docs/bench_serve.md): about
+# 30 min for SGLang and 40 for vLLM on a 2-core host; each waits for the load average to fall under 3 first.
+bench-serve:
+	GATHERWISE_VLLM_INSTALL_ONLY=1 bash scripts/test_vllm.sh
+	GATHERWISE_SGLANG_INSTALL_ONLY=1 bash scripts/test_sglang.sh
+	.venv-vllm/bin/gatherwise bench serve --engine vllm --max-load 3
+	.venv-sglang/bin/gatherwise bench serve --engine sglang --max-load 3
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -16,6 +16,7 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ engine_hooks/_ring_
   "$VENV/bin/pip" install --quiet -e ".[sidecar,bench]" pytest pytest-timeout openai
   touch "$STAMP"
 fi
+[ "${GATHERWISE_VLLM_INSTALL_ONLY:-0}" = 1 ] && exit 0
 MODEL_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gatherwise-tiny-llama.XXXXXX")
 TOKENIZER_MODEL_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gatherwise-tiny-llama-tok.XXXXXX")
 trap 'rm -rf "$MODEL_DIR" "$TOKENIZER_MODEL_DIR"' EXIT

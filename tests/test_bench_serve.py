@@ -12,7 +12,10 @@ from gatherwise.bench.cli import main
 from gatherwise.bench.serve.configurations import interleaved
 from gatherwise.bench.serve.greedy_match import TokenCounter, compare_outputs
 from gatherwise.bench.serve.logits_share import logits_share
+from gatherwise.bench.serve.run import server_environment
+from gatherwise.bench.serve.sglang_engine import SglangEngine
 from gatherwise.bench.serve.tokenizer import write_tokenizer
+from gatherwise.bench.serve.vllm_engine import VllmEngine
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -27,6 +30,17 @@ def test_bad_arguments_exit_2_and_start_nothing(argv, message, capsys):
         main(["serve", *argv])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_servers_get_the_cpu_settings_and_a_callers_omp_wait_policy_wins(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv("GATHERWISE_ENABLE", "1")  # only a configuration turns gatherwise on
+    sglang = server_environment(SglangEngine())
+    assert sglang["OMP_WAIT_POLICY"] == "PASSIVE" and sglang["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert sglang["HF_HUB_OFFLINE"] == "1" and "GATHERWISE_ENABLE" not in sglang
+    assert "OMP_WAIT_POLICY" not in server_environment(VllmEngine())
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert server_environment(SglangEngine())["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
 def test_configurations_run_forward_then_backward():

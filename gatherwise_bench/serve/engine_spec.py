@@ -6,6 +6,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from gatherwise.bench.serve.cells import Cell
 from gatherwise.bench.serve.client_result import ClientResult
@@ -25,6 +26,7 @@ class Workload:
 class EngineSpec(ABC):
     name: str
     env: dict[str, str]  # the CPU settings the engine tests use
+    env_defaults: ClassVar[dict[str, str]] = {}  # what the engine's docs give a CPU host, unless the caller set it
     shm_leftovers: tuple[str, ...]  # /dev/shm names (globs) the engine may leave when it kills its own workers
 
     @abstractmethod

@@ -52,11 +52,17 @@ class ServeBench:
         return max(2048, max(c.concurrency for c in self.cells) * self.context_len)
 
 
+def server_environment(engine: EngineSpec) -> dict[str, str]:
+    """What every server start of the engine runs with: this process's environment without GATHERWISE_*, the
+    engine's CPU defaults where unset, its CPU settings, and no hub."""
+    env = {**engine.env_defaults, **{k: v for k, v in os.environ.items() if not k.startswith("GATHERWISE_")}}
+    env.update(engine.env, **OFFLINE)
+    return env
+
+
 def _environment(bench: ServeBench, conf: Configuration, shm_dir: str) -> dict[str, str]:
-    """This process's environment without GATHERWISE_*, with the engine's CPU settings; gatherwise on only where the
-    configuration says."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATHERWISE_")}
-    env.update(bench.engine.env, **OFFLINE)
+    """The server's environment, with gatherwise on only where the configuration says."""
+    env = server_environment(bench.engine)
     if conf.plugin:
         env.update(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm_dir,
                    GATHERWISE_ENGINE_INITIAL_MODE=conf.initial_mode)

@@ -13,12 +13,16 @@ from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, Wo
 # node otherwise), and no pynccl (its CUDA torch build would load libnccl; a missing path turns that off).
 SGLANG_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_CPU_OMP_THREADS_BIND": "0|1",
               "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so"}
+# idle OpenMP workers sleep instead of spinning on the core the other rank needs (docs/sglang.md); a caller's
+# OMP_WAIT_POLICY wins
+SGLANG_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 RANDOM_SEED = 1234
 
 
 class SglangEngine(EngineSpec):
     name = "sglang"
     env = SGLANG_ENV
+    env_defaults = SGLANG_ENV_DEFAULTS
     shm_leftovers = ("sglang_loads_*", "sgl_shm_mq_*", "sem.mp-*")
 
     def server_command(self, python: str, model: Path, port: int, context_len: int, max_total_tokens: int
