@@ -25,6 +25,7 @@ import httpx
 
 from gatherwise.dashboards.local_stack import LocalStack, start_local_stack
 from gatherwise.modes import IMPLEMENTED_LABELS
+from gatherwise.sidecar.policy import DECISION_LOG
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "config" / "demo.yaml"
@@ -68,7 +69,8 @@ def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None)
         return "\n".join([*lines, "waiting for the engine to start (loading torch, building the model) ..."])
     m = mode.json()
     stats = {(s["bucket"], s["mode"]): s for s in api.get("/v1/stats").json()["stats"]}
-    history = api.get("/v1/decisions").json()["decisions"]
+    # the whole log: probes outnumber switches, and the default newest 50 can hold probes only
+    history = api.get("/v1/decisions", params={"limit": DECISION_LOG}).json()["decisions"]
     decisions = [d for d in history if d["reason"] != "probe"][-6:]  # probes flip back within a second
     probes = sum(d["reason"] == "probe" for d in history)
     lines.append(f"engine {m['engine']}  tp={engine['tp_size']}  vocab={engine['vocab']} {engine['dtype']}  "
@@ -88,7 +90,7 @@ def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None)
         moved = ", ".join(f"{b}:{d['previous'].get(b, '?')}→{d['mode']}" for b in d["buckets"])
         lines.append(f"  {when}  {d['reason']:<7} {moved or d['mode']}")
     if not decisions:
-        lines.append("  (none yet: the auto policy needs min_samples on both modes of a bucket)")
+        lines.append(f"  (none among the newest {DECISION_LOG} decisions: a switch needs evidence from two probes)")
     url = stack.sidecar_url
     lines += ["", f"sidecar {url}   API docs {url}/docs   metrics {url}/metrics"]
     if stack.prometheus is not None:
