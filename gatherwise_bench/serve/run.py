@@ -28,7 +28,7 @@ CLIENT_TIMEOUT_S = 1800.0
 LENGTH_MARGIN = 64  # a random prompt re-encoded by the client may come out a few tokens longer
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # no hub here; everything is local
 DECISIONS_LIMIT = 256
-LEARNING_SEED_OFFSET = 1000  # learning round r draws its prompts with seed + this + r
+WARMUP_SEED_OFFSET = 1000  # warm-up round r draws its prompts with seed + this + r
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class ServeBench:
     work_dir: Path  # client result files and server logs
     max_load: float | None
     max_load_wait_s: float
-    learning_rounds: int  # auto: rounds of every cell before the measured one, with prompts of their own
+    warmup_rounds: int  # every configuration: rounds of every cell before the measured one, prompts of their own
 
     @property
     def context_len(self) -> int:
@@ -76,12 +76,15 @@ def _warm_up(url: str) -> None:
     reply.raise_for_status()
 
 
-def _phases(bench: ServeBench, conf: Configuration) -> list[tuple[str, Workload]]:
-    """(phase, workload) in order: for auto, learning rounds with prompts the measured pass never sees (with the
-    same prompts, an engine's prefix cache would serve the measured pass faster than the other configurations')."""
-    learning = [("learning", replace(bench.workload, seed=bench.workload.seed + LEARNING_SEED_OFFSET + r))
-                for r in range(bench.learning_rounds)] if conf.auto else []
-    return [*learning, ("measured", bench.workload)]
+def _phases(bench: ServeBench) -> list[tuple[str, Workload]]:
+    """(phase, workload) in order, the same for every configuration: warm-up rounds, then the measured pass. A
+    server's first rounds at a batch shape run slower than its later ones, so every configuration gets the same
+    history before it is measured; auto is on from the first warm-up round, which is where it learns. Warm-up
+    prompts are drawn with seeds of their own: with the measured pass's prompts an engine's prefix cache would
+    serve the measured prefills from cache."""
+    warmup = [("warmup", replace(bench.workload, seed=bench.workload.seed + WARMUP_SEED_OFFSET + r))
+              for r in range(bench.warmup_rounds)]
+    return [*warmup, ("measured", bench.workload)]
 
 
 def _run_client(bench: ServeBench, port: int, cell: Cell, workload: Workload, result_file: Path) -> dict[str, Any]:
@@ -101,8 +104,8 @@ def _run_client(bench: ServeBench, port: int, cell: Cell, workload: Workload, re
 
 
 def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str, Any]:
-    """One server start of configuration `name`: every cell (for auto: learning rounds over every cell first),
-    then the sidecar's decisions. Returns the run's record; generated texts under "outputs"."""
+    """One server start of configuration `name`: warm-up rounds over every cell, then every cell measured, then
+    the sidecar's decisions. Returns the run's record; generated texts under "outputs"."""
     conf = CONFIGURATIONS[name]
     load = wait_for_load(bench.max_load, bench.max_load_wait_s)
     print(f"[bench serve] {bench.engine.name} {name} (pass {pass_index}): starting, load average {load:.2f}",
@@ -129,7 +132,7 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
             if conf.auto:
                 record["auto_put_time"] = time.time()
                 record["auto_put"] = sidecar.put_mode({"mode": "auto"})
-        for round_index, (phase, workload) in enumerate(_phases(bench, conf)):
+        for round_index, (phase, workload) in enumerate(_phases(bench)):
             for cell in bench.cells:
                 before = sidecar.metrics_text() if sidecar else None
                 started = time.monotonic()
