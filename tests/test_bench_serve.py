@@ -10,9 +10,10 @@ import pytest
 
 from gatherwise.bench.cli import main
 from gatherwise.bench.serve.configurations import interleaved
+from gatherwise.bench.serve.engine_spec import Workload
 from gatherwise.bench.serve.greedy_match import TokenCounter, compare_outputs
 from gatherwise.bench.serve.logits_share import logits_share
-from gatherwise.bench.serve.run import server_environment
+from gatherwise.bench.serve.run import ServeBench, phases, server_environment
 from gatherwise.bench.serve.sglang_engine import SglangEngine
 from gatherwise.bench.serve.tokenizer import write_tokenizer
 from gatherwise.bench.serve.vllm_engine import VllmEngine
@@ -46,6 +47,19 @@ def test_servers_get_the_cpu_settings_and_a_callers_omp_wait_policy_wins(monkeyp
 def test_configurations_run_forward_then_backward():
     assert interleaved(["a", "b", "c"], 2) == ["a", "b", "c", "c", "b", "a"]
     assert interleaved(["a", "b"], 3) == ["a", "b", "b", "a", "a", "b"]
+
+
+def test_every_configuration_warms_up_alike_on_prompts_the_measured_pass_never_sees(tmp_path):
+    def bench(warmup_rounds: int) -> ServeBench:
+        return ServeBench(VllmEngine(), tmp_path, [], Workload(64, 32, seed=7), "python", tmp_path, None, 0.0,
+                          warmup_rounds)
+
+    rounds = phases(bench(2))
+    assert [phase for phase, _ in rounds] == ["warmup", "warmup", "measured"]
+    seeds = [workload.seed for _, workload in rounds]
+    assert seeds[-1] == 7 and len(set(seeds)) == 3
+    assert all((w.input_len, w.output_len) == (64, 32) for _, w in rounds)
+    assert phases(bench(0)) == [("measured", Workload(64, 32, 7))]
 
 
 def test_the_tokenizer_has_exactly_the_vocabulary_and_every_word_id_round_trips(tmp_path):

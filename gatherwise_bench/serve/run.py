@@ -76,7 +76,7 @@ def _warm_up(url: str) -> None:
     reply.raise_for_status()
 
 
-def _phases(bench: ServeBench) -> list[tuple[str, Workload]]:
+def phases(bench: ServeBench) -> list[tuple[str, Workload]]:
     """(phase, workload) in order, the same for every configuration: warm-up rounds, then the measured pass. A
     server's first rounds at a batch shape run slower than its later ones, so every configuration gets the same
     history before it is measured; auto is on from the first warm-up round, which is where it learns. Warm-up
@@ -132,7 +132,7 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
             if conf.auto:
                 record["auto_put_time"] = time.time()
                 record["auto_put"] = sidecar.put_mode({"mode": "auto"})
-        for round_index, (phase, workload) in enumerate(_phases(bench)):
+        for round_index, (phase, workload) in enumerate(phases(bench)):
             for cell in bench.cells:
                 before = sidecar.metrics_text() if sidecar else None
                 started = time.monotonic()
