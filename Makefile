@@ -40,7 +40,7 @@ test-sglang:
 	bash scripts/test_sglang.sh
 
 # The serving benchmark on both engines' own servers and clients, with its defaults (docs/bench_serve.md): about
-# 30 min for SGLang and 40 for vLLM on a 2-core host; each waits for the load average to fall under 3 first.
+# an hour per engine on a 2-core host (53 min vLLM, 58 SGLang); each waits for the load average to fall under 3 first.
 bench-serve:
 	GATHERWISE_VLLM_INSTALL_ONLY=1 bash scripts/test_vllm.sh
 	GATHERWISE_SGLANG_INSTALL_ONLY=1 bash scripts/test_sglang.sh

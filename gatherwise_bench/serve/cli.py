@@ -18,7 +18,7 @@ from gatherwise.bench.serve.configurations import CONFIGURATIONS, QUICK_CONFIGUR
 from gatherwise.bench.serve.engine_spec import EngineSpec, Workload
 
 # What an option left out means, for the full benchmark and for --quick (explicit options win in both).
-# The full defaults are what one run per engine on a 2-core host can do in about half an hour (29 min SGLang, 39
+# The full defaults are what one run per engine on a 2-core host can do in about an hour (58 min SGLang, 53
 # vLLM); the other model, sampled traffic and more concurrency levels are options (docs/BENCHMARKS.md runs them).
 DEFAULTS = dict(model="qwen2.5-0.5b-shape", configurations=tuple(CONFIGURATIONS), passes=2,
                 concurrency=(1, 32), sampling=("greedy",), input_len=64, output_len=32,
