@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gatherwise.bench.arg_types import at_least, int_list, name_list
+from gatherwise.bench.host_cpu import cpu_description
 from gatherwise.bench.serve.cells import SAMPLINGS, build_cells
 from gatherwise.bench.serve.configurations import CONFIGURATIONS, QUICK_CONFIGURATIONS, interleaved
 from gatherwise.bench.serve.engine_spec import EngineSpec, Workload
@@ -107,23 +108,6 @@ def _checkpoint(name: str, models_dir: Path) -> tuple[Path, str]:
     return path, f"checkpoint directory {path}"
 
 
-# The vector units CPU inference kernels pick their code paths by: hosts with and without them serve at different
-# speeds, so a run is only comparable with runs on the same kind.
-VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
-
-
-def _cpu() -> dict[str, Any]:
-    """The CPU model and its vector units, from /proc/cpuinfo where there is one."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {"cpu_model": platform.processor() or None}
-    fields = dict(line.split(":", 1) for line in info.splitlines()[:40] if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    flags = set(fields.get("flags", "").split())
-    return {"cpu_model": fields.get("model name"), "cpu_vector_units": [f for f in VECTOR_FLAGS if f in flags]}
-
-
 def _engine_version(engine: str) -> str | None:
     try:
         return importlib.metadata.version(ENGINE_DISTRIBUTIONS[engine])
@@ -177,7 +161,7 @@ def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configura
             "cells": [c.key for c in cells], "workload": vars(workload), "warmup_rounds": warmup_rounds,
             "logits_path_share": "max over ranks of the delta of gatherwise_op_seconds_total{op=logits_path} over "
                                  "the client run, divided by the client's duration (docs/bench_serve.md)",
-            "machine": {"cpu_count": os.cpu_count(), **_cpu(), "platform": platform.platform(),
+            "machine": {"cpu_count": os.cpu_count(), **cpu_description(), "platform": platform.platform(),
                         "python": platform.python_version(), "load_avg_at_start": load_start,
                         "load_avg_at_end": os.getloadavg()},
             "server_env": {k: env[k] for k in (*engine.env_defaults, *engine.env)},
