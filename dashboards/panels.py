@@ -8,6 +8,8 @@ dashboard without regenerating it, and the committed JSON does not depend on wha
 
 from __future__ import annotations
 
+from typing import cast
+
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus, stat, statetimeline, timeseries
 from grafana_foundation_sdk.builders.common import StackingConfig, VizLegendOptions
@@ -27,6 +29,8 @@ Panel = timeseries.Panel | stat.Panel | statetimeline.Panel  # the panel builder
 
 PROMETHEUS_UID = "gw-prometheus"  # fixed in dashboards/grafana/provisioning/datasources/datasources.yml
 JAEGER_UID = "gw-jaeger"
+# The SDK's enums are Python 3.11 StrEnums; type-checked as 3.10 (the package's floor) their members read as str.
+STACK_NORMAL = cast(common.StackingMode, common.StackingMode.NORMAL)
 
 PROM = DataSourceRef(type_val="prometheus", uid=PROMETHEUS_UID)
 ENGINE = 'engine=~"$engine"'
@@ -267,7 +271,7 @@ def traffic_panels() -> list[Panel]:
                 "{{mode}}",
             )
         )
-        .stacking(StackingConfig().mode(common.StackingMode.NORMAL))
+        .stacking(StackingConfig().mode(STACK_NORMAL))
         .fill_opacity(30)
         .legend(legend_list())
     )

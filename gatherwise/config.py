@@ -34,7 +34,8 @@ ENV_PREFIX = "GATHERWISE_"
 # Generated from gatherwise.modes.IMPLEMENTED: a mode the engine implements is accepted here and in the API (its
 # OpenAPI enum) without another change; a reserved one is refused with the list of valid values.
 ModeLabel = Literal[IMPLEMENTED_LABELS]  # type: ignore[valid-type]
-ModeOrAuto = Literal[(*IMPLEMENTED_LABELS, "auto")]  # type: ignore[valid-type]
+MODE_OR_AUTO_LABELS = (*IMPLEMENTED_LABELS, "auto")
+ModeOrAuto = Literal[MODE_OR_AUTO_LABELS]  # type: ignore[valid-type]
 PolicyMode = Literal["manual", "auto"]
 
 

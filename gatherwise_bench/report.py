@@ -100,8 +100,9 @@ def summarize(cfg: SweepConfig, per_rank: list[dict[ShapeKey, CallTimes]]) -> li
                 for rows in cfg.rows:
                     nbytes = cfg.tp * rows * width * elem
                     key = (vocab, dtype, sampling, rows)
-                    spans = {m: call_spans([r[(*key, m)] for r in per_rank]) for m in cfg.modes}
-                    stats = {m: _mode_stats(cfg.tp, nbytes, spans[m], per_rank[0][(*key, m)]) for m in cfg.modes}
+                    keys = {m: (*key, m) for m in cfg.modes}
+                    spans = {m: call_spans([r[keys[m]] for r in per_rank]) for m in cfg.modes}
+                    stats = {m: _mode_stats(cfg.tp, nbytes, spans[m], per_rank[0][keys[m]]) for m in cfg.modes}
                     ranked = sorted(stats, key=lambda m: stats[m].median_us)
                     ratio = share = None
                     if len(ranked) > 1:

@@ -13,6 +13,7 @@ def _load():
     if "gpu_check" in sys.modules:
         return sys.modules["gpu_check"]
     spec = importlib.util.spec_from_file_location("gpu_check", PATH)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["gpu_check"] = module
     spec.loader.exec_module(module)

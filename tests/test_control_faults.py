@@ -30,7 +30,8 @@ def test_sidecar_kill_engine_restart_and_corrupt_block(tmp_path, shm_dir):
         "sidecar": {"poll_interval_seconds": 0.01}, "traces": {"enabled": False},
         "policy": {"mode": "auto", "probe_budget": 0.0}}))
     sidecar, url = start_sidecar(shm_dir, config=str(config), env_extra=ENV)
-    engine = BackgroundEngine(LoopSpec(str(config), str(tmp_path / "stop1"), pace_seconds=0.003))
+    engine: BackgroundEngine | None = BackgroundEngine(LoopSpec(str(config), str(tmp_path / "stop1"),
+                                                                pace_seconds=0.003))
     second = None
     try:
         get = lambda path, **kw: httpx.get(f"{url}{path}", timeout=30, **kw)
@@ -65,6 +66,7 @@ def test_sidecar_kill_engine_restart_and_corrupt_block(tmp_path, shm_dir):
 
         # 2. engine restart under the running sidecar: a new instance id, fresh state, old series gone
         old_engine = before["engine"]
+        assert engine is not None
         engine.stop()
         engine = None
         second = BackgroundEngine(LoopSpec(str(config), str(tmp_path / "stop2"), pace_seconds=0.003))

@@ -51,7 +51,7 @@ def test_flips_under_load_switch_every_rank_at_one_call_and_keep_tokens(tmp_path
         # 200 flips as fast as the API accepts them (no wait), alternating tables
         seqs = []
         for i in range(200):
-            body = {"mode": "gather" if i % 2 else "all_gather"}
+            body: dict[str, object] = {"mode": "gather" if i % 2 else "all_gather"}
             if i % 3 == 0:
                 body["buckets"] = [1, 2, 4]
             r = client.put("/v1/mode", json=body, params={"wait": 0}, headers=AUTH)

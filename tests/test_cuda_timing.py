@@ -149,4 +149,4 @@ def test_flush_with_wait_is_explicit_and_close_forwards_what_completed():
 
 def test_max_pending_must_be_positive():
     with pytest.raises(ValueError):
-        EventResolver(EventClock(lambda: None), ListRecorder(), max_pending=0)
+        EventResolver(EventClock(), ListRecorder(), max_pending=0)

@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -101,10 +102,12 @@ def run_suite(rank: int, world: int, models: list[ModelSpec], cases: list[Case])
 
 
 # -- tiny HF checkpoints written by the test ---------------------------------------------------------------
-LLAMA = dict(model_type="llama", vocab_size=203, hidden_size=48, intermediate_size=101, num_hidden_layers=2,
+LLAMA: dict[str, Any] = dict(
+             model_type="llama", vocab_size=203, hidden_size=48, intermediate_size=101, num_hidden_layers=2,
              num_attention_heads=6, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
              hidden_act="silu", tie_word_embeddings=False, torch_dtype="float32")
-QWEN2 = dict(model_type="qwen2", vocab_size=151, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+QWEN2: dict[str, Any] = dict(
+             model_type="qwen2", vocab_size=151, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=1000000.0,
              hidden_act="silu", tie_word_embeddings=True, torch_dtype="bfloat16")
 VOCABS = (32000, 1001, LLAMA["vocab_size"], QWEN2["vocab_size"])  # of the suite's models, in order

@@ -7,6 +7,8 @@ and scripts/gpu_check.sh."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -54,7 +56,8 @@ def _graphed_run(rank, world, exchange_only):
     source = InProcessTableSource()
     table = ModeTable.uniform(Mode.ALL_GATHER)
     path = LoggedLogitsPath(default_communicator(), VOCAB, initial_table=table, table_source=source)
-    eager = LoggedLogitsPath(default_communicator(), VOCAB, initial_table=table, table_source=InProcessTableSource())
+    eager_source = InProcessTableSource()
+    eager = LoggedLogitsPath(default_communicator(), VOCAB, initial_table=table, table_source=eager_source)
     path.reserve(4)
     inputs = {rows: torch.zeros(rows, VOCAB) for rows in (1, 4)}  # the engine's static input buffers
     rows_of = {rows: [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)] for rows in inputs}
@@ -71,14 +74,14 @@ def _graphed_run(rank, world, exchange_only):
     graphs = ModeGraphs(path, backend)
     for mode in CAPTURABLE:
         for rows in inputs:
-            graphs.capture(mode, rows, lambda rows=rows: step(rows))
+            graphs.capture(mode, rows, functools.partial(step, rows))
     assert path.call_index == 0 and sum(g.replays for g in backend.graphs) == 0  # capture ran no call
 
     tokens, eager_tokens = [], []
     for i, rows in enumerate(STEPS):
         if i == 3 and rank == 0:
             source.request(ModeTable.uniform(Mode.GATHER))
-            eager.table_source.request(ModeTable.uniform(Mode.GATHER))
+            eager_source.request(ModeTable.uniform(Mode.GATHER))
         inputs[rows].copy_(_logits(i, rows))
         mode, out = graphs.replay(rows)
         if exchange_only:  # the engine samples outside the graph and completes the call

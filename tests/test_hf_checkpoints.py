@@ -8,6 +8,7 @@ One spawn per P runs every checkpoint and mode; P = 1 runs in this process.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -132,4 +133,5 @@ def test_logits_match_transformers_at_every_position(checkpoints):
                       model.new_cache(1, len(prompt)), torch.arange(len(prompt)), out)
         with torch.no_grad():
             want = load_reference(ckpt)(prompt[None]).logits[0]
-        torch.testing.assert_close(out[:, :vocab], want, rtol=1e-5, atol=1e-5, msg=lambda m, s=spec: f"{s.name}: {m}")
+        torch.testing.assert_close(out[:, :vocab], want, rtol=1e-5, atol=1e-5,
+                                   msg=functools.partial("{}: {}".format, spec.name))

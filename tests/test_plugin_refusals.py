@@ -156,7 +156,8 @@ class _SglangSampler:
 
 
 class _SglangRenamedSampler(_SglangSampler):
-    def forward(self, logits, sampling_info, return_logprob, top_logprobs_nums, token_ids_logprobs, positions):
+    def forward(  # type: ignore[override]  # the incompatible signature is what this stand-in is for
+            self, logits, sampling_info, return_logprob, top_logprobs_nums, token_ids_logprobs, positions):
         return None  # an SGLang where the first parameter was renamed
 
 

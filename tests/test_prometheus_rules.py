@@ -36,7 +36,8 @@ def test_rule_unit_tests_pass():
 
 def test_every_alert_is_tested_firing_and_quiet():
     alerts = {q.source.split(": ")[1] for q in promql.rule_queries() if q.source.startswith("alert_rules")}
-    firing, quiet = set(), set()
+    firing: set[str] = set()
+    quiet: set[str] = set()
     for path in UNIT_TESTS:
         for case in yaml.safe_load(path.read_text())["tests"]:
             for check in case.get("alert_rule_test", []):

@@ -87,7 +87,7 @@ def _run_seeded(rank, world, schedule):
     from gatherwise.engine_hooks.rng_resync import RandomStateResync
 
     sync = RandomStateResync(default_communicator(), "cpu")
-    generators = {}
+    generators: dict[int, torch.Generator] = {}
     drawn = []
     for step, (all_ranks_sample, requests) in enumerate(schedule):
         for r in requests:

@@ -228,7 +228,7 @@ def _hooks_off(rank, world, disabled):
     wrapped = _wrapped(hooks)
     runner = StandInDecodeGraphRunner(hooks, wrapped, rank, world)
     # the gatherer never reached: the stand-in forward bypasses it, as a fused-softcap model would
-    runner.forward = lambda logits, batch: runner._all_gather(
+    runner.forward = lambda logits, batch: runner._all_gather(  # type: ignore[method-assign]
         logits[:, rank * VOCAB // world: (rank + 1) * VOCAB // world])
     runner.capture()
     batch = _batch(3)

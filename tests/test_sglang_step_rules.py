@@ -57,7 +57,12 @@ def test_received_ids_take_the_dtype_sglang_samples_in():
 def test_hooked_gatherer_delegates_everything_but_the_call():
     calls = []
     original = SimpleNamespace(max_tokens=128, __call__=None)
-    hooks = SimpleNamespace(gather=lambda processor, orig, logits: calls.append((processor, orig, logits)) or "x")
+
+    def gather(processor, orig, logits):
+        calls.append((processor, orig, logits))
+        return "x"
+
+    hooks = SimpleNamespace(gather=gather)
     wrapped = sglang_patches._HookedGatherer(original, "processor", hooks)
     assert wrapped("logits") == "x" and calls == [("processor", original, "logits")]
     assert wrapped.max_tokens == 128

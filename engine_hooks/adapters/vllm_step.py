@@ -244,7 +244,7 @@ def _runner_frame_name() -> str:
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if not module.startswith(("vllm.model_executor", "torch", "gatherwise.engine_hooks")):
-            return f"{module}.{frame.f_code.co_qualname}"
+            return f"{module}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"  # 3.10 has no co_qualname
         frame = frame.f_back
     return "an unknown caller"
 

@@ -104,6 +104,7 @@ def test_full_ring_of_a_large_capacity_is_read_in_bounded_polls(shm_dir):
     writer = writers("full", shm_dir, str(capacity), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     sidecar = None
     try:
+        assert writer.stdout is not None
         assert writer.stdout.readline().strip() == "READY"
         cap = 4096
         sidecar, _url, api = sidecar_with_token(shm_dir, GATHERWISE_SIDECAR_MAX_RECORDS_PER_POLL=str(cap))
@@ -115,6 +116,7 @@ def test_full_ring_of_a_large_capacity_is_read_in_bounded_polls(shm_dir):
         assert vm_kib(sidecar.popen.pid, "VmHWM") < 512 * 1024  # the ring file alone is 92 MiB; no copy of it
         assert sidecar.stop() == 0
     finally:
+        assert writer.stdin is not None
         writer.stdin.close()
         writer.wait(60)
         if sidecar is not None and sidecar.popen.poll() is None:
@@ -135,7 +137,12 @@ def test_ready_waits_for_the_control_block(shm_dir):
     block = ControlBlockSource(fmt.control_path(shm_dir, engine_id), engine_id=engine_id, tp_size=1,
                                table=ModeTable.uniform(Mode.parse("all_gather")))
     stop = threading.Event()
-    beat = threading.Thread(target=lambda: [fill(ring, 1) for _ in iter(lambda: stop.wait(0.2), True)], daemon=True)
+
+    def heartbeat() -> None:
+        while not stop.wait(0.2):
+            fill(ring, 1)
+
+    beat = threading.Thread(target=heartbeat, daemon=True)
     fd = os.open(fmt.control_path(shm_dir, engine_id), os.O_RDWR)
     sidecar = None
     try:

@@ -85,6 +85,7 @@ def test_repeated_json_keys_half_open_connections_and_a_loopback_rendezvous(shm_
         # connections that send nothing, or half a request, are closed; the sidecar answers meanwhile
         address = urlsplit(url)
         for partial in (b"", b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"):
+            assert address.port is not None
             with socket.create_connection((address.hostname, address.port), timeout=60) as sock:
                 sock.sendall(partial)
                 assert api.get("/healthz").status_code == 200

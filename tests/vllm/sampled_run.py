@@ -22,8 +22,12 @@ served which phase.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from tests._engine_harness import engine_run_arguments, read_rings
+
+if TYPE_CHECKING:
+    from gatherwise.sidecar.control_block_client import ControlClient
 
 ROUNDS = ("all_gather", "gather", "sharded")  # the plugin's table in each round
 FLIPS = {1: "gather", 4: "sharded", 6: "all_gather", 8: "gather", 11: "all_gather", 13: "gather"}  # step -> mode
@@ -97,7 +101,8 @@ class Control:
     """The engine's control block (absent for the plain engine), and where rank 0's calls stand."""
 
     def __init__(self, shm_dir: str | None) -> None:
-        self.shm_dir, self.client = shm_dir, None
+        self.shm_dir = shm_dir
+        self.client: ControlClient | None = None
 
     def _client(self):
         if self.client is None and self.shm_dir:
@@ -105,7 +110,7 @@ class Control:
             from gatherwise.sidecar.ring_reader import discover_engines
 
             engines = discover_engines(self.shm_dir)
-            if engines:  # the hooks install at the first hooked call
+            if engines and engines[0].control is not None:  # the hooks install at the first hooked call
                 self.client = ControlClient(engines[0].control)
         return self.client
 

@@ -63,7 +63,7 @@ class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         module = types.ModuleType(spec.name)
         module.__path__ = []
-        module.__getattr__ = _module_getattr(spec.name)
+        module.__getattr__ = _module_getattr(spec.name)  # type: ignore[method-assign]  # a module __getattr__ (PEP 562)
         return module
 
     def exec_module(self, module):
