@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 from annotated_types import Ge, Le
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 from typing_extensions import Self
 
 from gatherwise.bounded_yaml import NotUTF8Error, YAMLInputError, parse_yaml, read_yaml_file, short, short_message
@@ -243,7 +244,7 @@ def _env_value(name: str, value: str, field: FieldInfo | None) -> Any:
         raise ConfigError(f"environment variable {name}: {short(value)} is not a valid value ({exc.reason})") from None
 
 
-def _explain(error: Any, source: str, origins: Mapping[tuple[str, str], str]) -> str:
+def _explain(error: ErrorDetails, source: str, origins: Mapping[tuple[str, str], str]) -> str:
     """One pydantic error as `<file or variable>: <section>.<key>[i].<sub>: <problem>`."""
     loc = error["loc"]
     if len(loc) == 1:
@@ -251,7 +252,7 @@ def _explain(error: Any, source: str, origins: Mapping[tuple[str, str], str]) ->
             return f"{source}: unknown section {loc[0]!r} (known: {', '.join(SECTIONS)})"
         return f"{source}: {loc[0]}: must be a mapping, got {type(error['input']).__name__}"
     section, key = loc[0], loc[1]
-    where = f"{origins.get((section, key), source)}: {section}.{key}"
+    where = f"{origins.get((str(section), str(key)), source)}: {section}.{key}"
     where += "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[2:])
     return f"{where}: {_problem(error, *_schema_at(loc))}"
 
@@ -280,7 +281,7 @@ _TYPE_NAMES = {"int_type": "int", "int_parsing": "int", "int_from_float": "int",
                "tuple_type": "a list", "list_type": "a list", "model_type": "a mapping", "dict_type": "a mapping"}
 
 
-def _problem(error: Any, holder: Any, field: FieldInfo | None) -> str:
+def _problem(error: ErrorDetails, holder: Any, field: FieldInfo | None) -> str:
     """What is wrong, in the words of the old rule table ("must be int, got str '80'", "must be in [0, 65535]")."""
     kind, value = error["type"], error.get("input")
     if kind == "extra_forbidden":

@@ -22,6 +22,7 @@ from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from gatherwise.bounded_yaml import read_yaml_file, short_message
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_from_upper_bound, bucket_label
@@ -112,7 +113,7 @@ def load_table_file(path: str | Path) -> ModeTable:
     return read_table_file(path).mode_table()
 
 
-def _explain(error: Any) -> str:
+def _explain(error: ErrorDetails) -> str:
     message = error_text(error)
     key = error["loc"][0] if error["loc"] else None
     return message if key in (None, "table") else f"key {key!r} {message}"

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gatherwise.config import GatherwiseConfig
 from gatherwise.shm_format.ring import engine_dir_name
 from gatherwise.tp_engine.launch import MAX_LOCAL_RANKS
 
@@ -42,7 +43,7 @@ class LoadSpec:
     tp: int
     workload: str  # "mixed" | "fixed:ROWS"
     duration: float | None
-    config: Any  # GatherwiseConfig (engine.shm_dir already overridden)
+    config: GatherwiseConfig  # engine.shm_dir already overridden
     vocab: int = 32000
     device: str = "cpu"
     seed: int = 0
