@@ -12,7 +12,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 
 from gatherwise.modes import IMPLEMENTED, Mode
-from gatherwise.sidecar.mode_cli import main as mode_cli
+from gatherwise.sidecar.api.mode_cli import main as mode_cli
 from tests._control_engine import BackgroundEngine, LoopSpec
 from tests._sidecar import start_sidecar, wait_for
 

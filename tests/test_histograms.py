@@ -1,4 +1,5 @@
-"""gatherwise.sidecar.histograms agrees with prometheus_client's Histogram, sample for sample, exemplars included."""
+"""gatherwise.sidecar.metrics.histogram_family agrees with prometheus_client's Histogram, sample for sample,
+exemplars included."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from gatherwise.sidecar.histograms import HistogramFamily, HistogramsCollector
-from gatherwise.sidecar.record_histograms import BUCKETS
+from gatherwise.sidecar.metrics.histogram_family import HistogramFamily, HistogramsCollector
+from gatherwise.sidecar.metrics.record_histograms import BUCKETS
 
 
 def _samples(registry: CollectorRegistry) -> dict:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gatherwise.sidecar.loop import Loop
+from gatherwise.sidecar.control.loop import Loop
 
 log = logging.getLogger("test.loop")
 

@@ -1,6 +1,6 @@
 """Where a published decision becomes visible: gatherwise_mode_switches_total and one trace span event.
 
-The span event itself is gatherwise.sidecar.traces.CallTracer.mode_switch_event. The counter is built here,
+The span event itself is gatherwise.sidecar.traces.tracer.CallTracer.mode_switch_event. The counter is built here,
 unregistered; the composition root (gatherwise.sidecar.state) registers it with the other families.
 """
 
@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter
 
 from gatherwise.modes import IMPLEMENTED
-from gatherwise.sidecar.metric_names import MODE_SWITCHES
+from gatherwise.sidecar.metrics.names import MODE_SWITCHES
 
 if TYPE_CHECKING:  # the GPU check imports the metrics modules without pydantic, which the policy needs
-    from gatherwise.sidecar.policy import Decision
+    from gatherwise.sidecar.policy.mode_policy import Decision
 
 log = logging.getLogger("gatherwise.sidecar.control")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 
-from gatherwise.sidecar.control_session import ControlSession
-from gatherwise.sidecar.decision_events import DecisionEvents
-from gatherwise.sidecar.policy import Decision
-from gatherwise.sidecar.session_store import SessionStore
+from gatherwise.sidecar.control.decision_events import DecisionEvents
+from gatherwise.sidecar.control.session import ControlSession
+from gatherwise.sidecar.control.session_store import SessionStore
+from gatherwise.sidecar.policy.mode_policy import Decision
 
 log = logging.getLogger("gatherwise.sidecar.control")
 REQUEST_REASONS = ("manual", "table_file")  # decisions someone asked for: saved before the request returns

@@ -3,7 +3,7 @@
 Why a schedule: saving the state (decision log, sample windows: up to ~0.5 MB of JSON) costs milliseconds of CPU
 the engine's ranks may need. Requests (manual decisions, parameters) are saved at once; the policy's own
 decisions within SAVE_INTERVAL_S; new samples alone every SAMPLES_SAVE_INTERVAL_S (a restart that loses a few
-seconds of samples still has the rest of each window). The format: gatherwise.sidecar.policy_state.
+seconds of samples still has the rest of each window). The format: gatherwise.sidecar.policy.saved_state.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 
 from gatherwise.config import PolicyParams
 from gatherwise.modes import Mode, ModeTable
-from gatherwise.sidecar.control_block_client import ControlSnapshot
-from gatherwise.sidecar.control_session import ControlSession, readable_table
-from gatherwise.sidecar.policy import ModePolicy
-from gatherwise.sidecar.policy_state import load_state, policy_from_json, policy_to_json, save_state
+from gatherwise.sidecar.control.block_client import ControlSnapshot
+from gatherwise.sidecar.control.session import ControlSession, readable_table
+from gatherwise.sidecar.policy.mode_policy import ModePolicy
+from gatherwise.sidecar.policy.saved_state import load_state, policy_from_json, policy_to_json, save_state
 
 log = logging.getLogger("gatherwise.sidecar.control")
 SAVE_INTERVAL_S = 1.0

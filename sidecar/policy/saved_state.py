@@ -24,9 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gatherwise.config import ModeLabel, PolicyParams
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
 from gatherwise.shm_format.private_files import read_small_file, write_private_file
-from gatherwise.sidecar.estimates import KindMix
-from gatherwise.sidecar.paired_evidence import Pair
-from gatherwise.sidecar.policy import PAIRS_KEPT, Decision, ModePolicy, Probe
+from gatherwise.sidecar.policy.estimates import KindMix
+from gatherwise.sidecar.policy.mode_policy import PAIRS_KEPT, Decision, ModePolicy, Probe
+from gatherwise.sidecar.policy.paired_evidence import Pair
 from gatherwise.validation_errors import dotted_location, error_text, joined_errors
 
 # 2: probes, their times and back-off per (bucket, mode); 3: call kinds (pairs per kind, kind windows, the

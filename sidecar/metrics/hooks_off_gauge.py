@@ -1,5 +1,5 @@
 """`gatherwise_engine_hooks_off`: live engine processes whose hooks are off, by engine and reason
-(their notices, watched by gatherwise.sidecar.hooks_off)."""
+(their notices, watched by gatherwise.sidecar.ingest.hooks_off)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gatherwise.shm_format.hooks_off import HooksOffNotice
-from gatherwise.sidecar.metric_names import ENGINE_HOOKS_OFF
+from gatherwise.sidecar.metrics.names import ENGINE_HOOKS_OFF
 
 
 class HooksOffCollector(Collector):

@@ -1,7 +1,7 @@
 """The engine instance the sidecar reads, and what it has read from it: the sidecar's one record of that engine.
 
-Ingest (gatherwise.sidecar.ingest) opens its rings and fills it; its control side
-(gatherwise.sidecar.control_session.ControlSession) refers to it.
+Ingest (gatherwise.sidecar.ingest.poll) opens its rings and fills it; its control side
+(gatherwise.sidecar.control.session.ControlSession) refers to it.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 from gatherwise.shm_format.hooks_off import HooksOffNotice
 from gatherwise.shm_format.liveness import Liveness, liveness
-from gatherwise.sidecar.histograms import Series
-from gatherwise.sidecar.record_histograms import CallSeries
-from gatherwise.sidecar.ring_reader import RingReader
+from gatherwise.sidecar.ingest.ring_reader import RingReader
+from gatherwise.sidecar.metrics.histogram_family import Series
+from gatherwise.sidecar.metrics.record_histograms import CallSeries
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """The sidecar's schedule: poll the rings, feed the policy, follow the attached engine, step the policy.
 
-One thread (gatherwise.sidecar.loop) does it all, in this order, at the deadlines computed here: poll the rings
+One thread (gatherwise.sidecar.control.loop) does it all, in this order, at the deadlines computed here: poll the rings
 (batching calls: see BATCH_RECORDS; at each discovery deadline while no engine is attached), hand every joined
 call to the policy (a probe ends the moment its last call arrives), follow the engine ingest reads (opening and
-ending control sessions: gatherwise.sidecar.control_sessions), and step the policy (every STEP_INTERVAL_S while
+ending control sessions: gatherwise.sidecar.control.session_lifecycle), and step the policy (every STEP_INTERVAL_S while
 calls arrive; while none do, every IDLE_TICK_S for probe timeouts and saves). The control API runs on the same
-thread (gatherwise.sidecar.control_api), so the policy has one thread and no lock.
+thread (gatherwise.sidecar.control.control_api), so the policy has one thread and no lock.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ import time
 
 from gatherwise.modes import Mode
 from gatherwise.shm_format.control import ControlFormatError
-from gatherwise.sidecar.attached_engine import AttachedEngine
-from gatherwise.sidecar.control_session import ControlSession
-from gatherwise.sidecar.control_sessions import ControlSessions
-from gatherwise.sidecar.decision_publisher import DecisionPublisher
-from gatherwise.sidecar.ingest import Ingest, JoinedCall
-from gatherwise.sidecar.loop import Loop
-from gatherwise.sidecar.session_store import SessionStore
+from gatherwise.sidecar.control.decision_publisher import DecisionPublisher
+from gatherwise.sidecar.control.loop import Loop
+from gatherwise.sidecar.control.session import ControlSession
+from gatherwise.sidecar.control.session_lifecycle import SessionLifecycle
+from gatherwise.sidecar.control.session_store import SessionStore
+from gatherwise.sidecar.ingest.attached_engine import AttachedEngine
+from gatherwise.sidecar.ingest.joined_call import JoinedCall
+from gatherwise.sidecar.ingest.poll import Ingest
 
 log = logging.getLogger("gatherwise.sidecar.control")
 # While calls flow the policy steps this often (its decisions are paced in seconds; a probe ends as its last call
@@ -43,7 +44,7 @@ ATTACH_RETRY_S = 0.5
 
 
 class SidecarSchedule:
-    def __init__(self, ingest: Ingest, sessions: ControlSessions, publisher: DecisionPublisher, store: SessionStore,
+    def __init__(self, ingest: Ingest, sessions: SessionLifecycle, publisher: DecisionPublisher, store: SessionStore,
                  *, poll_interval: float) -> None:
         self.ingest, self.sessions, self.publisher, self.store = ingest, sessions, publisher, store
         self.poll_interval = poll_interval

@@ -1,7 +1,7 @@
 """Ingest: shared-memory rings of the newest engine instance -> metrics, traces and the policy's samples.
 
-The sidecar's schedule (gatherwise.sidecar.schedule) calls `poll_once()` when it expects a batch of records while an
-engine is attached, and at each discovery deadline (`Poll.seconds_to_discovery`) while none is. Each poll reads
+The sidecar's schedule (gatherwise.sidecar.control.schedule) calls `poll_once()` when it expects a batch of records
+while an engine is attached, and at each discovery deadline (`Poll.seconds_to_discovery`) while none is. Each poll reads
 the new records of every rank (read-only mmaps: the engine never waits for it), joins them across ranks by call
 index, and turns each call into histogram observations and, when sampled, a trace; the poll returns every
 joined call (the policy's input: the schedule hands them on). A call is joined when every rank's record has
@@ -27,33 +27,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from gatherwise.modes import LABEL_OF_CODE, bucket_label, bucket_of
 from gatherwise.shm_format.liveness import Liveness, is_removable, liveness
 from gatherwise.shm_format.private_files import check_shm_dir_for_reading
-from gatherwise.sidecar.attached_engine import AttachedEngine, EngineInfo, PendingCall
-from gatherwise.sidecar.header_counters import EngineCounters, rank_counters
-from gatherwise.sidecar.hooks_off import HooksOffWatch
-from gatherwise.sidecar.record_histograms import RecordHistograms
-from gatherwise.sidecar.ring_reader import EngineFiles, RingFormatError, RingReader, discover_engines
-from gatherwise.sidecar.traces import CallTracer
+from gatherwise.sidecar.ingest.attached_engine import AttachedEngine, EngineInfo, PendingCall
+from gatherwise.sidecar.ingest.hooks_off import HooksOffWatch
+from gatherwise.sidecar.ingest.joined_call import JoinedCall
+from gatherwise.sidecar.ingest.ring_reader import EngineFiles, RingFormatError, RingReader, discover_engines
+from gatherwise.sidecar.metrics.header_counters import EngineCounters, rank_counters
+from gatherwise.sidecar.metrics.record_histograms import RecordHistograms
+from gatherwise.sidecar.traces.tracer import CallTracer
 
 log = logging.getLogger("gatherwise.sidecar.ingest")
 
 DEFAULT_MAX_RECORDS_PER_POLL = 16384  # sidecar.max_records_per_poll
-
-
-class JoinedCall(NamedTuple):
-    """A call every rank's record arrived for: what the policy learns from."""
-
-    engine: AttachedEngine
-    call_index: int
-    mode: int  # mode code
-    bucket: int
-    seconds: float  # critical path: last rank in to last rank holding its tokens
-    tag: int  # call kind (gatherwise.call_kind)
-    start_ns: int  # rank 0's start (its clock): the next call's start minus this one is the call's step
 
 
 @dataclass

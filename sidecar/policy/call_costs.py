@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from statistics import median
 
-from gatherwise.sidecar.ingest import JoinedCall
+from gatherwise.sidecar.ingest.joined_call import JoinedCall
 
 REST_CAP = 4.0  # a step's rest counts at most this many times the recent median rest
 REST_WINDOW = 64  # recent rests kept (every bucket and mode)

@@ -1,9 +1,9 @@
 """The name of every Prometheus family the sidecar exports, in one place (reference: docs/metrics.md).
 
-The dashboards, alerts and checks use exactly these. Which module builds each family: record histograms in
-gatherwise.sidecar.record_histograms, header counters and engine gauges in gatherwise.sidecar.header_counters,
-the hooks-off gauge in gatherwise.sidecar.hooks_off_gauge, the switch counter in gatherwise.sidecar.decision_events,
-the control gauges in gatherwise.sidecar.control_gauges; gatherwise.sidecar.metrics registers them all.
+The dashboards, alerts and checks use exactly these. Which module builds each family (under gatherwise.sidecar):
+record histograms in metrics.record_histograms, header counters and engine gauges in metrics.header_counters, the
+hooks-off gauge in metrics.hooks_off_gauge, the switch counter in control.decision_events, the control gauges in
+metrics.control_gauges; metrics.exposition renders them all.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from types import FrameType
 import uvicorn
 
 from gatherwise.config import ConfigError, GatherwiseConfig, load_config
-from gatherwise.sidecar.app import create_app
-from gatherwise.sidecar.header_timeout import header_timeout_protocol
+from gatherwise.sidecar.api.app import create_app
+from gatherwise.sidecar.api.header_timeout import header_timeout_protocol
 from gatherwise.sidecar.state import build_state
 
 TICKS_PER_SECOND = 10  # uvicorn.Server.on_tick's counter unit: it expects to run every 0.1 s

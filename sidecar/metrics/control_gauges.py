@@ -2,7 +2,7 @@
 
 Why at scrape time: setting prometheus_client Gauges for every bucket x mode at every policy step cost the
 sidecar several % of a core next to an idle engine, for values read once per scrape. The view comes from the
-control API (gatherwise.sidecar.control_api.ControlApi.control_view); its modes are the policy's (every
+control API (gatherwise.sidecar.control.control_api.ControlApi.control_view); its modes are the policy's (every
 implemented mode).
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gatherwise.sidecar.metric_names import ACTIVE_MODE, POLICY_ESTIMATE_SECONDS
+from gatherwise.sidecar.metrics.names import ACTIVE_MODE, POLICY_ESTIMATE_SECONDS
 
 
 @dataclass

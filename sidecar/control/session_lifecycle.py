@@ -3,8 +3,8 @@ replaced, when its control block becomes unusable, or when the sidecar that held
 read-only session is reopened as the owner).
 
 Opening a session: the control block is opened and its lock tried before the first read (the owner repairs what
-a dead owner left), the decision state is recovered (gatherwise.sidecar.session_store), and the policy's table is
-written when it differs from the last command. An engine whose block is unusable is remembered (by engine id)
+a dead owner left), the decision state is recovered (gatherwise.sidecar.control.session_store), and the policy's
+table is written when it differs from the last command. An engine whose block is unusable is remembered (by engine id)
 and never tried again: one warning, not one per poll.
 """
 
@@ -16,17 +16,17 @@ from pathlib import Path
 
 from gatherwise.config import GatherwiseConfig, PolicyParams
 from gatherwise.shm_format.control import CONTROL_NAME, ControlFormatError, sidecar_state_path
-from gatherwise.sidecar.attached_engine import AttachedEngine
-from gatherwise.sidecar.control_block_client import AreaMidWriteError, ControlClient
-from gatherwise.sidecar.control_session import ControlSession, readable_table
-from gatherwise.sidecar.decision_events import DecisionEvents
-from gatherwise.sidecar.decision_publisher import DecisionPublisher
-from gatherwise.sidecar.session_store import SessionStore
+from gatherwise.sidecar.control.block_client import AreaMidWriteError, ControlClient
+from gatherwise.sidecar.control.decision_events import DecisionEvents
+from gatherwise.sidecar.control.decision_publisher import DecisionPublisher
+from gatherwise.sidecar.control.session import ControlSession, readable_table
+from gatherwise.sidecar.control.session_store import SessionStore
+from gatherwise.sidecar.ingest.attached_engine import AttachedEngine
 
 log = logging.getLogger("gatherwise.sidecar.control")
 
 
-class ControlSessions:
+class SessionLifecycle:
     def __init__(self, config: GatherwiseConfig, events: DecisionEvents, store: SessionStore,
                  publisher: DecisionPublisher) -> None:
         self.config, self.events, self.store, self.publisher = config, events, store, publisher

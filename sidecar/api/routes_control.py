@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
+from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -21,9 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gatherwise.modes import parse_buckets
 from gatherwise.shm_format.control import ControlFormatError, seq_reached
-from gatherwise.sidecar.control_api import ControlApi, NotAttached, PolicyView
-from gatherwise.sidecar.control_block_client import ControlSnapshot, InvalidTableWordError
-from gatherwise.sidecar.control_models import (
+from gatherwise.sidecar.api.control_models import (
     DecisionsResponse,
     ErrorResponse,
     LearnedTable,
@@ -34,8 +33,11 @@ from gatherwise.sidecar.control_models import (
     SetModeResult,
     StatsResponse,
 )
-from gatherwise.sidecar.state import StateDep
-from gatherwise.sidecar.strict_json import StrictJSONRoute
+from gatherwise.sidecar.api.deps import StateDep
+from gatherwise.sidecar.api.strict_json import StrictJSONRoute
+from gatherwise.sidecar.control.block_client import ControlSnapshot, InvalidTableWordError
+from gatherwise.sidecar.control.control_api import ControlApi, NotAttached, PolicyView
+from gatherwise.sidecar.policy.mode_policy import DECISION_LOG
 from gatherwise.validation_errors import request_error_details
 
 router = APIRouter(tags=["control"], route_class=StrictJSONRoute)  # a repeated JSON key is a 422
@@ -117,12 +119,12 @@ async def put_mode(body: SetModeRequest, ctl: ControlApiDep,
 
 @router.get("/stats", response_model=StatsResponse, summary="Per bucket x mode critical-path estimates")
 def get_stats(ctl: ControlApiDep) -> StatsResponse:
-    return ctl.stats()
+    return StatsResponse.model_validate(asdict(ctl.stats()))
 
 
 @router.get("/decisions", response_model=DecisionsResponse, summary="Recent decisions with their evidence")
 def get_decisions(ctl: ControlApiDep,
-                  limit: Annotated[int, Query(ge=1, le=256, description="newest N decisions")] = 50
+                  limit: Annotated[int, Query(ge=1, le=DECISION_LOG, description="newest N decisions")] = 50
                   ) -> DecisionsResponse:
     engine, recent = ctl.decisions(limit)
     return DecisionsResponse(engine=engine, decisions=recent)

@@ -57,8 +57,8 @@ from pydantic.dataclasses import dataclass as validated_dataclass
 from gatherwise.call_kind import KINDS, kind_label, split_tag
 from gatherwise.config import ModeOrAuto, PolicyParams
 from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, ModeTable, bucket_label
-from gatherwise.sidecar.estimates import Estimate, KindMix, WindowEstimates
-from gatherwise.sidecar.paired_evidence import Evidence, Pair, combine_kind, combine_mix, decisive, pair_stats
+from gatherwise.sidecar.policy.estimates import Estimate, KindMix, WindowEstimates
+from gatherwise.sidecar.policy.paired_evidence import Evidence, Pair, combine_kind, combine_mix, decisive, pair_stats
 
 DECISION_LOG = 256
 PAIRS_KEPT = 64  # paired ratios kept per bucket

@@ -25,10 +25,13 @@ import httpx
 
 from gatherwise.dashboards.local_stack import LocalStack, start_local_stack
 from gatherwise.modes import IMPLEMENTED_LABELS
-from gatherwise.sidecar.policy import DECISION_LOG
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "config" / "demo.yaml"
+
+# The newest decisions the view looks through for switches: the largest `limit` GET /v1/decisions accepts
+# (docs/api.md; the sidecar keeps that many). The demo is a client of the HTTP API, never of the sidecar's modules.
+DECISIONS_LIMIT = 256
 
 
 def start_stack(args: argparse.Namespace, token: str, work_dir: Path) -> LocalStack:
@@ -70,7 +73,7 @@ def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None)
     m = mode.json()
     stats = {(s["bucket"], s["mode"]): s for s in api.get("/v1/stats").json()["stats"]}
     # the whole log: probes outnumber switches, and the default newest 50 can hold probes only
-    history = api.get("/v1/decisions", params={"limit": DECISION_LOG}).json()["decisions"]
+    history = api.get("/v1/decisions", params={"limit": DECISIONS_LIMIT}).json()["decisions"]
     decisions = [d for d in history if d["reason"] != "probe"][-6:]  # probes flip back within a second
     probes = sum(d["reason"] == "probe" for d in history)
     lines.append(f"engine {m['engine']}  tp={engine['tp_size']}  vocab={engine['vocab']} {engine['dtype']}  "
@@ -90,7 +93,7 @@ def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None)
         moved = ", ".join(f"{b}:{d['previous'].get(b, '?')}→{d['mode']}" for b in d["buckets"])
         lines.append(f"  {when}  {d['reason']:<7} {moved or d['mode']}")
     if not decisions:
-        lines.append(f"  (none among the newest {DECISION_LOG} decisions: a switch needs evidence from two probes)")
+        lines.append(f"  (none among the newest {DECISIONS_LIMIT} decisions: a switch needs evidence from two probes)")
     url = stack.sidecar_url
     lines += ["", f"sidecar {url}   API docs {url}/docs   metrics {url}/metrics"]
     if stack.prometheus is not None:

@@ -1,7 +1,7 @@
 """The sidecar's registry and /metrics exposition: every family, each built with its data source.
 
 The sidecar owns its own CollectorRegistry (not prometheus_client's multiprocess mode: that has no exemplars).
-Family names: gatherwise.sidecar.metric_names (reference: docs/metrics.md). The record histograms are rendered
+Family names: gatherwise.sidecar.metrics.names (reference: docs/metrics.md). The record histograms are rendered
 by the exposition itself, ahead of the registry's families.
 """
 
@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from gatherwise.sidecar.record_histograms import RecordHistograms
+from gatherwise.sidecar.metrics.record_histograms import RecordHistograms
 
 
 class SidecarMetrics:

@@ -12,8 +12,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from gatherwise.sidecar.attached_engine import EngineInfo
-from gatherwise.sidecar.state import StateDep
+from gatherwise.sidecar.api.deps import StateDep
+from gatherwise.sidecar.ingest.attached_engine import EngineInfo
 
 router = APIRouter()
 

@@ -1,7 +1,7 @@
 """The control side of the attached engine: its control block, its policy and what has been written and saved.
 
-Its identity and telemetry are gatherwise.sidecar.attached_engine.AttachedEngine; gatherwise.sidecar.control_sessions
-opens and ends sessions.
+Its identity and telemetry are gatherwise.sidecar.ingest.attached_engine.AttachedEngine;
+gatherwise.sidecar.control.session_lifecycle opens and ends sessions.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gatherwise.modes import ModeTable
-from gatherwise.sidecar.attached_engine import AttachedEngine
-from gatherwise.sidecar.call_costs import CallCosts
-from gatherwise.sidecar.control_block_client import ControlClient, InvalidTableWordError
-from gatherwise.sidecar.policy import ModePolicy
+from gatherwise.sidecar.control.block_client import ControlClient, InvalidTableWordError
+from gatherwise.sidecar.ingest.attached_engine import AttachedEngine
+from gatherwise.sidecar.policy.call_costs import CallCosts
+from gatherwise.sidecar.policy.mode_policy import ModePolicy
 
 
 @dataclass
@@ -21,7 +21,7 @@ class ControlSession:
     engine: AttachedEngine
     client: ControlClient
     policy: ModePolicy
-    state_path: str  # the saved decision state (gatherwise.sidecar.policy_state)
+    state_path: str  # the saved decision state (gatherwise.sidecar.policy.saved_state)
     requested: ModeTable | None  # table last written (or found) in the command area
     last_call_index: int = -1  # newest call fed to the policy (ring records re-read after a restart are skipped)
     switch_counts: dict[str, int] = field(default_factory=dict)  # "from|to|reason" -> n, survives restarts

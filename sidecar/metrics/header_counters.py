@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from gatherwise.modes import IMPLEMENTED, Mode
 from gatherwise.shm_format.ring import MODE_OPS, RingHeader
-from gatherwise.sidecar.metric_names import (
+from gatherwise.sidecar.metrics.names import (
     CALLS,
     COLLECTIVE_BYTES,
     ENGINE_HEARTBEAT_AGE_SECONDS,
@@ -85,7 +85,7 @@ class HeaderCountersCollector(Collector):
     """Yields the `*_total` counters and engine gauges from the latest header snapshot."""
 
     def __init__(self, snapshot: Callable[[], EngineCounters | None]) -> None:
-        """`snapshot`: the attached engine's counters now (gatherwise.sidecar.ingest.Ingest.counters)."""
+        """`snapshot`: the attached engine's counters now (gatherwise.sidecar.ingest.poll.Ingest.counters)."""
         self.snapshot = snapshot
 
     def collect(self) -> Iterable[Metric]:

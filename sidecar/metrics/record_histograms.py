@@ -1,7 +1,7 @@
 """The histograms fed from ring records: per-op, sampling, per-rank path, critical path and skew.
 
-Ingest (gatherwise.sidecar.ingest) observes into them; /metrics renders them itself
-(gatherwise.sidecar.histograms.HistogramFamily.render), not through the registry.
+Ingest (gatherwise.sidecar.ingest.poll) observes into them; /metrics renders them itself
+(gatherwise.sidecar.metrics.histogram_family.HistogramFamily.render), not through the registry.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import MODE_OPS
-from gatherwise.sidecar.histograms import HistogramFamily, Series
-from gatherwise.sidecar.metric_names import (
+from gatherwise.sidecar.metrics.histogram_family import HistogramFamily, Series
+from gatherwise.sidecar.metrics.names import (
     COLLECTIVE_SECONDS,
     LOGITS_PATH_SECONDS,
     RANK_SKEW_SECONDS,

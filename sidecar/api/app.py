@@ -1,7 +1,7 @@
 """The sidecar's FastAPI app: metrics, health, engine info and the /v1 control routes.
 
-create_app() starts the sidecar's loop (gatherwise.sidecar.schedule) with the app's lifespan and stops it on shutdown.
-OpenAPI at /docs.
+create_app() starts the sidecar's loop (gatherwise.sidecar.control.schedule) with the app's lifespan and stops it
+on shutdown. OpenAPI at /docs.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
 from gatherwise import HOOKS_VERSION
-from gatherwise.sidecar import routes_control, routes_status
-from gatherwise.sidecar.body_limit import BodySizeLimit
+from gatherwise.sidecar.api import routes_control, routes_status
+from gatherwise.sidecar.api.body_limit import BodySizeLimit
 from gatherwise.sidecar.state import SidecarState
 
 # Routers and their prefixes

@@ -1,5 +1,5 @@
 """What the /v1 routes and the control gauges ask of the sidecar: each public method runs on the sidecar's loop
-thread (gatherwise.sidecar.loop.on_loop) and returns values copied there (PolicyView, StatsResponse, decisions),
+thread (gatherwise.sidecar.control.loop.on_loop) and returns values copied there (PolicyView, PolicyStats, decisions),
 so the policy has one thread and no lock.
 
 What the engine runs is read from the control block (status area), never assumed.
@@ -16,16 +16,15 @@ from typing import Any
 from gatherwise.config import PolicyParams
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
 from gatherwise.shm_format.control import ControlFormatError
-from gatherwise.sidecar.control_block_client import AreaMidWriteError, ControlSnapshot, InvalidTableWordError
-from gatherwise.sidecar.control_gauges import ControlView
-from gatherwise.sidecar.control_models import BucketModeStats, StatsResponse
-from gatherwise.sidecar.control_session import ControlSession
-from gatherwise.sidecar.control_sessions import ControlSessions
-from gatherwise.sidecar.decision_publisher import DecisionPublisher
-from gatherwise.sidecar.estimates import Estimate
-from gatherwise.sidecar.loop import Loop, on_loop
-from gatherwise.sidecar.policy import Decision, ModePolicy
-from gatherwise.sidecar.session_store import SessionStore
+from gatherwise.sidecar.control.block_client import AreaMidWriteError, ControlSnapshot, InvalidTableWordError
+from gatherwise.sidecar.control.decision_publisher import DecisionPublisher
+from gatherwise.sidecar.control.loop import Loop, on_loop
+from gatherwise.sidecar.control.session import ControlSession
+from gatherwise.sidecar.control.session_lifecycle import SessionLifecycle
+from gatherwise.sidecar.control.session_store import SessionStore
+from gatherwise.sidecar.metrics.control_gauges import ControlView
+from gatherwise.sidecar.policy.estimates import Estimate
+from gatherwise.sidecar.policy.mode_policy import Decision, ModePolicy
 
 log = logging.getLogger("gatherwise.sidecar.control")
 # Distinct unreadable table words warned about (a block written over and over must not flood the log).
@@ -51,13 +50,38 @@ class PolicyView:
     read_only: bool = False  # another sidecar controls the engine
 
 
+@dataclass(frozen=True)
+class BucketModeEstimate:
+    """The policy's estimate of one bucket x mode (GET /v1/stats: gatherwise.sidecar.api.control_models)."""
+
+    bucket: str
+    mode: str
+    samples: int
+    mean_seconds: float
+    p50_seconds: float
+    p90_seconds: float
+    age_seconds: float
+
+
+@dataclass(frozen=True)
+class PolicyStats:
+    """What the attached engine's policy has seen and estimated, copied on the loop thread."""
+
+    engine: str | None
+    stats: list[BucketModeEstimate]
+    calls_observed: int
+    probe_calls: int
+    probe_share: float
+    probe_cost_share: float = 0.0
+
+
 def api_token(configured: str | None, env: Mapping[str, str]) -> str | None:
     """The bearer token mutations need (sidecar.api_token, else GATHERWISE_API_TOKEN); None: mutations refused."""
     return configured or env.get("GATHERWISE_API_TOKEN") or None
 
 
 class ControlApi:
-    def __init__(self, sessions: ControlSessions, publisher: DecisionPublisher, store: SessionStore, loop: Loop, *,
+    def __init__(self, sessions: SessionLifecycle, publisher: DecisionPublisher, store: SessionStore, loop: Loop, *,
                  api_token: str | None, shm_dir: str) -> None:
         self.sessions, self.publisher, self.store, self.loop = sessions, publisher, store, loop
         self.api_token, self.shm_dir = api_token, shm_dir
@@ -143,15 +167,15 @@ class ControlApi:
         return (None, []) if session is None else (session.engine.label, list(session.policy.decisions)[-limit:])
 
     @on_loop
-    def stats(self) -> StatsResponse:
+    def stats(self) -> PolicyStats:
         session = self.sessions.current
         if session is None:
-            return StatsResponse(engine=None, stats=[], calls_observed=0, probe_calls=0, probe_share=0.0)
+            return PolicyStats(engine=None, stats=[], calls_observed=0, probe_calls=0, probe_share=0.0)
         p = session.policy
-        stats = [BucketModeStats(bucket=bucket_label(b), mode=m.label, samples=e.samples, mean_seconds=e.mean,
+        stats = [BucketModeEstimate(bucket=bucket_label(b), mode=m.label, samples=e.samples, mean_seconds=e.mean,
                                  p50_seconds=e.p50, p90_seconds=e.p90, age_seconds=e.age_seconds)
                  for b, m, e in _estimates(p)]
-        return StatsResponse(engine=session.engine.label, stats=stats, calls_observed=p.calls_total,
+        return PolicyStats(engine=session.engine.label, stats=stats, calls_observed=p.calls_total,
                              probe_calls=p.probe_calls_used, probe_share=p.probe_share,
                              probe_cost_share=p.probe_cost_share)
 
