@@ -12,6 +12,7 @@ from gatherwise.config import GatherwiseConfig
 from gatherwise.sidecar.control.control_api import ControlApi, api_token
 from gatherwise.sidecar.control.decision_events import DecisionEvents
 from gatherwise.sidecar.control.decision_publisher import DecisionPublisher
+from gatherwise.sidecar.control.loop import Loop
 from gatherwise.sidecar.control.schedule import SidecarSchedule
 from gatherwise.sidecar.control.session_lifecycle import SessionLifecycle
 from gatherwise.sidecar.control.session_store import SessionStore
@@ -34,6 +35,11 @@ class SidecarState:
     control: ControlApi
     tracer: CallTracer | None = None
     started_at: float = field(default_factory=time.time)
+
+    @property
+    def loop(self) -> Loop:
+        """The thread every read and write of the sidecar's moving state runs on (gatherwise.sidecar.control.loop)."""
+        return self.schedule.loop
 
 
 def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = None,

@@ -9,8 +9,9 @@ from fastapi import Depends, Request
 from gatherwise.sidecar.state import SidecarState
 
 
-def get_state(request: Request) -> SidecarState:
-    """FastAPI dependency: the state create_app() was given."""
+async def get_state(request: Request) -> SidecarState:
+    """FastAPI dependency: the state create_app() was given (a coroutine: a sync dependency would take a pool
+    thread per request)."""
     state: SidecarState = request.app.state.gatherwise
     return state
 

@@ -5,13 +5,15 @@ default: with no token configured, every mutation answers 403 saying how to set 
 and changes nothing: bodies are validated completely before any state is touched. Its 422 responses can always
 be serialized (`validation_error`): FastAPI's default echoes the offending input back, and an input like
 NaN (which Python's json accepts in a request body) then fails to encode and turns a 422 into a 500.
+
+Every handler is a coroutine that awaits the control API (each call runs on the sidecar's loop thread:
+gatherwise.sidecar.control.loop), so a request never blocks the event loop nor holds a pool thread, however long
+it waits: `PUT /v1/mode?wait=600` is a watch the loop thread answers when the switch lands or the wait expires.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import time
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -47,17 +49,16 @@ ResponsesDoc = dict[int | str, dict[str, Any]]  # the `responses` of a route (Fa
 NO_ENGINE: ResponsesDoc = {409: {"model": ErrorResponse, "description": "no engine with a control block is attached"}}
 AUTH: ResponsesDoc = {401: {"model": ErrorResponse, "description": "missing or wrong bearer token"},
         403: {"model": ErrorResponse, "description": "no API token configured: mutations are disabled"}}
-WAIT_STEP_S = 0.002
 
 
-def control_api(state: StateDep) -> ControlApi:
+async def control_api(state: StateDep) -> ControlApi:
     return state.control
 
 
 ControlApiDep = Annotated[ControlApi, Depends(control_api)]
 
 
-def require_token(ctl: ControlApiDep,
+async def require_token(ctl: ControlApiDep,
                   creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
     token = ctl.api_token
     if token is None:
@@ -86,9 +87,9 @@ def mode_state(view: PolicyView, snap: ControlSnapshot) -> ModeState:
 
 
 @router.get("/mode", response_model=ModeState, responses=NO_ENGINE, summary="Active and requested mode table")
-def get_mode(ctl: ControlApiDep) -> ModeState:
+async def get_mode(ctl: ControlApiDep) -> ModeState:
     try:
-        return mode_state(*ctl.snapshot())
+        return mode_state(*await ctl.snapshot())
     except (NotAttached, ControlFormatError, InvalidTableWordError) as exc:
         raise conflict(exc) from None
 
@@ -101,13 +102,8 @@ async def put_mode(body: SetModeRequest, ctl: ControlApiDep,
                                                 description="seconds to wait until every rank switched")] = 5.0):
     buckets = parse_buckets(body.buckets)
     try:
-        seq, decision = ctl.set_mode(body.mode, buckets)
-        deadline = time.monotonic() + wait
-        while True:
-            view, snap = ctl.snapshot()
-            if seq_reached(snap.status.applied_seq, seq) or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(WAIT_STEP_S)
+        seq, decision = await ctl.set_mode(body.mode, buckets)
+        view, snap = await ctl.wait_applied(seq, wait)  # the loop thread answers: nothing here blocks or polls
         state = mode_state(view, snap)
     except (NotAttached, ControlFormatError, InvalidTableWordError) as exc:
         raise conflict(exc) from None
@@ -118,40 +114,40 @@ async def put_mode(body: SetModeRequest, ctl: ControlApiDep,
 
 
 @router.get("/stats", response_model=StatsResponse, summary="Per bucket x mode critical-path estimates")
-def get_stats(ctl: ControlApiDep) -> StatsResponse:
-    return StatsResponse.model_validate(asdict(ctl.stats()))
+async def get_stats(ctl: ControlApiDep) -> StatsResponse:
+    return StatsResponse.model_validate(asdict(await ctl.stats()))
 
 
 @router.get("/decisions", response_model=DecisionsResponse, summary="Recent decisions with their evidence")
-def get_decisions(ctl: ControlApiDep,
+async def get_decisions(ctl: ControlApiDep,
                   limit: Annotated[int, Query(ge=1, le=DECISION_LOG, description="newest N decisions")] = 50
                   ) -> DecisionsResponse:
-    engine, recent = ctl.decisions(limit)
+    engine, recent = await ctl.decisions(limit)
     return DecisionsResponse(engine=engine, decisions=recent)
 
 
 @router.get("/policy", response_model=PolicyResponse, summary="Auto policy parameters")
-def get_policy(ctl: ControlApiDep) -> PolicyResponse:
-    view = ctl.policy_view()
+async def get_policy(ctl: ControlApiDep) -> PolicyResponse:
+    view = await ctl.policy_view()
     return PolicyResponse(policy=view.policy, pinned=view.pinned, params=view.params)
 
 
 @router.put("/policy", response_model=PolicyResponse, dependencies=[Authorized],
             responses={409: {"model": ErrorResponse, "description": "another sidecar controls the engine"},
                        **AUTH}, summary="Change auto policy parameters (any subset)")
-def put_policy(body: PolicyUpdate, ctl: ControlApiDep) -> PolicyResponse:
+async def put_policy(body: PolicyUpdate, ctl: ControlApiDep) -> PolicyResponse:
     try:
-        ctl.set_params(body.model_dump(exclude_none=True))
+        await ctl.set_params(body.model_dump(exclude_none=True))
     except NotAttached as exc:
         raise conflict(exc) from None
-    return get_policy(ctl)
+    return await get_policy(ctl)
 
 
 @router.get("/policy/table", response_model=LearnedTable, responses=NO_ENGINE,
             summary="The learned table, in the table-file format (load it with policy.table_file)")
-def get_policy_table(ctl: ControlApiDep) -> LearnedTable:
+async def get_policy_table(ctl: ControlApiDep) -> LearnedTable:
     try:
-        table, meta = ctl.learned_table()
+        table, meta = await ctl.learned_table()
     except NotAttached as exc:
         raise conflict(exc) from None
     return LearnedTable(table=table.as_labels(), **meta)

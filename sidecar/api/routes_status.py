@@ -3,7 +3,9 @@ heartbeat is fresh and its control block, if it has one, is attached), GET /v1/e
 what the sidecar has ingested from it) and GET /metrics (OpenMetrics with exemplars when the Accept header asks
 for it, classic text otherwise).
 
-/metrics is a route, not a Starlette Mount: a Mount answers /metrics with a 307 to /metrics/.
+/metrics is a route, not a Starlette Mount: a Mount answers /metrics with a 307 to /metrics/. Every handler is a
+coroutine; what reads the sidecar's state runs on its loop thread (gatherwise.sidecar.control.loop: the one
+threading rule), the whole exposition of a scrape included.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pydantic import BaseModel
 
 from gatherwise.sidecar.api.deps import StateDep
 from gatherwise.sidecar.ingest.attached_engine import EngineInfo
+from gatherwise.sidecar.state import SidecarState
 
 router = APIRouter()
 
@@ -30,12 +33,17 @@ class Readiness(BaseModel):
 
 
 @router.get("/healthz", response_model=Health, tags=["health"])
-def healthz() -> Health:
+async def healthz() -> Health:
     return Health(status="ok")
 
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}}, tags=["health"])
-def readyz(state: StateDep):
+async def readyz(state: StateDep) -> Readiness | JSONResponse:
+    return await state.loop.run(lambda: readiness(state))
+
+
+def readiness(state: SidecarState) -> Readiness | JSONResponse:
+    """/readyz's answer (on the loop thread)."""
     info = state.ingest.info()
     if not info.attached:
         reason = f"no engine found in {info.shm_dir}"
@@ -55,13 +63,14 @@ def readyz(state: StateDep):
 
 
 @router.get("/v1/engine", response_model=EngineInfo, tags=["engine"])
-def engine_info(state: StateDep) -> EngineInfo:
-    return state.ingest.info()
+async def engine_info(state: StateDep) -> EngineInfo:
+    return await state.loop.run(state.ingest.info)
 
 
 @router.get("/metrics", response_class=Response, tags=["metrics"],
             responses={200: {"content": {"text/plain": {}, "application/openmetrics-text": {}}}})
-def metrics(request: Request, state: StateDep) -> Response:
+async def metrics(request: Request, state: StateDep) -> Response:
     """Prometheus exposition of every gatherwise family (docs/metrics.md)."""
-    body, content_type = state.metrics.exposition(request.headers.get("accept"))
+    accept = request.headers.get("accept")
+    body, content_type = await state.loop.run(lambda: state.metrics.exposition(accept))
     return Response(content=body, media_type=content_type)

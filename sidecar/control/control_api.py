@@ -1,12 +1,14 @@
-"""What the /v1 routes and the control gauges ask of the sidecar: each public method runs on the sidecar's loop
-thread (gatherwise.sidecar.control.loop.on_loop) and returns values copied there (PolicyView, PolicyStats, decisions),
-so the policy has one thread and no lock.
+"""What the /v1 routes and the control gauges ask of the sidecar. Each public method runs on the sidecar's loop
+thread (gatherwise.sidecar.control.loop: the one threading rule) and returns values copied there (PolicyView,
+PolicyStats, decisions), so the policy has one thread and no lock: the routes await them (`on_loop`), the
+control gauges' `control_view` runs inside the exposition, which the /metrics route hands to the loop thread.
 
 What the engine runs is read from the control block (status area), never assumed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -15,7 +17,7 @@ from typing import Any
 
 from gatherwise.config import PolicyParams
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
-from gatherwise.shm_format.control import ControlFormatError
+from gatherwise.shm_format.control import ControlFormatError, seq_reached
 from gatherwise.sidecar.control.block_client import AreaMidWriteError, ControlSnapshot, InvalidTableWordError
 from gatherwise.sidecar.control.decision_publisher import DecisionPublisher
 from gatherwise.sidecar.control.loop import Loop, on_loop
@@ -114,6 +116,9 @@ class ControlApi:
 
     @on_loop
     def policy_view(self) -> PolicyView:
+        return self._policy_view()
+
+    def _policy_view(self) -> PolicyView:
         session = self.sessions.current
         if session is None:
             return PolicyView(None, None, {}, self.sessions.params)
@@ -125,6 +130,17 @@ class ControlApi:
     def snapshot(self) -> tuple[PolicyView, ControlSnapshot]:
         """The policy and what the control block says now; NotAttached or ControlFormatError (then control of
         that engine ends: its block was overwritten or truncated)."""
+        return self._snapshot()
+
+    async def wait_applied(self, seq: int, wait: float) -> tuple[PolicyView, ControlSnapshot]:
+        """`snapshot()` once rank 0 has applied command `seq`, or after `wait` seconds if it has not by then. The
+        loop thread answers (a watch: one block read serves every waiting request), so a waiting request holds
+        neither the event loop nor a thread."""
+        future = self.loop.wait_until(self._snapshot, lambda found: seq_reached(found[1].status.applied_seq, seq),
+                                      time.monotonic() + wait)
+        return await asyncio.wrap_future(future)
+
+    def _snapshot(self) -> tuple[PolicyView, ControlSnapshot]:
         session = self._require()
         try:
             snap = session.client.snapshot()
@@ -133,7 +149,7 @@ class ControlApi:
         except ControlFormatError as exc:
             self.sessions.give_up(session, exc)
             raise
-        return self.policy_view(), snap
+        return self._policy_view(), snap
 
     @on_loop
     def set_mode(self, mode: str, buckets: list[int] | None) -> tuple[int, Decision]:
@@ -179,9 +195,9 @@ class ControlApi:
                              probe_calls=p.probe_calls_used, probe_share=p.probe_share,
                              probe_cost_share=p.probe_cost_share)
 
-    @on_loop
     def control_view(self) -> ControlView | None:
-        """What the control gauges show at a scrape: the active table (read now) and the policy's estimates."""
+        """What the control gauges show at a scrape: the active table (read now) and the policy's estimates. On
+        the loop thread: the exposition that collects it runs there."""
         session = self.sessions.current
         if session is None:
             return None

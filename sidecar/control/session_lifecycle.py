@@ -49,8 +49,7 @@ class SessionLifecycle:
 
     def attaching(self, eng: AttachedEngine) -> bool:
         """`eng` has a control block this sidecar has not opened (nor given up on) yet: /readyz waits for it, so
-        that a command sent once the sidecar is ready finds the engine. (Read from the API threads: one
-        reference and one set lookup.)"""
+        that a command sent once the sidecar is ready finds the engine."""
         current = self.current
         if (current is not None and current.engine is eng) or eng.engine_id in self._unusable:
             return False

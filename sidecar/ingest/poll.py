@@ -305,7 +305,7 @@ class Ingest:
         return AttachedEngine(files.engine_id, files.dir.name, Path(files.dir), tp, h0.vocab, h0.dtype,
                               readers, now, headers, [0] * tp)
 
-    # -- views for the header collector and GET /v1/engine (other threads; read-only, no policy state) -------
+    # -- views for the header collector, /readyz and GET /v1/engine (handed to the loop thread; read-only) ---
     def newest_record_age_seconds(self, eng: AttachedEngine) -> float:
         """Seconds since the engine last finished a call (its newest record), or since attach if none yet: the
         engine heartbeat of /metrics, /readyz and /v1/engine. (GET /v1/mode's heartbeat is another one: since rank

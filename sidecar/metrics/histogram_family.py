@@ -1,10 +1,10 @@
-"""Lean histograms for the ingest loop: one writer thread, plain lists, exposition through a Collector.
+"""Lean histograms for the ingest loop: one thread, plain lists, text exposition written by hand.
 
 prometheus_client's Histogram.observe costs ~1 µs (a lock, a linear bucket scan, two value objects); a call
 at TP=2 makes ~9 observations, which capped the sidecar near 100k records/s. Here an observation is a bisect
-and two list updates. Only the sidecar's loop thread writes; a scrape reads the lists under the GIL. The `_count` and
-`+Inf` bucket are both derived from the same per-bucket counts at scrape time, so they always agree; `_sum`
-may be one observation ahead or behind, which Prometheus tolerates.
+and two list updates. Only the sidecar's loop thread touches them, scrapes included (the /metrics exposition
+runs there: gatherwise.sidecar.control.loop), so no lock is needed and a scrape never sees half an observation.
+The `_count` and `+Inf` bucket are both derived from the same per-bucket counts, so they always agree.
 
 Exposition (`render`) writes the text lines itself, from line prefixes cached per series: prometheus_client's
 encoders cost ~10 µs per sample, and a TP=8 engine with three modes has ~4 000 histogram samples, which made a
@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-from prometheus_client.core import HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
@@ -66,18 +64,6 @@ class HistogramFamily:
             del self._series[key]
             self._prefixes.pop(key, None)
 
-    def metric(self) -> HistogramMetricFamily:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for labels, s in list(self._series.items()):
-            counts, exemplars = list(s.counts), list(s.exemplars)
-            cumulative, buckets = 0, []
-            for le, count, exemplar in zip(self._les, counts, exemplars, strict=True):
-                cumulative += count
-                buckets.append((le, cumulative, exemplar) if exemplar is not None else (le, cumulative))
-            family.add_metric(list(labels), buckets, s.sum)
-        return family
-
-
     def _line_prefixes(self, labels: tuple[str, ...]) -> tuple[list[str], str, str]:
         found = self._prefixes.get(labels)
         if found is None:
@@ -114,11 +100,3 @@ def _escape(value: str) -> str:
 def _escape_help(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n")
 
-
-class HistogramsCollector(Collector):
-    def __init__(self, families: Iterable[HistogramFamily]) -> None:
-        self.families = list(families)
-
-    def collect(self) -> Iterable[Metric]:
-        for family in self.families:
-            yield family.metric()
