@@ -79,7 +79,7 @@ def test_an_event_loop_awaits_handed_work_without_blocking():
                     release.set()
                 await asyncio.sleep(0.01)
             with pytest.raises(KeyError):
-                await loop.run(lambda: {}["missing"])
+                await loop.run(lambda: dict[str, int]()["missing"])
             return await slow, ticks
 
         name, ticks = asyncio.run(main())
@@ -109,7 +109,8 @@ def test_a_watch_answers_when_its_condition_holds_or_its_deadline_passes():
         assert len(reads) < 51 * 3
         cancelled = loop.wait_until(read, lambda n: False, time.monotonic() + 600)
         assert cancelled.cancel()
-        failing = loop.wait_until(lambda: {}["missing"], lambda n: True, time.monotonic() + 600)
+        missing: dict[str, int] = {}
+        failing = loop.wait_until(lambda: missing["missing"], lambda n: True, time.monotonic() + 600)
         with pytest.raises(KeyError):
             failing.result(60)
         pending = loop.wait_until(read, lambda n: False, time.monotonic() + 600)

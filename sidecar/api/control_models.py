@@ -31,7 +31,8 @@ class ModeState(BaseModel):
     pinned: BucketTable = Field(description="buckets pinned by hand (the policy never changes them)")
     epoch: int = Field(description="increments each time rank 0 adopts a different table")
     call_index: int = Field(description="the logits call rank 0 started last (heartbeat)")
-    heartbeat_age_seconds: float | None = Field(description="seconds since that call started; null before the first")
+    call_started_age_seconds: float | None = Field(
+        description="seconds since rank 0 started that call (its control-block heartbeat); null before the first")
     requested_seq: int = Field(description="sequence number of the last command")
     applied_seq: int = Field(description="sequence number of the command rank 0 applied last")
     apply_call: int = Field(description="first call index that ran the active table on every rank")

@@ -81,7 +81,7 @@ def mode_state(view: PolicyView, snap: ControlSnapshot) -> ModeState:
     return ModeState(
         engine=view.engine, policy=view.policy, active=snap.active_table.as_labels(),
         requested=snap.requested_table.as_labels(), pinned=view.pinned, epoch=snap.status.epoch,
-        call_index=snap.heartbeat.call_index, heartbeat_age_seconds=snap.rank0_heartbeat_age_seconds(),
+        call_index=snap.heartbeat.call_index, call_started_age_seconds=snap.rank0_heartbeat_age_seconds(),
         requested_seq=snap.command.seq, applied_seq=snap.status.applied_seq, apply_call=snap.status.apply_call,
         pending=snap.pending, read_only=view.read_only)
 

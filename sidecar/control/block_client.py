@@ -65,7 +65,7 @@ class ControlSnapshot:
 
     def rank0_heartbeat_age_seconds(self, now_ns: int | None = None) -> float | None:
         """Seconds since rank 0 last started a call (None before its first call): GET /v1/mode's
-        heartbeat_age_seconds. Same clock on one host. (/readyz's is Ingest.newest_record_age_seconds.)"""
+        call_started_age_seconds. Same clock on one host. (/readyz's is Ingest.newest_record_age_seconds.)"""
         hb = self.heartbeat
         if hb.monotonic_ns == 0:
             return None
