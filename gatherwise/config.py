@@ -1,7 +1,7 @@
 """One configuration schema for engine hooks and sidecar (config/gatherwise.yaml documents every key).
 
 Each key's type, default and range are stated once, in its Field below; pydantic validates them, and the
-sidecar's API models derive from the same classes (sidecar/control_models.py), so a range cannot differ
+sidecar's API models derive from the same classes (sidecar/api/control_models.py), so a range cannot differ
 between the config file and the API. Loading validates everything: an unknown key, a wrong type or an
 out-of-range value raises ConfigError naming the file and the key. Environment variables
 GATHERWISE_<SECTION>_<KEY> override keys: the value of a string key is taken verbatim
@@ -114,9 +114,9 @@ class TracesSection(Schema):
     service_name: str = "gatherwise-sidecar"
 
 
-# The one declaration of the auto policy's parameters (sidecar/policy.py) and their ranges: config keys of the
-# policy section, GET /v1/policy's params, and (every field optional: sidecar.control_models.PolicyUpdate) the
-# body of PUT /v1/policy.
+# The one declaration of the auto policy's parameters (sidecar/policy/) and their ranges: config keys of the
+# policy section, GET /v1/policy's params, and (every field optional: sidecar/api/control_models.py PolicyUpdate)
+# the body of PUT /v1/policy.
 class PolicyParams(Schema):
     """The auto policy's parameters (config section `policy`; PUT /v1/policy takes any subset)."""
 

@@ -122,7 +122,7 @@ class Engine:
                 raise RuntimeError("engine did not start")
             time.sleep(0.2)
         time.sleep(0.5)
-        from gatherwise.sidecar.ring_reader import RingReader
+        from gatherwise.sidecar.ingest.ring_reader import RingReader
 
         self.engine_id = fresh[0].engine_id
         self.readers = [RingReader(p) for p in fresh[0].rings.values()]
@@ -158,7 +158,7 @@ class Engine:
 
 
 def _engines(shm: str):
-    from gatherwise.sidecar.ring_reader import discover_engines
+    from gatherwise.sidecar.ingest.ring_reader import discover_engines
 
     try:
         return discover_engines(shm)

@@ -46,9 +46,9 @@ def _fill(rec: RingRecorder, n: int) -> None:
 
 
 def _attach_once(shm: str, cap: int, out: mp.Queue) -> None:
-    from gatherwise.sidecar.hooks_off import HooksOffWatch
-    from gatherwise.sidecar.ingest import Ingest
-    from gatherwise.sidecar.record_histograms import RecordHistograms
+    from gatherwise.sidecar.ingest.hooks_off import HooksOffWatch
+    from gatherwise.sidecar.ingest.poll import Ingest
+    from gatherwise.sidecar.metrics.record_histograms import RecordHistograms
 
     ingest = Ingest(shm, RecordHistograms(), HooksOffWatch(shm, remove_dead=False), max_records_per_poll=cap,
                     remove_dead_dirs=False)
@@ -90,9 +90,9 @@ def _leftovers(shm: str, n: int, with_locks: bool) -> None:
 
 
 def discovery(root: str, n: int, repeats: int = 40) -> dict:
-    from gatherwise.sidecar.hooks_off import HooksOffWatch
-    from gatherwise.sidecar.ingest import Ingest
-    from gatherwise.sidecar.record_histograms import RecordHistograms
+    from gatherwise.sidecar.ingest.hooks_off import HooksOffWatch
+    from gatherwise.sidecar.ingest.poll import Ingest
+    from gatherwise.sidecar.metrics.record_histograms import RecordHistograms
 
     out = {}
     for name, with_locks in (("no_locks_kept", False), ("dead_removed", True)):

@@ -26,7 +26,7 @@ from typing import Any
 from gatherwise.bench.figures import pyplot, save
 from gatherwise.engine_hooks.call_marks import call_marks
 from gatherwise.engine_hooks.recorder import RingRecorder
-from gatherwise.sidecar.ring_reader import RingReader
+from gatherwise.sidecar.ingest.ring_reader import RingReader
 
 BATCHES = (64, 512, 4096, 0)  # 0: everything available in one read_new()
 TARGET = 200_000

@@ -23,10 +23,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gatherwise.engine_hooks.call_marks import call_marks
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.shm_format.ring import engine_dir, ring_path
-from gatherwise.sidecar.hooks_off import HooksOffWatch
-from gatherwise.sidecar.ingest import Ingest
-from gatherwise.sidecar.record_histograms import RecordHistograms
-from gatherwise.sidecar.traces import CallTracer, new_provider
+from gatherwise.sidecar.ingest.hooks_off import HooksOffWatch
+from gatherwise.sidecar.ingest.poll import Ingest
+from gatherwise.sidecar.metrics.record_histograms import RecordHistograms
+from gatherwise.sidecar.traces.tracer import CallTracer, new_provider
 
 TARGET = 200_000
 

@@ -55,11 +55,11 @@ class _Rings:
     """Every rank's records, read as they come."""
 
     def __init__(self, shm_dir: str) -> None:
-        from gatherwise.sidecar.ring_reader import RingReader, discover_engines
+        from gatherwise.sidecar.ingest.ring_reader import RingReader, discover_engines
 
         (engine,) = discover_engines(shm_dir)[:1]
         self.readers = {rank: RingReader(path) for rank, path in sorted(engine.rings.items())}
-        from gatherwise.sidecar.control_block_client import ControlClient
+        from gatherwise.sidecar.control.block_client import ControlClient
 
         if engine.control is None:
             raise RuntimeError(f"engine {engine.dir} has no control block (control disabled?)")

@@ -272,7 +272,7 @@ def check_event_timing(ctx: dict) -> dict:
     import torch
 
     from gatherwise.modes import IMPLEMENTED
-    from gatherwise.sidecar.ring_reader import RingReader
+    from gatherwise.sidecar.ingest.ring_reader import RingReader
 
     device, batch = ctx["device"], 64
     vocab, calls = (32000, 12) if ctx["cpu"] else (SAMPLER_VOCAB, 30)
@@ -546,15 +546,15 @@ def _compiled_writer() -> bool:
 def check_header_metrics(ctx: dict) -> dict:
     """A ring written through the CUDA timing path, exported by the sidecar's metrics module."""
     try:
-        from gatherwise.sidecar.header_counters import EngineCounters, HeaderCountersCollector, rank_counters
-        from gatherwise.sidecar.metrics import SidecarMetrics
-        from gatherwise.sidecar.record_histograms import RecordHistograms
+        from gatherwise.sidecar.metrics.exposition import SidecarMetrics
+        from gatherwise.sidecar.metrics.header_counters import EngineCounters, HeaderCountersCollector, rank_counters
+        from gatherwise.sidecar.metrics.record_histograms import RecordHistograms
     except ImportError as exc:
         raise Skip(f"sidecar metrics need {exc.name}") from None
     import torch
 
     from gatherwise.modes import IMPLEMENTED
-    from gatherwise.sidecar.ring_reader import RingReader
+    from gatherwise.sidecar.ingest.ring_reader import RingReader
 
     device, vocab, batch = ctx["device"], 32000, 4
     clock, recorder, ring = _recording(device, ctx["tmp"], "metrics", vocab, "bfloat16")

@@ -1,4 +1,5 @@
-"""The sidecar's composition root: every part built once, each given what it reads, and the routes' shared state."""
+"""The sidecar's composition root: every part built once, each given what it reads (the routes reach it through
+gatherwise.sidecar.api.deps)."""
 
 from __future__ import annotations
 
@@ -6,25 +7,23 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated
-
-from fastapi import Depends, Request
 
 from gatherwise.config import GatherwiseConfig
-from gatherwise.sidecar.control_api import ControlApi, api_token
-from gatherwise.sidecar.control_gauges import ControlGaugesCollector
-from gatherwise.sidecar.control_sessions import ControlSessions
-from gatherwise.sidecar.decision_events import DecisionEvents
-from gatherwise.sidecar.decision_publisher import DecisionPublisher
-from gatherwise.sidecar.header_counters import HeaderCountersCollector
-from gatherwise.sidecar.hooks_off import HooksOffWatch
-from gatherwise.sidecar.hooks_off_gauge import HooksOffCollector
-from gatherwise.sidecar.ingest import Ingest
-from gatherwise.sidecar.metrics import SidecarMetrics
-from gatherwise.sidecar.record_histograms import RecordHistograms
-from gatherwise.sidecar.schedule import SidecarSchedule
-from gatherwise.sidecar.session_store import SessionStore
-from gatherwise.sidecar.traces import CallTracer, build_tracer
+from gatherwise.sidecar.control.control_api import ControlApi, api_token
+from gatherwise.sidecar.control.decision_events import DecisionEvents
+from gatherwise.sidecar.control.decision_publisher import DecisionPublisher
+from gatherwise.sidecar.control.loop import Loop
+from gatherwise.sidecar.control.schedule import SidecarSchedule
+from gatherwise.sidecar.control.session_lifecycle import SessionLifecycle
+from gatherwise.sidecar.control.session_store import SessionStore
+from gatherwise.sidecar.ingest.hooks_off import HooksOffWatch
+from gatherwise.sidecar.ingest.poll import Ingest
+from gatherwise.sidecar.metrics.control_gauges import ControlGaugesCollector
+from gatherwise.sidecar.metrics.exposition import SidecarMetrics
+from gatherwise.sidecar.metrics.header_counters import HeaderCountersCollector
+from gatherwise.sidecar.metrics.hooks_off_gauge import HooksOffCollector
+from gatherwise.sidecar.metrics.record_histograms import RecordHistograms
+from gatherwise.sidecar.traces.tracer import CallTracer, build_tracer
 
 
 @dataclass
@@ -36,6 +35,11 @@ class SidecarState:
     control: ControlApi
     tracer: CallTracer | None = None
     started_at: float = field(default_factory=time.time)
+
+    @property
+    def loop(self) -> Loop:
+        """The thread every read and write of the sidecar's moving state runs on (gatherwise.sidecar.control.loop)."""
+        return self.schedule.loop
 
 
 def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = None,
@@ -52,7 +56,7 @@ def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = Non
     events = DecisionEvents(tracer)
     store = SessionStore(config.engine.initial_mode, auto=config.policy.mode == "auto")
     publisher = DecisionPublisher(events, store)
-    sessions = ControlSessions(config, events, store, publisher)
+    sessions = SessionLifecycle(config, events, store, publisher)
     schedule = SidecarSchedule(ingest, sessions, publisher, store, poll_interval=poll)
     control = ControlApi(sessions, publisher, store, schedule.loop, api_token=api_token(config.sidecar.api_token, env),
                          shm_dir=str(config.engine.shm_dir))
@@ -60,11 +64,3 @@ def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = Non
                                           HooksOffCollector(lambda: hooks_off.notices), events.mode_switches,
                                           ControlGaugesCollector(control.control_view)])
     return SidecarState(config, metrics, ingest, schedule, control, tracer)
-
-
-def get_state(request: Request) -> SidecarState:
-    """FastAPI dependency: the state create_app() was given."""
-    return request.app.state.gatherwise
-
-
-StateDep = Annotated[SidecarState, Depends(get_state)]

@@ -185,7 +185,7 @@ def read_rings(shm_dir: str, settle_s: float = 20.0) -> dict[str, RankRing]:
     """Every rank's ring records of the one engine in `shm_dir`: {rank: {"missed": n, "calls": [[call_index,
     mode, rows, collective_ns], ...]}}. The reply comes from rank 0; the other ranks may still be writing the
     record of the last call, so read until every ring reached the same last call (or settle_s passed)."""
-    from gatherwise.sidecar.ring_reader import RingReader, discover_engines
+    from gatherwise.sidecar.ingest.ring_reader import RingReader, discover_engines
 
     engines = discover_engines(shm_dir)
     if not engines:

@@ -217,8 +217,8 @@ def test_crossovers_skip_ties_and_interpolate_log_log():
 
 def test_bench_table_file_round_trips_through_the_auto_policy(tmp_path):
     """bench table file -> policy.table_file load -> ModePolicy starts from it -> exported -> loads back equal."""
-    from gatherwise.sidecar.control_models import LearnedTable
-    from gatherwise.sidecar.policy import ModePolicy, PolicyParams
+    from gatherwise.sidecar.api.control_models import LearnedTable
+    from gatherwise.sidecar.policy.mode_policy import ModePolicy, PolicyParams
 
     measured = ModeTable.uniform(Mode.GATHER).with_buckets(Mode.ALL_GATHER, [0, 1])
     path = save_table_file(tmp_path / "table_tp2_v32000_float32.yaml", measured,

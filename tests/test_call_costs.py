@@ -6,8 +6,8 @@ from typing import Any, cast
 
 from pytest import approx
 
-from gatherwise.sidecar.call_costs import MIN_RESTS, REST_CAP, CallCosts
-from gatherwise.sidecar.ingest import JoinedCall
+from gatherwise.sidecar.ingest.joined_call import JoinedCall
+from gatherwise.sidecar.policy.call_costs import MIN_RESTS, REST_CAP, CallCosts
 
 ENGINE, OTHER = cast(Any, object()), cast(Any, object())
 

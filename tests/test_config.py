@@ -111,7 +111,7 @@ def test_replace_validates_like_loading():
 def test_policy_parameters_are_declared_once_and_the_api_derives_from_them():
     """Config keys, GET /v1/policy's params and PUT /v1/policy's body: one declaration, same ranges."""
     from gatherwise.config import PolicyParams, PolicySection
-    from gatherwise.sidecar.control_models import PolicyResponse, PolicyUpdate
+    from gatherwise.sidecar.api.control_models import PolicyResponse, PolicyUpdate
 
     assert PolicyResponse.model_fields["params"].annotation is PolicyParams and issubclass(PolicySection, PolicyParams)
     assert GatherwiseConfig().policy.params == PolicyParams()

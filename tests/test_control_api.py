@@ -12,7 +12,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 
 from gatherwise.modes import IMPLEMENTED, Mode
-from gatherwise.sidecar.mode_cli import main as mode_cli
+from gatherwise.sidecar.api.mode_cli import main as mode_cli
 from tests._control_engine import BackgroundEngine, LoopSpec
 from tests._sidecar import start_sidecar, wait_for
 
@@ -50,7 +50,7 @@ def live(tmp_path_factory):
 
 def control_state(url: str) -> dict:
     mode = httpx.get(f"{url}/v1/mode").json()
-    for volatile in ("call_index", "heartbeat_age_seconds"):
+    for volatile in ("call_index", "call_started_age_seconds"):
         mode.pop(volatile)
     policy = httpx.get(f"{url}/v1/policy").json()
     decisions = httpx.get(f"{url}/v1/decisions", params={"limit": 256}).json()["decisions"]

@@ -12,7 +12,7 @@ from gatherwise.engine_hooks.control_block import ControlBlockSource
 from gatherwise.engine_hooks.table_source import AppliedStatus
 from gatherwise.modes import Mode, ModeTable
 from gatherwise.shm_format import control as fmt
-from gatherwise.sidecar.control_block_client import ControlClient, ControlFormatError
+from gatherwise.sidecar.control.block_client import ControlClient, ControlFormatError
 
 GATHER = ModeTable.uniform(Mode.GATHER)
 ALL_GATHER = ModeTable.uniform(Mode.ALL_GATHER)

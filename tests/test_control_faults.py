@@ -13,7 +13,7 @@ import yaml
 from gatherwise.modes import Mode
 from gatherwise.shm_format.control import BLOCK_SIZE, control_path
 from gatherwise.shm_format.ring import ring_path
-from gatherwise.sidecar.ring_reader import RingReader
+from gatherwise.sidecar.ingest.ring_reader import RingReader
 from tests._control_engine import BackgroundEngine, LoopSpec
 from tests._sidecar import scrape, start_sidecar, total, wait_for
 

@@ -170,7 +170,7 @@ def test_replayed_calls_are_timed_around_the_replay_and_nothing_is_timed_inside_
     from gatherwise.engine_hooks.graphs import CAPTURABLE, ModeGraphs
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
     from gatherwise.modes import Mode, ModeTable
-    from gatherwise.sidecar.ring_reader import RingReader
+    from gatherwise.sidecar.ingest.ring_reader import RingReader
     from tests._fake_cuda import event_clock_path
 
     timed = event_clock_path(tmp_path / "rank-0", VOCAB, ModeTable.uniform(Mode.GATHER))

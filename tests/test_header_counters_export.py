@@ -14,7 +14,7 @@ from gatherwise.engine_hooks.call_marks import call_marks
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
-from gatherwise.sidecar.ring_reader import RingReader
+from gatherwise.sidecar.ingest.ring_reader import RingReader
 from tests._sidecar import scrape, start_sidecar, total, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

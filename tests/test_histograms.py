@@ -1,15 +1,43 @@
-"""gatherwise.sidecar.histograms agrees with prometheus_client's Histogram, sample for sample, exemplars included."""
+"""gatherwise.sidecar.metrics.histogram_family agrees with prometheus_client's Histogram, sample for sample,
+exemplars included.
+
+Its series are handed to prometheus_client's own encoders through the collector below (the sidecar itself renders
+them with HistogramFamily.render): what they encode is checked against a reference Histogram, and render against
+what they encode."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from gatherwise.sidecar.histograms import HistogramFamily, HistogramsCollector
-from gatherwise.sidecar.record_histograms import BUCKETS
+from gatherwise.sidecar.metrics.histogram_family import HistogramFamily
+from gatherwise.sidecar.metrics.record_histograms import BUCKETS
+
+
+class HistogramsCollector(Collector):
+    """HistogramFamily series as prometheus_client metric families, for its encoders."""
+
+    def __init__(self, families: Iterable[HistogramFamily]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        for fam in self.families:
+            family = HistogramMetricFamily(fam.name, fam.documentation, labels=fam.labelnames)
+            for labels, s in fam._series.items():
+                cumulative, buckets = 0, []
+                les = [*(floatToGoString(b) for b in fam.bounds), "+Inf"]
+                for le, count, exemplar in zip(les, s.counts, s.exemplars, strict=True):
+                    cumulative += count
+                    buckets.append((le, cumulative, exemplar) if exemplar is not None else (le, cumulative))
+                family.add_metric(list(labels), buckets, s.sum)
+            yield family
 
 
 def _samples(registry: CollectorRegistry) -> dict:

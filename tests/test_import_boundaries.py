@@ -1,7 +1,7 @@
 """Import rules: the core (`gatherwise`) pulls in neither torch nor the web stack; the sidecar never pulls in torch
 or the engine hooks; the engine hooks never pull in the sidecar's web/telemetry stack. And over the whole source
-tree, read with `ast` (every import, including those inside functions): no floor names a floor above it, and no
-modules import each other in a circle.
+tree, read with `ast` (every import, including those inside functions): no floor names a floor above it, no room of
+the sidecar (its subpackages) names a room above it, and no modules import each other in a circle.
 
 The import checks run in a fresh interpreter, import the modules one by one, and name the first one that broke the
 rule. Modules are globbed at test time, so new files are covered without editing this test.
@@ -85,7 +85,7 @@ def test_the_core_imports_neither_torch_nor_the_web_stack():
 @pytest.mark.timeout(150)
 def test_sidecar_never_imports_torch():
     modules = _modules("sidecar/*.py", "sidecar/**/*.py")
-    assert "gatherwise.sidecar.ring_reader" in modules
+    assert "gatherwise.sidecar.ingest.ring_reader" in modules
     result = _check(modules, {"torch", "gatherwise.engine_hooks"})
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
@@ -109,8 +109,8 @@ def test_the_gpu_check_needs_only_torch_pyyaml_and_prometheus_client():
     (no network, nothing installed): nothing it imports may need another third-party package."""
     hooks = ["table_source", "comm", "graphs", "sampling", "cuda_timing", "logits_path", "recorder"]
     modules = ["gpu_check", *(f"gatherwise.engine_hooks.{name}" for name in hooks),
-               "gatherwise.sidecar.ring_reader", "gatherwise.sidecar.metrics",
-               "gatherwise.sidecar.header_counters"]
+               "gatherwise.sidecar.ingest.ring_reader", "gatherwise.sidecar.metrics.exposition",
+               "gatherwise.sidecar.metrics.header_counters"]
     result = _check(modules, {"pydantic", "fastapi", "starlette", "uvicorn", "opentelemetry", "httpx", "jinja2",
                               "tokenizers", "safetensors", "transformers"}, paths=(str(ROOT / "scripts"),))
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
@@ -122,10 +122,22 @@ FLOORS = (
     ("gatherwise", "the torch-free core both sides must agree on (modes, shared-memory formats, config)"),
     ("gatherwise.engine_hooks", "the logits path inside every TP rank, built on the core alone"),
     ("gatherwise.tp_engine", "the reference engine, which runs the hooks it exists to exercise"),
-    ("gatherwise.dashboards", "dashboards and the local stack, which start engine and sidecar as processes"),
-    ("gatherwise.sidecar", "the observer: reads what the engine writes; its demo runs the local stack"),
+    ("gatherwise.sidecar", "the observer: reads what the engine writes, exports it, switches the mode"),
+    ("gatherwise.dashboards", "dashboards, the local stack and the demo, which start engine and sidecar as processes"),
     ("gatherwise.bench", "benchmarks, which drive every floor below"),
 )
+# The sidecar's rooms, lowest first: a module may import its own room and the rooms below it, never one above.
+SIDECAR_ROOMS = (
+    ("gatherwise.sidecar.traces", "the OpenTelemetry tracer: one trace per sampled call, decision events"),
+    ("gatherwise.sidecar.metrics", "Prometheus: family names, lean histograms, scrape-time collectors, exposition"),
+    ("gatherwise.sidecar.ingest", "rings -> joined calls: discovery, ring reading, the attached engine, hooks-off"),
+    ("gatherwise.sidecar.policy", "the mode policy (pure decisions), its estimates, evidence, call costs, saved state"),
+    ("gatherwise.sidecar.control", "the loop thread and its schedule, control block, sessions, the control API"),
+    ("gatherwise.sidecar.state", "the composition root: every part built once and wired"),
+    ("gatherwise.sidecar.api", "HTTP: the app, routes, bodies, limits, and the `sidecar` and `mode` commands"),
+)
+
+
 def _source_modules() -> dict[str, Path]:
     modules = {}
     for package, folder in _package_dirs().items():
@@ -232,6 +244,45 @@ def test_no_modules_import_each_other_in_a_circle():
     assert not found, "import circles: " + "; ".join(" <-> ".join(sorted(c)) for c in found)
 
 
+def room_of(module: str) -> int | None:
+    """The sidecar room a module is in (None outside the sidecar's rooms: other floors, the package itself)."""
+    for i, (room, _) in enumerate(SIDECAR_ROOMS):
+        if module == room or module.startswith(room + "."):
+            return i
+    return None
+
+
+def rooms_upward(graph: Mapping[str, set[str]]) -> list[str]:
+    found = []
+    for a, targets in graph.items():
+        here = room_of(a)
+        for b in targets:
+            there = room_of(b)
+            if here is not None and there is not None and there > here:
+                found.append(f"{a} ({SIDECAR_ROOMS[here][0]}) imports {b} ({SIDECAR_ROOMS[there][0]})")
+    return sorted(found)
+
+
+def test_every_sidecar_module_is_in_a_room():
+    modules = [m for m in _source_modules() if m.startswith("gatherwise.sidecar.")]
+    assert "gatherwise.sidecar.ingest.ring_reader" in modules
+    assert [m for m in modules if room_of(m) is None] == []
+
+
+def test_no_sidecar_room_imports_a_room_above_it():
+    graph = import_graph(_source_modules())
+    assert "gatherwise.sidecar.api.app" in graph and "gatherwise.sidecar.policy.mode_policy" in graph
+    assert rooms_upward(graph) == []
+
+
+def test_the_room_check_notices_an_upward_import():
+    graph = {"gatherwise.sidecar.control.control_api": {"gatherwise.sidecar.api.control_models"},
+             "gatherwise.sidecar.api.control_models": {"gatherwise.sidecar.policy.mode_policy"},
+             "gatherwise.sidecar.policy.mode_policy": set()}
+    assert rooms_upward(graph) == ["gatherwise.sidecar.control.control_api (gatherwise.sidecar.control) imports "
+                                   "gatherwise.sidecar.api.control_models (gatherwise.sidecar.api)"]
+
+
 def test_the_core_names_no_upper_floor_even_in_a_string():
     """The core's command line finds the floors' commands by entry point; no module path of an upper floor is
     spelled out in the core's code (a string to import would hide the dependency from the checks above).
@@ -250,8 +301,8 @@ def test_the_core_names_no_upper_floor_even_in_a_string():
 
 
 def test_the_graph_checks_notice_circles_and_upward_imports():
-    graph = {"gatherwise.modes": {"gatherwise.sidecar.app"}, "gatherwise.sidecar.app": {"gatherwise.modes"},
-             "gatherwise.sidecar.metrics": set()}
-    assert circles(graph) == {frozenset({"gatherwise.modes", "gatherwise.sidecar.app"})}
+    graph = {"gatherwise.modes": {"gatherwise.sidecar.api.app"}, "gatherwise.sidecar.api.app": {"gatherwise.modes"},
+             "gatherwise.sidecar.metrics.exposition": set()}
+    assert circles(graph) == {frozenset({"gatherwise.modes", "gatherwise.sidecar.api.app"})}
     assert upward_imports(graph) == [
-        "gatherwise.modes (gatherwise) imports gatherwise.sidecar.app (gatherwise.sidecar)"]
+        "gatherwise.modes (gatherwise) imports gatherwise.sidecar.api.app (gatherwise.sidecar)"]

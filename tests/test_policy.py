@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_of
-from gatherwise.sidecar.estimates import Estimate, WindowEstimates
-from gatherwise.sidecar.policy import ModePolicy, PolicyParams, should_switch
-from gatherwise.sidecar.policy_state import policy_from_json, policy_to_json
+from gatherwise.sidecar.policy.estimates import Estimate, WindowEstimates
+from gatherwise.sidecar.policy.mode_policy import ModePolicy, PolicyParams, should_switch
+from gatherwise.sidecar.policy.saved_state import policy_from_json, policy_to_json
 
 A, G = Mode.ALL_GATHER, Mode.GATHER
 TWO = (A, G)  # tests whose costs tell only these two apart; three-mode tests pass their own list
@@ -500,7 +500,7 @@ def test_windows_never_adopt_a_mode_whose_probes_found_it_slower(three_modes):
     """A bucket of one kind whose gather window reads 20 % cheaper than all_gather's over the same period (in a
     served engine, the windows weigh a bucket's batch sizes differently), while three probes found gather 5 %
     slower: the pairs decide, and the bucket stays."""
-    from gatherwise.sidecar.paired_evidence import Pair
+    from gatherwise.sidecar.policy.paired_evidence import Pair
 
     policy = ModePolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
     bucket, now = bucket_of(32), 0.0

@@ -10,7 +10,7 @@ import torch
 from gatherwise.call_kind import Sampling, call_kind, split_tag
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
-from gatherwise.sidecar.ring_reader import RingReader
+from gatherwise.sidecar.ingest.ring_reader import RingReader
 from tests._dist import run_ranks
 
 VOCAB = 1001

@@ -15,7 +15,7 @@ from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.logits_dtypes import dtype_code, dtype_name
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
-from gatherwise.sidecar.ring_reader import RingFormatError, RingReader, discover_engines
+from gatherwise.sidecar.ingest.ring_reader import RingFormatError, RingReader, discover_engines
 
 
 def make_recorder(tmp_path, capacity=16, rank=0, engine_id=0x1234ABCD, name=None):

@@ -11,11 +11,11 @@ from gatherwise.engine_hooks.call_marks import call_marks
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import engine_dir, ring_path
-from gatherwise.sidecar.header_counters import HeaderCountersCollector
-from gatherwise.sidecar.hooks_off import HooksOffWatch
-from gatherwise.sidecar.ingest import Ingest
-from gatherwise.sidecar.metrics import SidecarMetrics
-from gatherwise.sidecar.record_histograms import RecordHistograms
+from gatherwise.sidecar.ingest.hooks_off import HooksOffWatch
+from gatherwise.sidecar.ingest.poll import Ingest
+from gatherwise.sidecar.metrics.exposition import SidecarMetrics
+from gatherwise.sidecar.metrics.header_counters import HeaderCountersCollector
+from gatherwise.sidecar.metrics.record_histograms import RecordHistograms
 
 
 class FakeClock:

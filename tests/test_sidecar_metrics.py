@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from gatherwise.modes import NUM_BUCKETS, bucket_label
-from gatherwise.sidecar.header_counters import bytes_series
+from gatherwise.sidecar.metrics.header_counters import bytes_series
 from tests._dist import free_port
 from tests._sidecar import OPENMETRICS, samples, scrape, start_engine, start_sidecar, total, wait_for
 from tests.conftest import require_tool

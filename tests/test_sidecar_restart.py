@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from gatherwise.shm_format.ring import engine_dir, engine_dir_name, ring_path
-from gatherwise.sidecar.header_counters import total_calls
-from gatherwise.sidecar.ring_reader import RingReader
+from gatherwise.sidecar.ingest.ring_reader import RingReader
+from gatherwise.sidecar.metrics.header_counters import total_calls
 from tests._sidecar import samples, scrape, start_engine, start_sidecar, total, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

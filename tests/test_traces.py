@@ -19,10 +19,10 @@ from opentelemetry.util.types import AnyValue
 
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import CallRecord
-from gatherwise.sidecar.hooks_off import HooksOffWatch
-from gatherwise.sidecar.ingest import Ingest
-from gatherwise.sidecar.record_histograms import RecordHistograms
-from gatherwise.sidecar.traces import CallTracer, build_tracer, new_provider
+from gatherwise.sidecar.ingest.hooks_off import HooksOffWatch
+from gatherwise.sidecar.ingest.poll import Ingest
+from gatherwise.sidecar.metrics.record_histograms import RecordHistograms
+from gatherwise.sidecar.traces.tracer import CallTracer, build_tracer, new_provider
 from tests._otlp_receiver import OtlpReceiver
 from tests._sidecar import start_engine, start_sidecar, wait_for
 from tests.test_sidecar_ingest import make_engine, write_call
@@ -172,7 +172,7 @@ def test_otlp_http_export_from_real_rings(tmp_path: Path) -> None:
 
 
 def _reread(reader):
-    from gatherwise.sidecar.ring_reader import RingReader
+    from gatherwise.sidecar.ingest.ring_reader import RingReader
 
     with RingReader(reader.path) as fresh:
         return fresh.read_new()[0]

@@ -1,8 +1,8 @@
 """The per-rank telemetry ring: header, cumulative counters and fixed-size call records (docs/shm-format.md).
 
-Stdlib only (the sidecar imports it). One writer (gatherwise.engine_hooks.recorder.RingRecorder), any number of readers
-(gatherwise.sidecar.ring_reader.RingReader). All integers little-endian. Change FORMAT_VERSION on any layout change:
-readers refuse every version they were not written for.
+Stdlib only (the sidecar imports it). One writer (gatherwise.engine_hooks.recorder.RingRecorder), any number of
+readers (gatherwise.sidecar.ingest.ring_reader.RingReader). All integers little-endian. Change FORMAT_VERSION on any
+layout change: readers refuse every version they were not written for.
 """
 
 from __future__ import annotations

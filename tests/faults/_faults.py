@@ -8,8 +8,8 @@ import time
 import httpx
 
 from gatherwise.shm_format.ring import ring_path
-from gatherwise.sidecar.header_counters import total_calls
-from gatherwise.sidecar.ring_reader import RingReader
+from gatherwise.sidecar.ingest.ring_reader import RingReader
+from gatherwise.sidecar.metrics.header_counters import total_calls
 from tests._sidecar import Proc, spawn, start_engine, start_sidecar, wait_for
 
 NOBODY = 65534  # uid and gid of "another local user" in the tests that need one (they run as root)

@@ -17,7 +17,7 @@ import yaml
 
 from gatherwise.modes import Mode, ModeTable
 from gatherwise.shm_format import control as fmt
-from gatherwise.sidecar.control_block_client import ControlClient
+from gatherwise.sidecar.control.block_client import ControlClient
 from tests._control_engine import BackgroundEngine, LoopSpec, reference_tokens
 from tests._sidecar import total, wait_for
 from tests.faults._faults import assert_sidecar_serves, sidecar_with_token

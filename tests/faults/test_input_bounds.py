@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from gatherwise.shm_format.ring import ring_path
-from gatherwise.sidecar.ring_reader import RingReader
+from gatherwise.sidecar.ingest.ring_reader import RingReader
 from tests._sidecar import GATHERWISE, ROOT
 from tests.faults._faults import assert_engine_progresses, assert_sidecar_serves, running_engine, sidecar_with_token
 from tests.faults._host import listening_addresses

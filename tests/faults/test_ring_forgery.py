@@ -20,7 +20,7 @@ import yaml
 
 from gatherwise.shm_format import ring as fmt
 from gatherwise.shm_format.ring import engine_dir, ring_path
-from gatherwise.sidecar.ring_reader import RingReader
+from gatherwise.sidecar.ingest.ring_reader import RingReader
 from tests._control_engine import BackgroundEngine, LoopSpec, reference_tokens
 from tests._sidecar import total, wait_for
 from tests.faults._faults import assert_sidecar_serves, sidecar_with_token

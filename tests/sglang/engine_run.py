@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from tests._engine_harness import engine_run_arguments, http, read_rings
 
 if TYPE_CHECKING:
-    from gatherwise.sidecar.ring_reader import RingReader
+    from gatherwise.sidecar.ingest.ring_reader import RingReader
 
 PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23, 29, 31, 37], [2], [900, 901, 902, 903],
            [12345, 54321, 11]]
@@ -100,7 +100,7 @@ class PhaseMarks:
         if self.shm_dir is None:
             return
         if self.reader is None:
-            from gatherwise.sidecar.ring_reader import RingReader, discover_engines
+            from gatherwise.sidecar.ingest.ring_reader import RingReader, discover_engines
 
             engines = discover_engines(self.shm_dir)
             if not engines:

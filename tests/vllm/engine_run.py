@@ -12,7 +12,7 @@ buckets occur):
   Then the sidecar's /metrics and /v1/mode, and every rank's ring (call_index -> mode), are collected while
   the engine still runs.
 - three-mode switches (with --control-switch): the same stepping, the mode flipped between steps by writing
-  the engine's real control block (gatherwise.sidecar.control_block_client, what the sidecar itself writes):
+  the engine's real control block (gatherwise.sidecar.control.block_client, what the sidecar itself writes):
   gather, sharded, all_gather, sharded.
 """
 
@@ -69,8 +69,8 @@ def run_control_switched(llm, shm_dir: str) -> dict:
     from vllm.inputs import TokensPrompt
 
     from gatherwise.modes import Mode, ModeTable
-    from gatherwise.sidecar.control_block_client import ControlClient
-    from gatherwise.sidecar.ring_reader import discover_engines
+    from gatherwise.sidecar.control.block_client import ControlClient
+    from gatherwise.sidecar.ingest.ring_reader import discover_engines
 
     engine = llm.llm_engine
     for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS, strict=True)):

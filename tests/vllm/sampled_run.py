@@ -106,8 +106,8 @@ class Control:
 
     def _client(self):
         if self.client is None and self.shm_dir:
-            from gatherwise.sidecar.control_block_client import ControlClient
-            from gatherwise.sidecar.ring_reader import discover_engines
+            from gatherwise.sidecar.control.block_client import ControlClient
+            from gatherwise.sidecar.ingest.ring_reader import discover_engines
 
             engines = discover_engines(self.shm_dir)
             if engines and engines[0].control is not None:  # the hooks install at the first hooked call

@@ -1,0 +1,46 @@
+"""The sidecar's FastAPI app: metrics, health, engine info and the /v1 control routes.
+
+create_app() starts the sidecar's loop (gatherwise.sidecar.control.schedule) with the app's lifespan and stops it
+on shutdown. OpenAPI at /docs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+
+from gatherwise import HOOKS_VERSION
+from gatherwise.sidecar.api import routes_control, routes_status
+from gatherwise.sidecar.api.body_limit import BodySizeLimit
+from gatherwise.sidecar.state import SidecarState
+
+# Routers and their prefixes
+ROUTERS = [
+    (routes_status.router, ""),
+    (routes_control.router, "/v1"),
+]
+
+
+def create_app(state: SidecarState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.schedule.start()
+        try:
+            yield
+        finally:
+            state.schedule.stop()
+            if state.tracer is not None:
+                state.tracer.shutdown()
+
+    app = FastAPI(title="gatherwise sidecar", version=HOOKS_VERSION, lifespan=lifespan,
+                  description="Metrics, traces and control for the logits collective of a TP engine.")
+    app.state.gatherwise = state
+    for router, prefix in ROUTERS:
+        app.include_router(router, prefix=prefix)
+    # Starlette types every handler as taking Exception, though it calls it only with the class registered here
+    app.add_exception_handler(RequestValidationError, routes_control.validation_error)  # type: ignore[arg-type]
+    app.add_middleware(BodySizeLimit)  # outermost: a too-large body is refused before anything reads it
+    return app

@@ -1,0 +1,81 @@
+"""The histograms fed from ring records: per-op, sampling, per-rank path, critical path and skew.
+
+Ingest (gatherwise.sidecar.ingest.poll) observes into them; /metrics renders them itself
+(gatherwise.sidecar.metrics.histogram_family.HistogramFamily.render), not through the registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gatherwise.modes import Mode
+from gatherwise.shm_format.ring import MODE_OPS
+from gatherwise.sidecar.metrics.histogram_family import HistogramFamily, Series
+from gatherwise.sidecar.metrics.names import (
+    COLLECTIVE_SECONDS,
+    LOGITS_PATH_SECONDS,
+    RANK_SKEW_SECONDS,
+    SAMPLE_SECONDS,
+    STEP_CRITICAL_PATH_SECONDS,
+)
+
+# 10 µs .. 1.3 s: collectives on one host are tens of µs (GPU) to tens of ms (gloo, big vocab).
+BUCKETS = tuple(1e-5 * 2**i for i in range(18))
+
+
+@dataclass
+class CallSeries:
+    """The series one (mode, bucket) feeds: per call (critical path, skew) and pooled over ranks (ops, sample).
+
+    Why no rank label here: per-rank x per-bucket x per-mode histograms carry no decision (the policy compares
+    modes per bucket on the critical path) and at TP=8 with three modes they alone were ~24 000 series. Where a
+    rank matters (a straggler, a slow link) it shows without the bucket: gatherwise_logits_path_seconds per rank
+    and mode, and the exact per-rank counters from the ring headers."""
+
+    critical_path: Series
+    skew: Series
+    sample: Series
+    first_op: Series  # the mode's first collective (MODE_OPS)
+    second_ops: dict[str, Series]  # op name -> series, for the second operation a record names
+
+
+class RecordHistograms:
+    def __init__(self) -> None:
+        self.collective = HistogramFamily(
+            COLLECTIVE_SECONDS, "Duration of each collective of the logits path, pooled over the ranks.",
+            ["engine", "op", "mode", "bucket"], BUCKETS)
+        self.sample = HistogramFamily(SAMPLE_SECONDS, "Duration of sampling, pooled over the ranks that sample.",
+                                      ["engine", "mode", "bucket"], BUCKETS)
+        self.logits_path = HistogramFamily(LOGITS_PATH_SECONDS, "Logits ready to tokens ready, per rank.",
+                                           ["engine", "rank", "mode"], BUCKETS)
+        self.critical_path = HistogramFamily(
+            STEP_CRITICAL_PATH_SECONDS, "Per call: last rank to arrive to last rank holding its tokens.",
+            ["engine", "mode", "bucket"], BUCKETS)
+        self.skew = HistogramFamily(RANK_SKEW_SECONDS, "Per call: latest minus earliest rank arrival.",
+                                    ["engine", "mode"], BUCKETS)
+        self.families = (self.collective, self.sample, self.logits_path, self.critical_path, self.skew)
+
+    def rank_path_series(self, engine: str, rank: str, mode: str) -> Series:
+        """Logits path of one rank in one mode (every bucket)."""
+        return self.logits_path.series(engine, rank, mode)
+
+    def call_series(self, engine: str, mode_code: int, bucket: str) -> CallSeries:
+        code = Mode(mode_code)
+        mode = code.label
+        return CallSeries(self.critical_path.series(engine, mode, bucket), self.skew.series(engine, mode),
+                          self.sample.series(engine, mode, bucket),
+                          self.collective.series(engine, MODE_OPS[code][0], mode, bucket), {})
+
+    def second_op_series(self, engine: str, calls: CallSeries, op: str, mode: str, bucket: str) -> Series:
+        found = calls.second_ops.get(op)
+        if found is None:
+            found = calls.second_ops[op] = self.collective.series(engine, op, mode, bucket)
+        return found
+
+    def forget_engine(self, engine: str) -> None:
+        """Drop every series of a previous engine instance (after an engine restart)."""
+        for family in self.families:
+            family.remove_where("engine", engine)
+
+    def render(self, openmetrics: bool) -> str:
+        return "".join(family.render(openmetrics) for family in self.families)

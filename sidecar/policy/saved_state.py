@@ -1,0 +1,172 @@
+"""The sidecar's durable decision state: an ModePolicy <-> JSON, and an atomic file next to the control block.
+
+Why a JSON file and not a fixed area in the control block: the engine never reads this state, it is variable in
+size (decision log, sample windows), and only the sidecar writes it. Keeping it out of the block keeps the
+block's ABI small and the engine's hot path oblivious. The file lives in the engine's directory
+(`<shm_dir>/<engine id>/sidecar-state.json`), so an engine restart (new id, new directory) starts fresh and old
+state is never mixed in, and rank 0 removes it with the directory. It is written to a fresh 0600 temporary file
+(O_CREAT|O_EXCL|O_NOFOLLOW: a planted file or symlink under that name is never written through) and renamed, so a
+sidecar killed mid-write leaves the previous complete file; it is read without following links and only up to
+MAX_STATE_BYTES. What the engine is really running (active table, epoch, last command) is always taken from the
+control block itself, never from this file.
+
+The document is the pydantic model PolicyState: reading validates every field (types, bucket ranges, mode
+labels, parameter ranges), so a damaged or foreign file is refused with the field it failed on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gatherwise.config import ModeLabel, PolicyParams
+from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
+from gatherwise.shm_format.private_files import read_small_file, write_private_file
+from gatherwise.sidecar.policy.estimates import KindMix
+from gatherwise.sidecar.policy.mode_policy import PAIRS_KEPT, Decision, ModePolicy, Probe
+from gatherwise.sidecar.policy.paired_evidence import Pair
+from gatherwise.validation_errors import dotted_location, error_text, joined_errors
+
+# 2: probes, their times and back-off per (bucket, mode); 3: call kinds (pairs per kind, kind windows, the
+# traffic mix, probe cost in seconds). A version 2 file is read (its pairs as kind 0) and written back as 3.
+STATE_VERSION = 3
+READ_VERSIONS = (2, 3)
+MAX_STATE_BYTES = 64 << 20  # far above what the bounded decision log and sample windows produce
+
+Bucket = Annotated[int, Field(ge=0, lt=NUM_BUCKETS)]
+BucketMode = Annotated[str, Field(pattern=r"^\d+:[a-z_]+$", description='"<bucket index>:<mode label>"')]
+
+
+class ProbeState(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    bucket: Bucket
+    mode: ModeLabel
+    started: float
+    calls: int = Field(ge=0)
+    samples: dict[int, list[float]] = Field(default_factory=dict)  # kind -> seconds of the probe's calls
+    references: dict[int, list[float]] = Field(default_factory=dict)
+    extra: float = 0.0  # its calls' seconds beyond the running mode's cost so far, signed
+
+
+class PolicyState(BaseModel):
+    """The file's document. Times are the sidecar's monotonic clock, except a decision's (unix seconds)."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: Literal[2, 3]
+    params: PolicyParams
+    choice: list[ModeLabel] = Field(min_length=NUM_BUCKETS, max_length=NUM_BUCKETS)
+    pins: dict[Bucket, ModeLabel]
+    last_switch: dict[Bucket, float]
+    last_probe: dict[BucketMode, float]
+    backoff: dict[BucketMode, float]  # probe interval factor per (bucket, mode)
+    backoff_reference: dict[Bucket, float]
+    # (time, probed, reference, ratio[, kind, log se, calls]): version 2 wrote the first four
+    pairs: dict[Bucket, list[tuple[float, ModeLabel, ModeLabel, float]
+                             | tuple[float, ModeLabel, ModeLabel, float, int, float, int]]]
+    probe: ProbeState | None
+    calls_total: int = Field(ge=0)
+    probe_calls_used: int = Field(ge=0)
+    next_decision_id: int = Field(ge=1)
+    decisions: list[Decision]
+    estimates: dict[BucketMode, list[tuple[float, float]]]  # (time, seconds) samples per (bucket, mode)
+    # (time, seconds) per "<bucket * 16 + kind>:<mode>": by (bucket, call kind) and the mode the table named
+    kind_estimates: dict[BucketMode, list[tuple[float, float]]] = Field(default_factory=dict)
+    mix: dict[Bucket, list[Annotated[int, Field(ge=0, lt=16)]]] = Field(default_factory=dict)
+    seconds_total: float = Field(0.0, ge=0.0)
+    probe_extra_seconds: float = Field(0.0, ge=0.0)
+    last_probe_end: dict[Bucket, float] = Field(default_factory=dict)
+    extra: dict[str, Any] = Field(default_factory=dict)  # what the control session saves with it (session_store)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_first(cls, doc: Any) -> Any:
+        """Another version is refused as such, not with the field errors that follow from it."""
+        if not isinstance(doc, dict):
+            raise ValueError(f"a JSON object expected, got {type(doc).__name__}")
+        version = doc.get("version")
+        if version not in READ_VERSIONS:
+            raise ValueError(f"state version {version!r}, expected {STATE_VERSION} (written by another gatherwise "
+                             "version)")
+        return doc
+
+
+def _key(bucket: int, mode: Mode) -> str:
+    return f"{bucket}:{mode.label}"
+
+
+def _parse_key(key: str) -> tuple[int, Mode]:
+    bucket, label = key.split(":")
+    if not 0 <= int(bucket) < NUM_BUCKETS:
+        raise ValueError(f"bucket {bucket} out of range in key {key!r}")
+    return int(bucket), Mode.parse(label)
+
+
+def policy_to_json(policy: ModePolicy, extra: dict[str, Any] | None = None) -> str:
+    probe = policy.probe
+    return PolicyState(
+        version=STATE_VERSION, params=policy.params, choice=[m.label for m in policy.choice],
+        pins={b: m.label for b, m in policy.pins.items()}, last_switch=policy.last_switch,
+        last_probe={_key(b, m): t for (b, m), t in policy.last_probe.items()},
+        backoff={_key(b, m): f for (b, m), f in policy.backoff.items()},
+        backoff_reference=policy.backoff_reference,
+        pairs={b: [(p.time, p.probed.label, p.reference.label, p.ratio, p.kind, p.log_se, p.calls) for p in v]
+               for b, v in policy.pairs.items() if v},
+        probe=None if probe is None else ProbeState(bucket=probe.bucket, mode=probe.mode.label,
+                                                    started=probe.started, calls=probe.calls,
+                                                    samples=probe.samples, references=probe.references,
+                                                    extra=probe.extra),
+        calls_total=policy.calls_total, probe_calls_used=policy.probe_calls_used,
+        next_decision_id=policy.next_decision_id, decisions=list(policy.decisions),
+        estimates=policy.estimates.to_json(), kind_estimates=policy.kind_estimates.to_json(),
+        mix={b: list(v.kinds) for b, v in policy.mix.items() if v.kinds}, seconds_total=policy.seconds_total,
+        probe_extra_seconds=policy.probe_extra_seconds, last_probe_end=policy.last_probe_end, extra=extra or {},
+    ).model_dump_json()
+
+
+def policy_from_json(text: str) -> ModePolicy:
+    """Rebuild a policy; any problem is a ValueError naming it (the caller then starts from the control block
+    alone)."""
+    try:
+        state = PolicyState.model_validate_json(text)
+    except ValidationError as exc:
+        problems = joined_errors(exc, lambda e: f"{dotted_location(e['loc'], 'document')}: {error_text(e)}")
+        raise ValueError(f"unreadable sidecar state: {problems}") from None
+    try:
+        policy = ModePolicy(state.params, ModeTable(tuple(Mode.parse(m) for m in state.choice)), auto=True)
+        policy.pins = {b: Mode.parse(m) for b, m in state.pins.items()}
+        policy.last_switch = dict(state.last_switch)
+        policy.last_probe = {_parse_key(k): t for k, t in state.last_probe.items()}
+        policy.backoff = {_parse_key(k): f for k, f in state.backoff.items()}
+        policy.backoff_reference = dict(state.backoff_reference)
+        policy.pairs = {b: deque((Pair(p[0], Mode.parse(p[1]), Mode.parse(p[2]), *p[3:]) for p in v),
+                                 maxlen=PAIRS_KEPT) for b, v in state.pairs.items()}
+        probe = state.probe
+        policy.probe = None if probe is None else Probe(probe.bucket, Mode.parse(probe.mode), probe.started,
+                                                        probe.calls, probe.samples, probe.references, probe.extra)
+        policy.calls_total, policy.probe_calls_used = state.calls_total, state.probe_calls_used
+        policy.next_decision_id = state.next_decision_id
+        policy.decisions.extend(state.decisions)
+        policy.estimates.load_json({k: [list(s) for s in v] for k, v in state.estimates.items()})
+        policy.kind_estimates.load_json({k: [list(s) for s in v] for k, v in state.kind_estimates.items()})
+        policy.mix = {b: KindMix(state.params.window, v) for b, v in state.mix.items()}
+        policy.seconds_total, policy.probe_extra_seconds = state.seconds_total, state.probe_extra_seconds
+        policy.last_probe_end = dict(state.last_probe_end)
+    except ValueError as exc:  # a key naming a bucket out of range or a mode this sidecar does not know
+        raise ValueError(f"unreadable sidecar state: {exc}") from None
+    policy.restored_extra = state.extra
+    return policy
+
+
+def save_state(path: str, text: str) -> None:
+    write_private_file(path, text.encode())
+
+
+def load_state(path: str) -> str | None:
+    """The saved text, or None when there is none. OSError/ValueError for a file that is not ours to read
+    (a symlink, a FIFO, too large) or not UTF-8; the caller then starts from the control block alone."""
+    try:
+        return read_small_file(path, MAX_STATE_BYTES).decode()
+    except FileNotFoundError:
+        return None
