@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
 from gatherwise import HOOKS_VERSION
-from gatherwise.sidecar import routes_control, routes_status
+from gatherwise.sidecar import page, routes_control, routes_status
 from gatherwise.sidecar.body_limit import BodySizeLimit
 from gatherwise.sidecar.state import SidecarState
 
@@ -21,6 +21,7 @@ from gatherwise.sidecar.state import SidecarState
 ROUTERS = [
     (routes_status.router, ""),
     (routes_control.router, "/v1"),
+    (page.router, ""),
 ]
 
 

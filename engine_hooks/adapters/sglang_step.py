@@ -147,6 +147,13 @@ class _Pending:
 
 
 class SglangStepHooks(RankHooks):
+    ENGINE = "SGLang"
+
+    def engine_version(self) -> str:
+        from gatherwise.engine_hooks.adapters.sglang_patches import installed_version
+
+        return installed_version()
+
     def __init__(self, config: GatherwiseConfig) -> None:
         super().__init__(config, log)
         self.resync: Any = None  # gatherwise.engine_hooks.rng_resync.RandomStateResync, with the hooks

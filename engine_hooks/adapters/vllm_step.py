@@ -54,6 +54,13 @@ _FINALIZE_PRIORITY = 10  # multiprocessing runs finalizers that have an exit pri
 
 
 class VllmStepHooks(RankHooks):
+    ENGINE = "vLLM"
+
+    def engine_version(self) -> str:
+        from gatherwise.engine_hooks.adapters.vllm_patches import installed_version
+
+        return installed_version()
+
     def __init__(self, config: GatherwiseConfig) -> None:
         super().__init__(config, log)
         self._runner: Any = None  # the model runner inside execute_model, else None
