@@ -112,7 +112,7 @@ function showModes(live) {
               el("td", {}, bucket), el("td", { class: "active" }, mode.active[bucket]),
               el("td", {}, mode.requested[bucket]),
               el("td", { class: pinned ? "pinned" : "" }, pinned ? "pinned" : "auto"),
-              el("td", {}, select, " ", apply));
+              el("td", { class: "change" }, select, " ", apply));
   }));
 }
 
@@ -141,7 +141,7 @@ async function switchBucket(bucket, mode) {
 }
 
 // -- plots ------------------------------------------------------------------------------------------------
-const W = 300, H = 140, PAD = 30;
+const W = 340, H = 150, PAD = 30;
 function plot(points, series, yMax, label, id, format) {
   const box = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "plot", id,
                            "data-points": points.length });
@@ -209,7 +209,7 @@ function showStats(stats) {
 function evidenceText(d) {
   const e = d.evidence || {};
   const parts = [];
-  if (e.phase) parts.push(`probe ${e.phase}` + (e.probe_calls != null ? `, ${e.probe_calls} calls` : ""));
+  if (e.phase) parts.push(`probe ${e.phase}` + (e.probe_calls != null ? `, probe_calls ${e.probe_calls}` : ""));
   for (const [mode, p] of Object.entries(e.paired || {})) {
     const kinds = Object.entries(p.kinds || {}).map(([k, v]) => `${k} ${Number(v.ratio).toFixed(3)}×${v.probes}`);
     parts.push(`${mode}/running ${Number(p.ratio).toFixed(3)} (${p.probes} probes, coverage ${pct(p.coverage)}` +
