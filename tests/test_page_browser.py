@@ -158,7 +158,7 @@ def test_live_page_in_a_real_browser(tmp_path, shm_dir):
                                  f"records of bucket {bucket} after call {apply_call}")
                 assert {LABEL_OF_CODE[r.mode] for r in later} == {"gather"}
                 expect(page.locator("#decisions li.manual").first).to_contain_text(f"bucket {bucket} → gather")
-                pinned_p50 = page.locator(f"#plot-bucket-{bucket} polyline.gather.p50")
+                pinned_p50 = page.locator(f"#plot-bucket-{bucket} polyline.gather.p50").last
                 wait_for(lambda: pinned_p50.count() and len((pinned_p50.get_attribute("points") or "").split()) >= 3,
                          90, "the pinned mode in the bucket's plot, three points")
                 save(page, tmp_path, "live_page.png")

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 from dataclasses import asdict, dataclass, field
+from typing import TypeGuard
 
 from gatherwise.shm_format.private_files import read_small_file, write_private_file
 
@@ -21,6 +22,7 @@ PREFIX = "info-"
 SUFFIX = ".json"
 MAX_INFO_BYTES = 4096
 MAX_TEXT_CHARS = 200
+MAX_SAMPLER_MODES = 8
 
 
 @dataclass(frozen=True)
@@ -44,20 +46,20 @@ class RankInfo:
             raise ValueError(f"not JSON ({exc})") from None
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise ValueError("not a format-1 rank info file")
-        texts = [obj.get(k) for k in ("kind", "version", "node")]
+        kind, version, node = obj.get("kind"), obj.get("version"), obj.get("node")
         rank, pid, sampler = obj.get("rank"), obj.get("pid"), obj.get("sampler", {})
-        if not all(isinstance(t, str) for t in texts):
+        if not (isinstance(kind, str) and isinstance(version, str) and isinstance(node, str)):
             raise ValueError("kind, version or node missing or not a string")
         if not (_is_int(rank) and _is_int(pid)):
             raise ValueError("rank or pid not a non-negative integer")
         if not isinstance(sampler, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                     for k, v in sampler.items()):
             raise ValueError("sampler is not an object of strings")
-        kind, version, node = (_clip(t) for t in texts)
-        return cls(kind, version, rank, node, pid, {_clip(k): _clip(v) for k, v in list(sampler.items())[:8]})
+        return cls(_clip(kind), _clip(version), rank, _clip(node), pid,
+                   {_clip(k): _clip(v) for k, v in list(sampler.items())[:MAX_SAMPLER_MODES]})
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 

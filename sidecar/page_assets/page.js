@@ -149,10 +149,17 @@ function plot(points, series, yMax, label, id, format) {
   const x = i => PAD + (W - PAD - 6) * i / n;
   const y = v => H - 16 - (H - 30) * Math.min(v / yMax, 1);
   box.append(svg("line", { x1: PAD, y1: H - 16, x2: W - 6, y2: H - 16, stroke: "#d0d7de" }));
-  for (const s of series) {
-    const coords = [];
-    points.forEach((p, i) => { const v = s.value(p); if (v != null) coords.push(`${x(i).toFixed(1)},${y(v).toFixed(1)}`); });
-    if (coords.length) box.append(svg("polyline", { points: coords.join(" "), class: s.cls, "data-series": s.name }));
+  for (const s of series) {  // one polyline per run of points: an interval without calls leaves a gap
+    let run = [];
+    const flush = () => {
+      if (run.length) box.append(svg("polyline", { points: run.join(" "), class: s.cls, "data-series": s.name }));
+      run = [];
+    };
+    points.forEach((p, i) => {
+      const v = s.value(p);
+      if (v == null) flush(); else run.push(`${x(i).toFixed(1)},${y(v).toFixed(1)}`);
+    });
+    flush();
   }
   const t = (tx, ty, value, anchor) => {
     const node = svg("text", { x: tx, y: ty, "text-anchor": anchor || "start" });
