@@ -118,3 +118,22 @@ def test_rank_info_round_trip_and_what_the_reader_refuses(tmp_path):
     os.remove(info_path(tmp_path, 0))
     os.symlink(info_path(tmp_path, 1), info_path(tmp_path, 0))
     assert read_rank_info(tmp_path, 0) is None  # a link is never followed
+
+
+def test_adapters_name_their_engine_version_and_sampler():
+    from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, engine_sampler
+    from gatherwise.engine_hooks.adapters.sglang_step import SglangStepHooks
+    from gatherwise.engine_hooks.adapters.vllm_step import VllmStepHooks
+    from gatherwise.shm_format.hooks_off import ENGINES
+
+    assert (VllmStepHooks.ENGINE, SglangStepHooks.ENGINE) == ENGINES  # spelled as their hooks-off notices
+    assert set(engine_sampler("vLLM")) == {"all_gather", "gather", "sharded"}
+
+    class Pytest(RankHooks):
+        DISTRIBUTION = "pytest"
+
+    class Missing(RankHooks):
+        DISTRIBUTION = "no-such-distribution-here"
+
+    assert Pytest.engine_version(Pytest.__new__(Pytest)) == pytest.__version__
+    assert Missing.engine_version(Missing.__new__(Missing)) == "unknown"

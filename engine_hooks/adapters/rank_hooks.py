@@ -40,9 +40,15 @@ def engine_sampler(engine: str) -> dict[str, str]:
 
 class RankHooks:
     ENGINE = "engine"  # the engine's name, as its hooks-off notices spell it
+    DISTRIBUTION = ""  # the engine's package, whose version the rank info file names
 
     def engine_version(self) -> str:
-        return "unknown"
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version(self.DISTRIBUTION) if self.DISTRIBUTION else "unknown"
+        except PackageNotFoundError:  # an engine run from its source tree
+            return "unknown"
 
     def __init__(self, config: GatherwiseConfig, log: logging.Logger) -> None:
         self.config, self.log = config, log

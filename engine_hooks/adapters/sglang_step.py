@@ -148,11 +148,7 @@ class _Pending:
 
 class SglangStepHooks(RankHooks):
     ENGINE = "SGLang"
-
-    def engine_version(self) -> str:
-        from gatherwise.engine_hooks.adapters.sglang_patches import installed_version
-
-        return installed_version()
+    DISTRIBUTION = "sglang"
 
     def __init__(self, config: GatherwiseConfig) -> None:
         super().__init__(config, log)

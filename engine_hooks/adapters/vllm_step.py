@@ -55,11 +55,7 @@ _FINALIZE_PRIORITY = 10  # multiprocessing runs finalizers that have an exit pri
 
 class VllmStepHooks(RankHooks):
     ENGINE = "vLLM"
-
-    def engine_version(self) -> str:
-        from gatherwise.engine_hooks.adapters.vllm_patches import installed_version
-
-        return installed_version()
+    DISTRIBUTION = "vllm"
 
     def __init__(self, config: GatherwiseConfig) -> None:
         super().__init__(config, log)
