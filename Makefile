@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-APT_PACKAGES := prometheus docker-compose
+APT_PACKAGES := prometheus docker-compose chromium
 
 .PHONY: demo test test-vllm test-sglang bench-serve lint typecheck deps apt clean
 
@@ -15,10 +15,12 @@ $(STAMP): pyproject.toml constraints.txt engine_hooks/_ring_writer.c
 
 deps: $(STAMP)
 
-# Debian tools the tests use (promtool/prometheus, docker-compose): installed when running as root.
+# Debian tools the tests use (promtool/prometheus, docker-compose, chromium for the live page's browser test):
+# installed when running as root.
 apt:
 	@missing=""; command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \

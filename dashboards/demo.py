@@ -95,7 +95,8 @@ def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None)
     if not decisions:
         lines.append(f"  (none among the newest {DECISIONS_LIMIT} decisions: a switch needs evidence from two probes)")
     url = stack.sidecar_url
-    lines += ["", f"sidecar {url}   API docs {url}/docs   metrics {url}/metrics"]
+    lines += ["", f"live page {url}/  (pin or release buckets there with the token {token})",
+              f"sidecar {url}   API docs {url}/docs   metrics {url}/metrics"]
     if stack.prometheus is not None:
         lines.append(f"prometheus {stack.prometheus.url}  (per-op latency by rank: "
                      f"rate(gatherwise_collective_seconds_sum[1m]) / rate(gatherwise_collective_seconds_count[1m]))")

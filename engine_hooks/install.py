@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from gatherwise import HOOKS_VERSION
 from gatherwise.config import GatherwiseConfig, config_hash, load_config
 from gatherwise.engine_hooks.comm import Communicator
 from gatherwise.engine_hooks.delay_injection import DelayedCommunicator
@@ -28,6 +29,14 @@ from gatherwise.modes import Mode, ModeTable
 
 log = logging.getLogger("gatherwise.install")
 ENGINE_ID_RANDOM_BITS = 63
+REFERENCE_ENGINE = "gatherwise reference engine"
+# Who samples in each mode when the engine leaves sampling to the logits path (gatherwise.engine_hooks.sampling,
+# .sharded_exchange); adapters whose engine samples itself pass their own.
+GATHERWISE_SAMPLER = {
+    "all_gather": "gatherwise full-row sampler, every rank",
+    "gather": "gatherwise full-row sampler on rank 0, tokens broadcast",
+    "sharded": "gatherwise sharded sampler (per-shard candidates exchanged)",
+}
 
 
 @dataclass
@@ -73,7 +82,10 @@ def share_engine_id(comm: Communicator, device: torch.device | str) -> int:
 
 def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None = None,
                   device: torch.device | str = "cpu", config: GatherwiseConfig | None = None,
-                  table: ModeTable | None = None, keep_log: bool = False) -> InstalledHooks:
+                  table: ModeTable | None = None, keep_log: bool = False, engine_kind: str = REFERENCE_ENGINE,
+                  engine_version: str = HOOKS_VERSION, sampler: dict[str, str] | None = None) -> InstalledHooks:
+    """`engine_kind`, `engine_version` and `sampler` (mode label -> who samples in it) go into this rank's info
+    file (gatherwise/shm_format/engine_info.py), for the sidecar to show."""
     cfg = config if config is not None else load_config(os.environ.get("GATHERWISE_CONFIG"))
     dtype = dtype if dtype is not None else logits_dtype(cfg)
     table = table if table is not None else initial_table(cfg)
@@ -88,6 +100,13 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
             engine_dir, liveness = _create_engine_dir(cfg.engine.shm_dir, engine_id, comm.rank)
         except OSError as exc:
             _runs_without("telemetry and control", comm.rank, f"engine.shm_dir {cfg.engine.shm_dir}: {exc}")
+    if engine_dir is not None:
+        from gatherwise.shm_format.engine_info import write_rank_info
+
+        try:
+            write_rank_info(engine_dir, comm.rank, engine_kind, engine_version, sampler or GATHERWISE_SAMPLER)
+        except OSError as exc:  # only what the sidecar shows about the rank is missing
+            log.warning("gatherwise: TP rank %d could not write its info file in %s: %s", comm.rank, engine_dir, exc)
     # Rank 0's control block before its ring: a sidecar attaches once every ring exists, and then finds the block.
     if cfg.control.enabled and comm.rank == 0 and engine_dir is not None:
         from gatherwise.engine_hooks.control_block import ControlBlockSource

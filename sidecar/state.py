@@ -17,6 +17,7 @@ from gatherwise.sidecar.control.schedule import SidecarSchedule
 from gatherwise.sidecar.control.session_lifecycle import SessionLifecycle
 from gatherwise.sidecar.control.session_store import SessionStore
 from gatherwise.sidecar.ingest.hooks_off import HooksOffWatch
+from gatherwise.sidecar.ingest.live_history import LiveHistory
 from gatherwise.sidecar.ingest.poll import Ingest
 from gatherwise.sidecar.metrics.control_gauges import ControlGaugesCollector
 from gatherwise.sidecar.metrics.exposition import SidecarMetrics
@@ -33,6 +34,7 @@ class SidecarState:
     ingest: Ingest
     schedule: SidecarSchedule  # the sidecar's loop; started and stopped with the app
     control: ControlApi
+    live: LiveHistory  # the live page's path over time
     tracer: CallTracer | None = None
     started_at: float = field(default_factory=time.time)
 
@@ -63,4 +65,4 @@ def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = Non
     metrics = SidecarMetrics(histograms, [HeaderCountersCollector(ingest.counters),
                                           HooksOffCollector(lambda: hooks_off.notices), events.mode_switches,
                                           ControlGaugesCollector(control.control_view)])
-    return SidecarState(config, metrics, ingest, schedule, control, tracer)
+    return SidecarState(config, metrics, ingest, schedule, control, LiveHistory(ingest), tracer)

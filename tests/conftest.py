@@ -22,7 +22,7 @@ def require_tool(name: str) -> str:
     path = shutil.which(name)
     if path:
         return path
-    message = f"{name!r} is not installed (apt-get install --no-install-recommends prometheus docker-compose)"
+    message = f"{name!r} is not installed (make apt installs it as root)"
     if IN_CI:
         pytest.fail(f"{message}; CI installs every tool, so this is a failure", pytrace=False)
     pytest.skip(message)

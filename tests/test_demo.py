@@ -30,6 +30,7 @@ def test_demo_shows_live_numbers_and_ctrl_c_cleans_up():
         text = "".join(output)
         assert re.search(r"engine [0-9a-f]{16}\s+tp=2", text), text[-3000:]
         assert "API docs http://127.0.0.1:" in text
+        assert re.search(r"live page http://127\.0\.0\.1:\d+/ ", text), text[-3000:]
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
     finally:

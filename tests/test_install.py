@@ -72,3 +72,11 @@ def test_the_base_requirements_carry_no_sidecar_stack(installed: Path):
     assert names and not {n for n in names if n.startswith(SIDECAR_STACK)}, base
     sidecar_extra = [r for r in requires if re.search(r"""extra == ["']sidecar["']""", r)]
     assert any(r.startswith("fastapi") for r in sidecar_extra)
+
+
+def test_the_live_page_assets_are_installed(installed: Path):
+    from gatherwise.sidecar.api.routes_page import ASSETS
+
+    assets = installed / "gatherwise" / "sidecar" / "api" / "page_assets"
+    for name in ("index.html", *ASSETS):
+        assert (assets / name).is_file(), name

@@ -31,7 +31,25 @@ def shard_shape_problem(logits: torch.Tensor) -> str | None:
     return None
 
 
+def engine_sampler(engine: str) -> dict[str, str]:
+    """Who samples in each mode under an adapter (the rank info file; the engine keeps its own sampler)."""
+    return {"all_gather": f"{engine}'s sampler, every rank",
+            "gather": f"{engine}'s sampler on rank 0, tokens broadcast",
+            "sharded": f"gatherwise sharded argmax for greedy batches; other batches all_gather and {engine}'s sampler"}
+
+
 class RankHooks:
+    ENGINE = "engine"  # the engine's name, as its hooks-off notices spell it
+    DISTRIBUTION = ""  # the engine's package, whose version the rank info file names
+
+    def engine_version(self) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version(self.DISTRIBUTION) if self.DISTRIBUTION else "unknown"
+        except PackageNotFoundError:  # an engine run from its source tree
+            return "unknown"
+
     def __init__(self, config: GatherwiseConfig, log: logging.Logger) -> None:
         self.config, self.log = config, log
         self.installed: Any = None  # gatherwise.engine_hooks.install.InstalledHooks once the first hooked call ran
@@ -46,7 +64,8 @@ class RankHooks:
         from gatherwise.engine_hooks.install import install_hooks
 
         self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
-                                       device=logits.device, config=self.config)
+                                       device=logits.device, config=self.config, engine_kind=self.ENGINE,
+                                       engine_version=self.engine_version(), sampler=engine_sampler(self.ENGINE))
         atexit.register(self.close)
         self.log.info("gatherwise: hooks installed on TP rank %d/%d, engine %s, table %s", comm.rank,
                       comm.world_size, engine_dir_name(self.installed.engine_id), self.installed.path.table.as_labels())

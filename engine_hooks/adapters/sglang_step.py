@@ -147,6 +147,9 @@ class _Pending:
 
 
 class SglangStepHooks(RankHooks):
+    ENGINE = "SGLang"
+    DISTRIBUTION = "sglang"
+
     def __init__(self, config: GatherwiseConfig) -> None:
         super().__init__(config, log)
         self.resync: Any = None  # gatherwise.engine_hooks.rng_resync.RandomStateResync, with the hooks

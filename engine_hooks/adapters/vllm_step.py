@@ -54,6 +54,9 @@ _FINALIZE_PRIORITY = 10  # multiprocessing runs finalizers that have an exit pri
 
 
 class VllmStepHooks(RankHooks):
+    ENGINE = "vLLM"
+    DISTRIBUTION = "vllm"
+
     def __init__(self, config: GatherwiseConfig) -> None:
         super().__init__(config, log)
         self._runner: Any = None  # the model runner inside execute_model, else None

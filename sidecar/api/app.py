@@ -1,4 +1,4 @@
-"""The sidecar's FastAPI app: metrics, health, engine info and the /v1 control routes.
+"""The sidecar's FastAPI app: metrics, health, engine info, the /v1 control routes and the live page.
 
 create_app() starts the sidecar's loop (gatherwise.sidecar.control.schedule) with the app's lifespan and stops it
 on shutdown. OpenAPI at /docs.
@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
 from gatherwise import HOOKS_VERSION
-from gatherwise.sidecar.api import routes_control, routes_status
+from gatherwise.sidecar.api import routes_control, routes_page, routes_status
 from gatherwise.sidecar.api.body_limit import BodySizeLimit
 from gatherwise.sidecar.state import SidecarState
 
@@ -21,6 +21,7 @@ from gatherwise.sidecar.state import SidecarState
 ROUTERS = [
     (routes_status.router, ""),
     (routes_control.router, "/v1"),
+    (routes_page.router, ""),
 ]
 
 

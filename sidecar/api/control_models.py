@@ -104,7 +104,8 @@ def all_optional(model: type[BaseModel], name: str, doc: str) -> type[BaseModel]
     for key, field in model.model_fields.items():
         assert field.annotation is not None  # pydantic sets it on every field of a built model
         optional = field.annotation | None
-        fields[key] = (Annotated[(optional, *field.metadata)] if field.metadata else optional,
+        annotated = (optional, *field.metadata)  # a tuple subscript: Annotated[X, *m] needs Python 3.11
+        fields[key] = (Annotated[annotated] if field.metadata else optional,
                        Field(None, description=field.description))
     config = ConfigDict(**{**model.model_config, **STRICT_REQUEST, "frozen": False})
     return create_model(name, __config__=config, __doc__=doc, **fields)

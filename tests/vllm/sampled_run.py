@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from tests._engine_harness import engine_run_arguments, read_rings
 
 if TYPE_CHECKING:
-    from gatherwise.sidecar.control_block_client import ControlClient
+    from gatherwise.sidecar.control.block_client import ControlClient
 
 ROUNDS = ("all_gather", "gather", "sharded")  # the plugin's table in each round
 FLIPS = {1: "gather", 4: "sharded", 6: "all_gather", 8: "gather", 11: "all_gather", 13: "gather"}  # step -> mode
