@@ -10,8 +10,7 @@ A call runs one or two all_gathers, fixed by the sampling kinds of its rows (gat
 2. `shard_resolve` (only when the call has temperature, top-p or min-p rows): each rank sends the tokens of the
    temperature rows whose drawn position lies in its shard (−1 for the others, found by
    `find_in_shard`), and the full shard rows of the top-p / min-p rows whose kept tokens the candidates do not
-   cover —
-   which every rank decides identically from the exchanged summaries. After it every rank picks each
+   cover — which every rank decides identically from the exchanged summaries. After it every rank picks each
    temperature row's token from its owner's slot and samples the fallback rows from the full rows.
 
 Every rank ends the call holding all tokens; there is no broadcast. The number of collectives depends only on
