@@ -5,7 +5,8 @@ every rank holds the same rows. Each group is sampled in two steps:
 
 1. per shard, from that shard's logits alone: a summary (`summarize`) — greedy: (max, index); top-k: the k
    best (value, index); temperature: the shard max m and mass s = Σ exp((x − m) / T) as a sequential float64
-   cumulative sum; top-p and min-p: m, s and the best `TOP_P_CANDIDATES`;
+   cumulative sum; top-p and min-p: m, s and the best `TOP_P_CANDIDATES` (min-p alone: m, a placeholder for
+   s, the candidates — its threshold needs only the max);
 2. across shards, from the P summaries (`combine_*`): tokens; or, for temperature rows, the shard holding the
    drawn position and the target inside it, which only that shard's owner can resolve (`find_in_shard`); or,
    for top-p / min-p rows whose kept tokens the candidates do not cover, a request for the full rows
@@ -139,6 +140,12 @@ def summarize(group: Group, x: torch.Tensor, shard: int, width: int) -> tuple[to
     if kind == Kind.TOP_K:
         vals, local = shard_top(x, group.k)
         return torch.cat((vals, (local + shard * width).to(F64)), dim=1), None
+    if kind == Kind.TOP_P and group.params.top_p == 1.0:
+        # min-p alone measures nothing against the mass: the max decides it, s is a placeholder (1)
+        m = x.amax(dim=1).to(F64)
+        vals, local = shard_top(x, group.k)
+        return torch.cat((torch.stack((m, torch.ones_like(m)), dim=1), vals, (local + shard * width).to(F64)),
+                         dim=1), None
     m, cum = shard_mass(x, group.params.temperature)
     stats = torch.stack((m, cum[:, -1]), dim=1)
     if kind == Kind.FULL:
@@ -166,11 +173,14 @@ def shard_mass(x: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch
     """Shard max m [n] and cumulative masses exp((x − m) / T), summed left to right in float64 [n, width].
 
     The last column is the shard mass s. A sequential cumulative sum (not a reduction, whose order is the
-    kernel's business) is what makes s the exact end of the curve the owner later searches."""
-    x64 = x.to(F64)
-    m = x64.amax(dim=1)
+    kernel's business) is what makes s the exact end of the curve the owner later searches. One float64 buffer,
+    written in place: the subtraction promotes x exactly (float32, bfloat16 and float16 are all exact in
+    float64), so the numbers are those of x.to(float64) − m, without a separate conversion pass or the fresh
+    buffers (and their page faults) of out-of-place steps."""
+    m = x.amax(dim=1).to(F64)  # the max of the shard is one of its values: exact in either dtype
     ref = m.masked_fill(m == _NEG_INF, 0.0)  # an all-padding shard: exp(-inf) = 0 mass, not NaN
-    return m, torch.exp((x64 - ref[:, None]) / temperature).cumsum(dim=1)
+    mass = torch.sub(x, ref[:, None])
+    return m, mass.div_(temperature).exp_().cumsum_(dim=1)
 
 
 def shard_top(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
