@@ -34,6 +34,7 @@ class SamplingParams:
     top_k: int = 0  # 0 means off
     top_p: float = 1.0  # 1.0 means off
     seed: int = 0
+    min_p: float = 0.0  # 0.0 means off; else keep tokens whose probability is >= min_p * the row's largest
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
@@ -42,6 +43,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
 
     @property
     def greedy(self) -> bool:
@@ -58,7 +61,8 @@ class SamplingRow:
 
 
 def kind_of_rows(rows: list[SamplingRow]) -> int:
-    """The call kind (gatherwise.call_kind) of a batch: the heaviest sampling any of its rows asks for."""
+    """The call kind (gatherwise.call_kind) of a batch: the heaviest sampling any of its rows asks for (min-p is a
+    truncation like top-k there, as the engines' adapters count it)."""
     sampled = [r.params for r in rows if not r.params.greedy]
     return call_kind(sampling_of_rows(not sampled, any(p.top_p < 1.0 for p in sampled),
-                                      any(p.top_k > 0 for p in sampled)))
+                                      any(p.top_k > 0 or p.min_p > 0.0 for p in sampled)))

@@ -5,25 +5,34 @@ every rank holds the same rows. Each group is sampled in two steps:
 
 1. per shard, from that shard's logits alone: a summary (`summarize`) — greedy: (max, index); top-k: the k
    best (value, index); temperature: the shard max m and mass s = Σ exp((x − m) / T) as a sequential float64
-   cumulative sum; top-p: m, s and the best `TOP_P_CANDIDATES`;
+   cumulative sum; top-p and min-p: m, s and the best `TOP_P_CANDIDATES` (min-p alone: m, a placeholder for
+   s, the candidates — its threshold needs only the max);
 2. across shards, from the P summaries (`combine_*`): tokens; or, for temperature rows, the shard holding the
    drawn position and the target inside it, which only that shard's owner can resolve (`find_in_shard`); or,
-   for top-p rows whose nucleus the candidates do not cover, a request for the full rows (`sample_top_p_rows`).
+   for top-p / min-p rows whose kept tokens the candidates do not cover, a request for the full rows
+   (`sample_top_p_rows`).
 
 The all_gather and gather sampler (gatherwise.engine_hooks.sampling) runs step 1 on each shard of the received
 [P, B, W] layout; a sharded rank (gatherwise.engine_hooks.sharded_exchange) runs it on its own shard and exchanges the
 summaries. Both then run the same step 2 on the same float64 numbers in the same tensor shapes, so the three
 modes give the same token bit for bit by construction, not by luck of summation order.
 
-Semantics (exact): greedy takes the largest logit, ties to the lowest vocab index; top-k keeps the k largest by
-(value desc, index asc); top-p keeps the shortest such prefix whose mass reaches p (of the whole vocab, or of
-the top-k when both are set); sampling is an inverse CDF over the kept tokens in that order, in float64.
-Every draw is clamped to the last position that carries mass, so a token is always a real vocab entry with
-nonzero probability — never a padding column — even when the uniform is within rounding of 1.
+Semantics (exact): greedy takes the largest logit, ties to the lowest vocab index. Sampled rows see the
+probabilities p_i ∝ exp(x_i / T) and tokens in canonical order (value desc, index asc); three truncations each
+keep a prefix of that order, and the row keeps their intersection (the shortest of the three prefixes):
+top-k keeps the first k; top-p the shortest prefix whose mass reaches p (of the whole vocab, or of the top-k
+when both are set — min-p does not change the mass top-p is measured against); min-p the tokens with
+p_i >= min_p · p_max, decided in float64 on the logit itself as x_i >= M + T · ln(min_p) with M the row max
+(the same inequality, monotone in x, so every shard and every candidate list decides a value alike — the
+threshold needs only M, which the shard summaries carry). Sampling is an inverse CDF over the kept tokens in
+that order, in float64. Every draw is clamped to the last position that carries mass, so a token is always a
+real vocab entry with nonzero probability — never a padding column — even when the uniform is within rounding
+of 1.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -40,7 +49,7 @@ class Kind(IntEnum):
     GREEDY = 0  # temperature 0
     TOP_K = 1  # temperature > 0, top_k > 0 (top_p optional, applied within the top k)
     FULL = 2  # temperature > 0 only: exact sampling over the whole vocab
-    TOP_P = 3  # temperature > 0, top_p < 1, no top_k
+    TOP_P = 3  # temperature > 0, top_p < 1 and/or min_p > 0, no top_k: candidates, else the full-row fallback
 
 
 def kind_of(params: SamplingParams) -> Kind:
@@ -48,7 +57,7 @@ def kind_of(params: SamplingParams) -> Kind:
         return Kind.GREEDY
     if params.top_k:
         return Kind.TOP_K
-    return Kind.TOP_P if params.top_p < 1.0 else Kind.FULL
+    return Kind.TOP_P if params.top_p < 1.0 or params.min_p > 0.0 else Kind.FULL
 
 
 @dataclass(frozen=True)
@@ -131,6 +140,12 @@ def summarize(group: Group, x: torch.Tensor, shard: int, width: int) -> tuple[to
     if kind == Kind.TOP_K:
         vals, local = shard_top(x, group.k)
         return torch.cat((vals, (local + shard * width).to(F64)), dim=1), None
+    if kind == Kind.TOP_P and group.params.top_p == 1.0:
+        # min-p alone measures nothing against the mass: the max decides it, s is a placeholder (1)
+        m = x.amax(dim=1).to(F64)
+        vals, local = shard_top(x, group.k)
+        return torch.cat((torch.stack((m, torch.ones_like(m)), dim=1), vals, (local + shard * width).to(F64)),
+                         dim=1), None
     m, cum = shard_mass(x, group.params.temperature)
     stats = torch.stack((m, cum[:, -1]), dim=1)
     if kind == Kind.FULL:
@@ -158,11 +173,14 @@ def shard_mass(x: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch
     """Shard max m [n] and cumulative masses exp((x − m) / T), summed left to right in float64 [n, width].
 
     The last column is the shard mass s. A sequential cumulative sum (not a reduction, whose order is the
-    kernel's business) is what makes s the exact end of the curve the owner later searches."""
-    x64 = x.to(F64)
-    m = x64.amax(dim=1)
+    kernel's business) is what makes s the exact end of the curve the owner later searches. One float64 buffer,
+    written in place: the subtraction promotes x exactly (float32, bfloat16 and float16 are all exact in
+    float64), so the numbers are those of x.to(float64) − m, without a separate conversion pass or the fresh
+    buffers (and their page faults) of out-of-place steps."""
+    m = x.amax(dim=1).to(F64)  # the max of the shard is one of its values: exact in either dtype
     ref = m.masked_fill(m == _NEG_INF, 0.0)  # an all-padding shard: exp(-inf) = 0 mass, not NaN
-    return m, torch.exp((x64 - ref[:, None]) / temperature).cumsum(dim=1)
+    mass = torch.sub(x, ref[:, None])
+    return m, mass.div_(temperature).exp_().cumsum_(dim=1)
 
 
 def shard_top(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,14 +250,44 @@ def draw_candidates(vals: torch.Tensor, ids: torch.Tensor, params: SamplingParam
     top = vals[:, 0] if top is None else top
     probs = torch.exp((vals - top[:, None]) / params.temperature)
     cum = probs.cumsum(dim=1)
-    if params.top_p < 1.0:
+    if params.top_p < 1.0 or params.min_p > 0.0:
         total = cum[:, -1] if total is None else total
-        before = torch.cat((torch.zeros_like(cum[:, :1]), cum[:, :-1]), dim=1)  # mass strictly before each
-        kept = (before < params.top_p * total[:, None]).sum(dim=1, keepdim=True).clamp_(min=1)
-        mass = cum.gather(1, kept - 1)
+        mass = cum.gather(1, kept_count(vals, cum, params, top, total) - 1)
     else:
         mass = cum[:, -1:]
     return ids.gather(1, _clamped_search(cum, u[:, None] * mass, mass)).squeeze(1)
+
+
+def kept_count(vals: torch.Tensor, cum: torch.Tensor, params: SamplingParams, top: torch.Tensor,
+               total: torch.Tensor) -> torch.Tensor:
+    """How many of the candidates [n, K] (canonical order, cumulative masses `cum`) a row keeps [n, 1]: the top-p
+    prefix cut to the min-p prefix; at least the first (the max itself passes every truncation)."""
+    kept = torch.full_like(cum[:, :1], cum.shape[1], dtype=torch.int64)
+    if params.top_p < 1.0:
+        before = torch.cat((torch.zeros_like(cum[:, :1]), cum[:, :-1]), dim=1)  # mass strictly before each
+        kept = (before < params.top_p * total[:, None]).sum(dim=1, keepdim=True)
+    if params.min_p > 0.0:
+        kept = torch.minimum(kept, (vals >= min_p_cutoff(params, top)[:, None]).sum(dim=1, keepdim=True))
+    return kept.clamp_(min=1)
+
+
+def min_p_cutoff(params: SamplingParams, top: torch.Tensor) -> torch.Tensor:
+    """The smallest logit min-p keeps [n], float64: p_i >= min_p · p_max  <=>  x_i >= M + T · ln(min_p)."""
+    return top + params.temperature * math.log(params.min_p)
+
+
+def nucleus_covered(vals: torch.Tensor, params: SamplingParams, top: torch.Tensor, total: torch.Tensor
+                    ) -> torch.Tensor:
+    """Whether a row's kept tokens all lie among its candidates [n, K] — the row's K best in canonical order,
+    whatever follows them ranks after the last [n] bool: their mass reaches top_p of the total (the top-p
+    prefix ends inside), or the last candidate already fails min-p (so does everything after it)."""
+    covered = torch.zeros(vals.shape[0], dtype=torch.bool, device=vals.device)
+    if params.top_p < 1.0:
+        mass = torch.exp((vals - top[:, None]) / params.temperature).cumsum(dim=1)[:, -1]
+        covered |= mass >= params.top_p * total
+    if params.min_p > 0.0:
+        covered |= vals[:, -1] < min_p_cutoff(params, top)
+    return covered
 
 
 def _clamped_search(cum: torch.Tensor, target: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
@@ -293,27 +341,39 @@ def find_in_shard(cum: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def top_p_covered(group: Group, summaries: torch.Tensor, draw: MassDraw, width: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-p rows from their summaries: (merged candidates' values, ids, covered [n] bool). A row is covered when
-    its candidates' mass reaches p of the row total (so its nucleus is among them) or they are the whole row."""
+    """Top-p / min-p rows from their summaries: (merged candidates' values, ids, covered [n] bool). A row is
+    covered when its kept tokens are among its candidates (`nucleus_covered`) or they are the whole row."""
     k, num_shards = group.k, summaries.shape[0]
     whole = k == width  # every shard sent all its columns: the merged list is the whole row
     vals, ids = merge_candidates(summaries[:, :, 2:2 + k], summaries[:, :, 2 + k:], num_shards * k if whole else k)
-    mass = torch.exp((vals - draw.top[:, None]) / group.params.temperature).cumsum(dim=1)[:, -1]
-    covered = torch.ones_like(mass, dtype=torch.bool) if whole else mass >= group.params.top_p * draw.total
-    return vals, ids, covered
+    if whole:
+        return vals, ids, torch.ones(vals.shape[0], dtype=torch.bool, device=vals.device)
+    return vals, ids, nucleus_covered(vals, group.params, draw.top, draw.total)
 
 
 def sample_top_p_rows(group: Group, x: torch.Tensor, draw: MassDraw, u: torch.Tensor, width: int) -> torch.Tensor:
-    """The fallback for top-p rows the candidates did not cover: from the full rows x [P, n, width], the exact
-    best k of each row for k = 2·candidates, doubling until every row's nucleus is inside (at most the row)."""
-    num_shards = x.shape[0]
+    """The fallback for top-p / min-p rows the candidates did not cover: from the full rows x [P, n, width], the
+    exact best k of each row for k = 2·candidates, doubling for the rows whose kept tokens are not yet inside
+    (at most the whole row). A row's token does not depend on the k it finished at: the cumulative masses of a
+    prefix are the same whatever follows it, so a row of a batch gets the token it gets alone."""
+    num_shards, n = x.shape[0], x.shape[1]
+    tokens = torch.empty(n, dtype=torch.int64, device=x.device)
+    pending = torch.arange(n, device=x.device)
     k = group.k
-    while True:
+    while pending.numel():
         k = min(2 * k, num_shards * width)
-        per_shard = [shard_top(x[r], min(k, width)) for r in range(num_shards)]
+        rows = x if pending.numel() == n else x.index_select(1, pending)
+        per_shard = [shard_top(rows[r], min(k, width)) for r in range(num_shards)]
         vals = torch.stack([v for v, _ in per_shard])
         ids = torch.stack([(local + r * width) for r, (_, local) in enumerate(per_shard)])
         vals, ids = merge_candidates(vals, ids, k)
-        mass = torch.exp((vals - draw.top[:, None]) / group.params.temperature).cumsum(dim=1)[:, -1]
-        if k == num_shards * width or bool((mass >= group.params.top_p * draw.total).all()):
-            return draw_candidates(vals, ids, group.params, u, draw.top, draw.total)
+        top, total, pu = draw.top[pending], draw.total[pending], u[pending]
+        if k == num_shards * width:
+            done = torch.ones(pending.numel(), dtype=torch.bool, device=x.device)
+        else:
+            done = nucleus_covered(vals, group.params, top, total)
+        if bool(done.any()):
+            tokens[pending[done]] = draw_candidates(vals[done], ids[done], group.params, pu[done], top[done],
+                                                    total[done])
+        pending = pending[~done]
+    return tokens

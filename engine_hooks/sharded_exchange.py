@@ -3,14 +3,14 @@
 A call runs one or two all_gathers, fixed by the sampling kinds of its rows (gatherwise.engine_hooks.shard_sampling):
 
 1. `shard_exchange` (always): each rank's per-row summaries as float64 — greedy: (max, index), O(B); top-k:
-   its k best (value, index), O(B·k); temperature: (shard max, shard mass), O(B); top-p: max, mass and its
+   its k best (value, index), O(B·k); temperature: (shard max, shard mass), O(B); top-p, min-p: max, mass, its
    best TOP_P_CANDIDATES. Rank 0's control word rides in word 0 of its chunk. After it every rank holds the
    same P summaries and computes the same tokens for greedy, top-k and covered top-p rows, and the same
    (shard, target) for temperature rows.
-2. `shard_resolve` (only when the call has temperature or top-p rows): each rank sends the tokens of the
+2. `shard_resolve` (only when the call has temperature, top-p or min-p rows): each rank sends the tokens of the
    temperature rows whose drawn position lies in its shard (−1 for the others, found by
-   `find_in_shard`), and the full shard rows of the top-p rows whose nucleus the candidates did not cover —
-   which every rank decides identically from the exchanged summaries. After it every rank picks each
+   `find_in_shard`), and the full shard rows of the top-p / min-p rows whose kept tokens the candidates do not
+   cover — which every rank decides identically from the exchanged summaries. After it every rank picks each
    temperature row's token from its owner's slot and samples the fallback rows from the full rows.
 
 Every rank ends the call holding all tokens; there is no broadcast. The number of collectives depends only on

@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         from gatherwise.bench.serve.cli import main as serve_main
 
         return serve_main(argv[1:])
+    if argv[:1] == ["sampler"]:  # the sampler alone against the engines' own, no ranks
+        from gatherwise.bench.sampler import main as sampler_main
+
+        return sampler_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.from_results is not None:

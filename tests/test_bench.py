@@ -246,3 +246,32 @@ def test_table_file_module_never_imports_torch():
             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_sampler_bench_end_to_end(tmp_path, capsys):
+    """`gatherwise bench sampler` on a small shape: every gatherwise variant timed, engines that do not import
+    here said so (not silently dropped), JSON and PNG written."""
+    out = tmp_path / "sampler"
+    rc = main(["sampler", "--vocab", "1000", "--batch", "1,3", "--iters", "1", "--warmup", "0", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert (out / "sampler.png").stat().st_size > 0
+    assert len(doc["results"]) == 2 * 3 * 2  # logits kinds x samplings x batches
+    for engine, state in doc["engines"].items():
+        assert state == "measured" or state.startswith("not measured:"), engine
+    for shape in doc["results"]:
+        assert {"gatherwise/all_gather", "gatherwise/sharded"} <= set(shape["median_ms"])
+        measured = {e for e, s in doc["engines"].items() if s == "measured"}
+        assert set(shape["median_ms"]) - {"gatherwise/all_gather", "gatherwise/sharded"} == measured
+        assert 1 <= shape["nucleus"]["min"] <= shape["nucleus"]["max"] <= 1000
+    flat_top_p = [s for s in doc["results"] if s["logits"] == "flat" and s["sampling"] == "top_p"]
+    assert all(s["sharded_fallback_rows"] == s["batch"] for s in flat_top_p)  # nuclei of hundreds fall back
+    assert "gatherwise/all_gather ms" in capsys.readouterr().out
+
+
+def test_sampler_bench_refuses_unknown_names(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["sampler", "--sampling", "beam"])
+    assert exc.value.code == 2
+    assert "unknown sampling 'beam'" in capsys.readouterr().err

@@ -14,6 +14,9 @@ PARAMS = [
     SamplingParams(temperature=1.0, top_k=7, seed=2),
     SamplingParams(temperature=0.6, top_p=0.85, seed=3),
     SamplingParams(temperature=1.5, top_k=30, top_p=0.7, seed=4),
+    SamplingParams(temperature=0.9, min_p=0.1, seed=5),
+    SamplingParams(temperature=0.7, top_p=0.9, min_p=0.05, seed=6),
+    SamplingParams(temperature=1.2, top_k=25, min_p=0.2, seed=7),
 ]
 
 
@@ -61,6 +64,27 @@ def test_top_p_keeps_the_shortest_prefix_reaching_p():
     params = SamplingParams(temperature=1.0, top_p=0.7, seed=4)
     seen = {int(sample(sharded(full, 2), 4, [SamplingRow(params, 0, p)])) for p in range(200)}
     assert seen == {1, 3}
+
+
+def test_min_p_keeps_exactly_the_tokens_with_at_least_min_p_of_the_largest_probability():
+    probs = torch.tensor([[0.40, 0.039, 0.2, 0.041, 0.32]], dtype=torch.float64)  # 0.1 * 0.40 = 0.04
+    full = probs.log().to(torch.float32)
+    for params in (SamplingParams(temperature=1.0, min_p=0.1, seed=4),
+                   SamplingParams(temperature=1.0, top_k=4, min_p=0.1, seed=4),  # top-k 4 would keep 0.039 too
+                   SamplingParams(temperature=1.0, top_p=0.99, min_p=0.1, seed=4)):
+        for world in (1, 2, 3):
+            seen = {int(sample(sharded(full, world), 5, [SamplingRow(params, 0, p)])) for p in range(300)}
+            assert seen == {0, 2, 3, 4}, f"{params} P={world}"
+    # top-p cuts first when its prefix is the shorter: 0.40 + 0.32 reaches 0.7
+    params = SamplingParams(temperature=1.0, top_p=0.7, min_p=0.1, seed=4)
+    assert {int(sample(sharded(full, 2), 5, [SamplingRow(params, 0, p)])) for p in range(300)} == {0, 4}
+
+
+def test_min_p_must_be_a_fraction():
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="min_p must be in"):
+            SamplingParams(temperature=1.0, min_p=bad)
+    assert SamplingParams(0.8, 0, 0.9, 3) == SamplingParams(temperature=0.8, top_p=0.9, seed=3, min_p=0.0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,7 +1,7 @@
 """Sharded mode on real gloo ranks: the same tokens as all_gather and gather, bit for bit, at P = 1, 2, 3.
 
 One spawn per P runs every case: the three static modes and 60 random three-mode switch schedules, over greedy,
-top-k, top-p (covered by the candidates and falling back), temperature-only and mixed batches, odd vocab sizes,
+top-k, top-p, min-p (covered by the candidates and falling back), temperature-only and mixed batches, odd vocab sizes,
 float32 and bfloat16. Each rank reports its tokens, its per-call mode log, the collectives its path says it ran
 and the collectives it really issued, and what its recorder received.
 """
@@ -31,7 +31,10 @@ TOP_P = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
 TOP_P_SMALL = SamplingParams(temperature=1.0, top_p=0.3, seed=4)
 TEMPERATURE = SamplingParams(temperature=0.7, seed=5)
 TOP_K_P = SamplingParams(temperature=1.3, top_k=20, top_p=0.8, seed=6)
-ALL = (GREEDY, TOP_K, TOP_K_BIG, TOP_P, TOP_P_SMALL, TEMPERATURE, TOP_K_P)
+MIN_P = SamplingParams(temperature=0.9, min_p=0.1, seed=7)
+TOP_P_MIN_P = SamplingParams(temperature=0.8, top_p=0.95, min_p=0.05, seed=8)
+TOP_K_MIN_P = SamplingParams(temperature=1.1, top_k=40, min_p=0.2, seed=9)
+ALL = (GREEDY, TOP_K, TOP_K_BIG, TOP_P, TOP_P_SMALL, TEMPERATURE, TOP_K_P, MIN_P, TOP_P_MIN_P, TOP_K_MIN_P)
 NUM_SCHEDULES = 60
 SPAWN_TIMEOUT = 300
 
@@ -102,12 +105,14 @@ def run_cases(rank: int, world: int, cases: list[Case]) -> list[dict]:
 def build_cases() -> list[Case]:
     cases = []
     kinds = {"greedy": (GREEDY,), "top-k": (TOP_K, TOP_K_BIG), "top-p": (TOP_P, TOP_P_SMALL),
-             "temperature": (TEMPERATURE,), "mixed": ALL}
+             "temperature": (TEMPERATURE,), "min-p": (MIN_P, TOP_P_MIN_P, TOP_K_MIN_P), "mixed": ALL}
     for mode in ("all_gather", "gather", "sharded"):
         for kind, params in kinds.items():
             cases.append(Case(f"{mode} {kind} 1001 float32", 1001, mode, params, (1, 7, 16, 3), seed=1))
             cases.append(Case(f"{mode} {kind} 203 bfloat16", 203, mode, params, (5, 2, 12), "bfloat16", seed=2))
         cases.append(Case(f"{mode} flat top-p 509", 509, mode, (TOP_P, TOP_K_P, GREEDY), (9, 4), scale=0.05, seed=3))
+        # flat logits: min-p keeps nearly every column, so its rows fall back to the full rows too
+        cases.append(Case(f"{mode} flat min-p 509", 509, mode, (MIN_P, TOP_P_MIN_P), (6, 3), scale=0.05, seed=6))
         cases.append(Case(f"{mode} peaked top-p 1001", 1001, mode, (TOP_P, TOP_P_SMALL), (4, 11), scale=10.0, seed=5))
         cases.append(Case(f"{mode} tiny vocab 5", 5, mode, ALL, (6, 1), seed=4))  # a shard of padding only at P=3
     for s in range(NUM_SCHEDULES):
@@ -197,6 +202,8 @@ def test_sharded_calls_are_recorded_with_their_own_ops_and_fallbacks():
         # flat logits: the 64 best of a shard never hold 90 % of the mass, so every top-p row falls back
         assert sum(c["fallback_rows"] for c in flat_calls) == sum(c["topp_rows"] for c in flat_calls) > 0
         assert all(c["resolve_nbytes"] > 0 for c in flat_calls)
+        flat_min_p = ranks[rank][CASES.index(next(c for c in CASES if c.name == "sharded flat min-p 509"))]["records"]
+        assert sum(c["fallback_rows"] for c in flat_min_p) == sum(c["topp_rows"] for c in flat_min_p) == 9
         peaked_calls = ranks[rank][peaked]["records"]
         assert sum(c["topp_rows"] for c in peaked_calls) == sum(CASES[peaked].sizes)
         assert sum(c["fallback_rows"] for c in peaked_calls) == 0

@@ -5,6 +5,14 @@ vocab-32000 model with the same body for the other end, and a tiny one for --qui
 Weights are random, so text is nonsense; what matters is the shapes (the LM head's vocab × hidden per rank, the
 body's cost per token). The init keeps logits O(1) and makes the layers strong enough that the next token is not
 just the input token echoed through the (tied) embeddings, so greedy outputs vary like a real model's.
+
+Such a model's next-token distribution is nearly flat (its top-p nucleus is most of the vocabulary). With
+`head_entropy` the builder scales the logits so that the model's mean next-token entropy at T = 1 is near the
+target instead: logits are linear in the final norm's weight (no LM-head bias in these shapes), so multiplying
+that weight by c multiplies every logit by c — tied or untied embeddings alike — and c is solved by bisection
+on the entropy measured with the model's own forward over ENTROPY_PROMPTS random token-id prompts of
+ENTROPY_PROMPT_LEN tokens (the mean over every position). Random prompts stand in for text: the figure is the
+model's entropy on its serving bench's kind of input (random ids), stated as such.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from typing import Any
 from gatherwise.bench.serve.tokenizer import write_tokenizer
 
 BUILT_MARKER = ".gatherwise-built"  # written last: a directory without it is an interrupted build
+ENTROPY_PROMPTS = 4
+ENTROPY_PROMPT_LEN = 32
 
 
 @dataclass(frozen=True)
@@ -80,8 +90,42 @@ def initialise_random(model: Any, seed: int, noise_dtype: Any = None) -> None:
             param.copy_(value)
 
 
-def build_checkpoint(shape: ModelShape, directory: Path, seed: int = 0) -> Path:
-    """config.json, float32 safetensors and the tokenizer of `shape` in `directory` (reused when already built)."""
+def mean_entropy(logits: Any) -> float:
+    """Mean entropy in nats of softmax over the last dim, float64."""
+    import torch
+
+    logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    return float(-(logp.exp() * logp).sum(dim=-1).mean())
+
+
+def scale_to_entropy(model: Any, vocab: int, target: float, seed: int) -> tuple[float, float, float]:
+    """Scale the final norm's weight so the model's mean next-token entropy is `target` (nats, T = 1), measured
+    on random token-id prompts. Returns (scale, entropy before, entropy after)."""
+    import torch
+
+    if not 0.0 < target < math.log(vocab):
+        raise ValueError(f"head entropy must be in (0, ln {vocab} = {math.log(vocab):.2f}) nats, got {target}")
+    gen = torch.Generator().manual_seed(seed + 1)
+    prompts = torch.randint(0, vocab, (ENTROPY_PROMPTS, ENTROPY_PROMPT_LEN), generator=gen)
+    with torch.no_grad():
+        base = model(input_ids=prompts).logits.to(torch.float64)
+        before = mean_entropy(base)
+        lo, hi = 0.0, 1.0
+        while mean_entropy(hi * base) > target:  # entropy falls as the logits grow
+            hi *= 2.0
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if mean_entropy(mid * base) > target else (lo, mid)
+        scale = (lo + hi) / 2
+        model.model.norm.weight.mul_(scale)
+        after = mean_entropy(model(input_ids=prompts).logits)
+    return scale, before, after
+
+
+def build_checkpoint(shape: ModelShape, directory: Path, seed: int = 0, head_entropy: float | None = None) -> Path:
+    """config.json, float32 safetensors and the tokenizer of `shape` in `directory` (reused when already built).
+    `head_entropy`: scale the logits to this mean next-token entropy (nats, see the module docstring); None keeps
+    the random init's."""
     if (directory / BUILT_MARKER).is_file():
         return directory
     import torch
@@ -92,8 +136,14 @@ def build_checkpoint(shape: ModelShape, directory: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = model_cls(config_cls(**shape.config))
     initialise_random(model, seed)
+    marker: dict[str, Any] = {"shape": shape.name, "seed": seed, "about": shape.about}
+    if head_entropy is not None:
+        scale, before, after = scale_to_entropy(model, shape.vocab, head_entropy, seed)
+        marker["head_entropy"] = {"target": head_entropy, "logit_scale": scale, "entropy_before": before,
+                                  "entropy_after": after, "measured_on": f"{ENTROPY_PROMPTS} random token-id prompts "
+                                  f"of {ENTROPY_PROMPT_LEN}, every position"}
     directory.mkdir(parents=True, exist_ok=True)
     model.to(torch.float32).save_pretrained(directory)
     write_tokenizer(directory, shape.vocab)
-    (directory / BUILT_MARKER).write_text(json.dumps({"shape": shape.name, "seed": seed, "about": shape.about}))
+    (directory / BUILT_MARKER).write_text(json.dumps(marker))
     return directory

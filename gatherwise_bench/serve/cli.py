@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                    f"({', '.join(_shape_names())}) or checkpoint directories; default {DEFAULTS['model']}")
     p.add_argument("--models-dir", type=Path, default=Path("out/bench_serve/models"),
                    help="where the built checkpoints are kept (reused), default out/bench_serve/models")
+    p.add_argument("--head-entropy", type=float, default=None, metavar="NATS",
+                   help="built shapes only: scale the logits so the model's mean next-token entropy (T = 1, on "
+                   "random token-id prompts) is NATS, like a trained model's (e.g. 2.5), instead of the random "
+                   "init's near-flat distribution; built as <shape>-h<NATS>; default off")
     p.add_argument("--configurations", type=name_list("--configurations", _choice("configuration", CONFIGURATIONS)),
                    help=f"comma-separated, in order; default {','.join(CONFIGURATIONS)}")
     p.add_argument("--passes", type=at_least("--passes", 1),
@@ -94,13 +98,15 @@ def _engine(name: str) -> EngineSpec:
     return SglangEngine()
 
 
-def _checkpoint(name: str, models_dir: Path) -> tuple[Path, str]:
+def _checkpoint(name: str, models_dir: Path, head_entropy: float | None = None) -> tuple[Path, str]:
     from gatherwise.bench.serve.checkpoints import MODEL_SHAPES, build_checkpoint
 
     if name in MODEL_SHAPES:
         shape = MODEL_SHAPES[name]
-        print(f"[bench serve] checkpoint {name}: {shape.about}", file=sys.stderr)
-        return build_checkpoint(shape, models_dir / name), shape.about
+        about = shape.about if head_entropy is None else f"{shape.about}, logits scaled to {head_entropy} nats"
+        print(f"[bench serve] checkpoint {name}: {about}", file=sys.stderr)
+        directory = models_dir / (name if head_entropy is None else f"{name}-h{head_entropy:g}")
+        return build_checkpoint(shape, directory, head_entropy=head_entropy), about
     path = Path(name)
     if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
         raise SystemExit(f"--model {name}: neither a built-in shape nor a directory with config.json and "
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     cells = build_cells(args.sampling, args.concurrency, args.prompts_per_slot, args.min_prompts)
     workload = Workload(args.input_len, args.output_len, args.seed)
     for model_name in args.model.split(","):
-        model, about = _checkpoint(model_name.strip(), args.models_dir)
+        model, about = _checkpoint(model_name.strip(), args.models_dir, args.head_entropy)
         out_dir = args.out / f"{engine.name}-{model.name}"
         work_dir = out_dir / "work"
         work_dir.mkdir(parents=True, exist_ok=True)
