@@ -84,6 +84,11 @@ class EngineSection(Schema):
     logits_dtype: Literal[LOGITS_DTYPES] = "float32"  # type: ignore[valid-type]
     # modes SGLang captures a decode CUDA graph for (graph memory x each)
     graph_modes: Annotated[str, AfterValidator(_mode_labels)] = "all_gather,gather"
+    # who samples the engine's sampled batches: its own sampler, or gatherwise's mode-independent one (every
+    # mode, sharded included; tokens keyed by (sampler_seed, request, position)); docs/sglang.md, docs/vllm.md
+    sampler: Literal["engine", "gatherwise"] = "engine"
+    # the seed of gatherwise's sampler for requests without a seed of their own
+    sampler_seed: int = Field(default=0, ge=0, lt=1 << 63)
 
 
 class TelemetrySection(Schema):

@@ -38,6 +38,8 @@ def test_every_shipped_config_loads(example):
     ("policy:\n  window:\n", "policy.window: must not be empty"),
     ("engine:\n  graph_modes: gather,scatter\n", "engine.graph_modes: must be comma-separated labels"),
     ("sidecar: 5\n", "sidecar: must be a mapping, got int"),
+    ("engine:\n  sampler: torch\n", "engine.sampler: must be one of engine, gatherwise"),
+    ("engine:\n  sampler_seed: -1\n", "engine.sampler_seed: must be >= 0"),
 ])
 def test_bad_config_names_file_and_key(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
@@ -119,3 +121,11 @@ def test_policy_parameters_are_declared_once_and_the_api_derives_from_them():
         update = PolicyUpdate.model_fields[name]
         assert update.default is None and update.metadata == field.metadata, name
     assert set(PolicyUpdate.model_fields) == set(PolicyParams.model_fields)
+
+
+def test_engine_sampler_defaults_to_the_engines_own_and_is_set_by_its_variable():
+    assert GatherwiseConfig().engine.sampler == "engine"
+    cfg = load_config(None, env={"GATHERWISE_ENGINE_SAMPLER": "gatherwise", "GATHERWISE_ENGINE_SAMPLER_SEED": "7"})
+    assert cfg.engine.sampler == "gatherwise" and cfg.engine.sampler_seed == 7
+    with pytest.raises(ConfigError, match="environment variable GATHERWISE_ENGINE_SAMPLER"):
+        load_config(None, env={"GATHERWISE_ENGINE_SAMPLER": "Gatherwise"})
