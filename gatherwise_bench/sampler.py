@@ -211,7 +211,7 @@ def engine_variant(engine: str, logits: Any, sampling: str) -> tuple[Sampler, Ca
         def vllm_sample(x: Any) -> Any:  # Sampler.sample for an all-random batch, no per-request generators
             x = VllmSampler.apply_temperature(x, temperature, True)
             if m > 0:
-                x = MinPLogitsProcessor.apply(min_p, x)  # type: ignore[arg-type]
+                x = MinPLogitsProcessor.apply(min_p, x)
             return topk_topp(x, {}, ks, ps)[0]
         return vllm_sample, logits.clone
     raise ValueError(engine)

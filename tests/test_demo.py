@@ -21,6 +21,7 @@ def test_demo_shows_live_numbers_and_ctrl_c_cleans_up():
     output: list[str] = []
     deadline = time.monotonic() + 240
     seen_numbers = False
+    assert proc.stdout is not None
     try:
         for line in proc.stdout:  # read until one whole screen with a latency row has been printed
             output.append(line)

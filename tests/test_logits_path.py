@@ -28,7 +28,7 @@ def _run_path(rank, world, vocab, mode, dtype_name, switch_at=None):
     from gatherwise.engine_hooks.table_source import InProcessTableSource, ScheduleTableSource, initial_schedule_table
     from gatherwise.modes import Mode, ModeTable
 
-    source = None
+    source: ScheduleTableSource | InProcessTableSource | None = None
     if mode.startswith("schedule:"):
         seed = int(mode.split(":")[1])
         table, source = initial_schedule_table(seed), ScheduleTableSource(seed)
@@ -43,14 +43,16 @@ def _run_path(rank, world, vocab, mode, dtype_name, switch_at=None):
     reported_during: list[int] = []  # the call during which each report arrived
     for step, batch in enumerate(BATCHES):
         if switch_at == step and rank == 0:
+            assert isinstance(source, InProcessTableSource)
             source.request(ModeTable.uniform(Mode.GATHER if mode == "all_gather" else Mode.ALL_GATHER))
         _fill(path, rank, torch.randn(batch, vocab, generator=gen))
         tokens.append(path.run(_rows(step, batch)).tolist())
         if isinstance(source, InProcessTableSource):
             reported_during += [step] * (len(source.applied) - len(reported_during))
-    applied = [(s.seq, s.apply_call, s.epoch, during) for s, during in zip(source.applied, reported_during,
-                                                                           strict=True)] \
-        if isinstance(source, InProcessTableSource) else []
+    applied: list[tuple[int, int, int, int]] = []
+    if isinstance(source, InProcessTableSource):
+        applied = [(s.seq, s.apply_call, s.epoch, during)
+                   for s, during in zip(source.applied, reported_during, strict=True)]
     return tokens, [m.label for m in path.mode_log], path.collective_log, path.epoch, applied
 
 

@@ -41,6 +41,7 @@ def _split_path(rank, world, first_mode):
             out = mine if out is None else out
         else:
             out = path.complete(None)
+        assert out is not None
         tokens.append(out.tolist())
     return tokens, expected, [m.label for m in path.mode_log], path.epoch
 

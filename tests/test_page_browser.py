@@ -87,7 +87,7 @@ def save(page, tmp_path: Path, name: str) -> None:
 
 def test_live_page_in_a_real_browser(tmp_path, shm_dir):
     chromium = browser_or_skip()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import Dialog, expect, sync_playwright
 
     config = write_config(tmp_path, shm_dir)
     engine = start_engine(shm_dir, tp=2, duration=300, config=config)
@@ -110,7 +110,11 @@ def test_live_page_in_a_real_browser(tmp_path, shm_dir):
                 page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
                 page.on("pageerror", lambda e: errors.append(str(e)))
                 page.on("request", lambda r: None if r.url.startswith(url) else elsewhere.append(r.url))
-                page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+                def dismiss(dialog: Dialog) -> None:
+                    dialogs.append(dialog.message)
+                    dialog.dismiss()
+
+                page.on("dialog", dismiss)
                 page.goto(url)
 
                 # the engine and its forged strings, shown as text
@@ -148,7 +152,9 @@ def test_live_page_in_a_real_browser(tmp_path, shm_dir):
                 apply.click()
                 result = page.locator("#switch-result")
                 expect(result).to_contain_text("applied from call", timeout=30_000)
-                apply_call = int(re.search(r"applied from call (\d+)", result.inner_text()).group(1))
+                applied = re.search(r"applied from call (\d+)", result.inner_text())
+                assert applied is not None
+                apply_call = int(applied.group(1))
                 mode = httpx.get(f"{url}/v1/mode", timeout=10).json()
                 assert mode["active"][bucket] == "gather" and mode["pinned"][bucket] == "gather"
                 expect(page.locator(f'#modes tr[data-bucket="{bucket}"] td.active')).to_have_text("gather",

@@ -3,6 +3,7 @@ a failing step never ends it; stopping it runs what was handed over."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -20,10 +21,15 @@ def test_handed_work_runs_on_the_loop_thread_in_order():
     assert loop.call(threading.current_thread) is threading.current_thread()  # not started: inline
     loop.start()
     try:
-        threads = [loop.call(lambda i=i: (seen.append(i), threading.current_thread())[1]) for i in range(5)]
+        def note(i: int) -> threading.Thread:
+            seen.append(i)
+            return threading.current_thread()
+
+        threads = [loop.call(functools.partial(note, i)) for i in range(5)]
         assert {t.name for t in threads} == {"gw-test-loop"} and seen == [0, 1, 2, 3, 4]
         with pytest.raises(KeyError):
-            loop.call(lambda: {}["missing"])  # the caller gets the exception (an API error becomes its status)
+            # the caller gets the exception (an API error becomes its status)
+            loop.call(lambda: dict[str, int]()["missing"])
         assert loop.call(lambda: loop.call(lambda: 7)) == 7  # from the loop itself: inline, no deadlock
     finally:
         loop.stop()

@@ -52,6 +52,7 @@ def test_oversized_bodies_are_refused_before_they_are_read(idle_sidecar):
 def raw_put(api: httpx.Client, extra_headers: bytes, body_part: bytes) -> bytes:
     """PUT /v1/mode declaring a BIG body, send `body_part` of it, then read until the sidecar closes."""
     url = urlsplit(str(api.base_url))
+    assert url.port is not None
     with socket.create_connection((url.hostname, url.port), timeout=60) as sock:
         sock.sendall(b"PUT /v1/mode HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Authorization: Bearer fault-token\r\n" + extra_headers +
