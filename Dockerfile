@@ -5,7 +5,7 @@
 FROM python:3.11.11-slim-bookworm AS sidecar
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
-COPY pyproject.toml constraints.txt README.md ./
+COPY pyproject.toml setup.py constraints.txt README.md ./
 COPY gatherwise gatherwise
 COPY engine_hooks engine_hooks
 COPY sidecar sidecar

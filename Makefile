@@ -7,7 +7,7 @@ APT_PACKAGES := prometheus docker-compose chromium
 
 .PHONY: demo test test-vllm test-sglang bench-serve lint typecheck deps apt clean
 
-$(STAMP): pyproject.toml constraints.txt engine_hooks/_ring_writer.c
+$(STAMP): pyproject.toml setup.py constraints.txt engine_hooks/_ring_writer.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[sidecar,engine,bench,dev]'

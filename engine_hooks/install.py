@@ -13,19 +13,19 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import torch
 
 from gatherwise import HOOKS_VERSION
 from gatherwise.config import GatherwiseConfig, config_hash, load_config
 from gatherwise.engine_hooks.comm import Communicator
-from gatherwise.engine_hooks.delay_injection import DelayedCommunicator
 from gatherwise.engine_hooks.handshake import handshake
 from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
 from gatherwise.engine_hooks.logits_path import CallRecorder, LogitsPath
 from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 from gatherwise.modes import Mode, ModeTable
+from gatherwise.shm_format.liveness import LivenessLock
 
 log = logging.getLogger("gatherwise.install")
 ENGINE_ID_RANDOM_BITS = 63
@@ -39,21 +39,25 @@ GATHERWISE_SAMPLER = {
 }
 
 
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
 @dataclass
 class InstalledHooks:
-    path: LogitsPath
+    logits_path: LogitsPath
     engine_id: int
     engine_dir: Path | None
     config: GatherwiseConfig
-    _closables: list[Any] = field(default_factory=list)
-    liveness: Any = None  # gatherwise.shm_format.liveness.LivenessLock of this rank, released last
+    _closables: list[Closable] = field(default_factory=list)
+    liveness: LivenessLock | None = None  # this rank's, released last
 
     def close(self) -> None:
         """Close the ring and control block; rank 0 removes the engine's shared-memory directory."""
         for item in self._closables:
             item.close()
         self._closables.clear()
-        if self.path.rank == 0 and self.engine_dir is not None:
+        if self.logits_path.rank == 0 and self.engine_dir is not None:
             shutil.rmtree(self.engine_dir, ignore_errors=True)
         if self.liveness is not None:
             self.liveness.close()
@@ -91,7 +95,7 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
     table = table if table is not None else initial_table(cfg)
     handshake(comm, config_hash=config_hash(cfg), table=table, vocab=vocab, dtype=dtype, device=device)
     engine_id = share_engine_id(comm, device)
-    closables: list[Any] = []
+    closables: list[Closable] = []
     recorder = source = engine_dir = liveness = None
     # gatherwise never ends a rank: a rank whose files cannot be made (a full or read-only filesystem, a
     # directory made unusable since the launcher checked it) runs without them and says so once.
@@ -140,7 +144,9 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
         # event pairs on the stream, resolved calls later by query(): no synchronize on the hot path
         clock, path_recorder = cuda_recording(recorder)
         closables[closables.index(recorder)] = path_recorder  # closing the resolver flushes, then closes the ring
-    if cfg.control.inject_delay:
+    if cfg.control.inject_delay:  # fault injection for tests of a slow rank: imported only when asked for
+        from gatherwise.engine_hooks.delay_injection import DelayedCommunicator
+
         comm = DelayedCommunicator(comm, cfg.control.inject_delay)
     path_class = LoggedLogitsPath if keep_log else LogitsPath
     path = path_class(comm, vocab, dtype=dtype, device=device, initial_table=table, table_source=source,
@@ -152,10 +158,10 @@ def _runs_without(what: str, rank: int, why: str) -> None:
     log.warning("gatherwise: TP rank %d runs with %s off (the engine itself is unaffected): %s", rank, what, why)
 
 
-def _create_engine_dir(shm_dir: str, engine_id: int, rank: int) -> tuple[Path, Any]:
+def _create_engine_dir(shm_dir: str, engine_id: int, rank: int) -> tuple[Path, LivenessLock]:
     """`<shm_dir>/<engine id>`, private to this user (see shm_format/private_files.py), with this rank's liveness
     lock in it. Rank 0 first removes the directories of engines that died without removing theirs."""
-    from gatherwise.shm_format.liveness import LivenessLock, remove_dead_engine_dirs
+    from gatherwise.shm_format.liveness import remove_dead_engine_dirs
     from gatherwise.shm_format.private_files import ensure_private_dir
     from gatherwise.shm_format.ring import engine_dir
 

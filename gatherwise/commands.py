@@ -1,5 +1,6 @@
 """The `gatherwise` subcommands, found by entry point: each floor declares its own in pyproject.toml
-(`[project.entry-points."gatherwise.commands"]`), so the torch-free core names no floor above it.
+(`[project.entry-points."gatherwise.commands"]`), so the torch-free core names no floor above it. They are read
+from the distribution's metadata, as any entry point is.
 
 A command's help line is the first line of its module's docstring, read from the source file without running the
 module: `gatherwise --help` then imports neither torch nor the web stack, and works without any extra installed.
@@ -16,9 +17,6 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 GROUP = "gatherwise.commands"
-# Run from a checkout that was never installed (e.g. the GPU machine's package tree): no dist-info to read the
-# entry points from, so they come from the pyproject.toml next to the package's folder instead.
-_CHECKOUT_PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 
 @dataclass(frozen=True)
@@ -46,18 +44,8 @@ def _parse(name: str, value: str) -> Command:
     return Command(name.strip(), module.strip(), function.strip())
 
 
-def _from_checkout() -> list[Command]:
-    if not _CHECKOUT_PYPROJECT.is_file():
-        return []
-    text = _CHECKOUT_PYPROJECT.read_text(encoding="utf-8")
-    header = f'[project.entry-points."{GROUP}"]'
-    if header not in text:
-        return []
-    section = text.split(header, 1)[1].split("\n[", 1)[0]
-    return [_parse(name, value) for name, value in re.findall(r'^(\w+)\s*=\s*"([^"]+)"', section, flags=re.M)]
-
-
 def commands() -> dict[str, Command]:
-    """Every subcommand by name, sorted (installed metadata and a checkout list them alike)."""
-    found = [_parse(ep.name, ep.value) for ep in entry_points(group=GROUP)] or _from_checkout()
+    """Every subcommand by name, sorted, from the distribution's metadata (an install's dist-info, or the one
+    scripts/package_tree.py writes for a plain checkout)."""
+    found = [_parse(ep.name, ep.value) for ep in entry_points(group=GROUP)]
     return {command.name: command for command in sorted(found, key=lambda command: command.name)}

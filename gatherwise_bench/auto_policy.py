@@ -78,7 +78,7 @@ def engine_rank(rank: int, world: int, config_path: str, stop_file: str, load: d
 
     comm = default_communicator()
     hooks = install_hooks(comm, vocab=load["vocab"], config=load_config(config_path))
-    path = hooks.path
+    path = hooks.logits_path
     gen = torch.Generator().manual_seed(rank)
     sizes = sorted({b for b, _ in load["calls"]})
     logits = {b: torch.randn(b, path.width, generator=gen) for b in sizes}

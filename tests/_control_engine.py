@@ -60,6 +60,7 @@ def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
 
     from gatherwise.config import load_config
     from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.control_block import ControlBlockSource
     from gatherwise.engine_hooks.install import install_hooks
     from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
@@ -71,7 +72,7 @@ def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
         cfg = cfg.replace(control=cfg.control.replace(enabled=False), telemetry=cfg.telemetry.replace(enabled=False))
     comm = default_communicator()
     hooks = install_hooks(comm, vocab=spec.vocab, config=cfg, keep_log=True)
-    path = hooks.path
+    path = hooks.logits_path
     assert isinstance(path, LoggedLogitsPath)  # keep_log=True
     width = path.width
     lo, hi = rank * width, min(spec.vocab, (rank + 1) * width)
@@ -98,7 +99,7 @@ def loop_rank(rank: int, world: int, spec: LoopSpec) -> RankResult:
                 time.sleep(spec.pace_seconds)
             if call % CHECK_EVERY == 0 and stop_on_every_rank(comm, flag, finished):
                 break
-        source = next((c for c in hooks._closables if hasattr(c, "ignored_commands")), None)
+        source = next((c for c in hooks._closables if isinstance(c, ControlBlockSource)), None)
         return RankResult(rank, hooks.engine_id, [int(m) for m in path.mode_log], tokens,
                           None if source is None else source.disabled,
                           None if source is None else source.ignored_commands)

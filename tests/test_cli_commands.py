@@ -1,5 +1,6 @@
-"""The `gatherwise` dispatcher: it finds each floor's commands by entry point (installed, or from a checkout's
-pyproject.toml), shows their help without importing them, and names the extra a command is missing."""
+"""The `gatherwise` dispatcher: it finds each floor's commands by entry point (installed, or from the dist-info
+scripts/package_tree.py writes for a checkout), shows their help without importing them, and names the extra a
+command is missing."""
 
 from __future__ import annotations
 
@@ -20,8 +21,16 @@ def test_every_command_is_found_and_its_function_exists():
         assert callable(command.load()), command
 
 
-def test_a_checkout_declares_the_same_commands_as_the_install():
-    assert sorted(commands._from_checkout(), key=lambda c: c.name) == list(commands.commands().values())
+def test_a_plain_checkout_finds_the_same_commands_through_the_package_tree(tmp_path):
+    """scripts/package_tree.py's layout alone on the path (no site-packages): its dist-info names every command."""
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "package_tree.py"), str(tmp_path)], check=True,
+                   capture_output=True, timeout=60)
+    code = "from gatherwise import commands; print(sorted((c.name, c.module, c.function) " \
+           "for c in commands.commands().values()))"
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(sorted((c.name, c.module, c.function) for c in commands.commands().values()))
 
 
 def test_help_lists_every_command_without_importing_torch_or_the_web_stack():

@@ -44,6 +44,18 @@ def test_one_top_level_package(installed: Path):
     assert {"shm_format", "engine_hooks", "tp_engine", "dashboards", "sidecar", "bench"} <= floors
 
 
+def test_every_package_folder_of_the_checkout_is_installed(installed: Path):
+    """setup.py derives the package list from pyproject.toml's package-dir: no room is left out."""
+    from tests.test_import_boundaries import _package_dirs
+
+    for name, folder in _package_dirs().items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            if {"build", "__pycache__"} & set(init.relative_to(ROOT).parts):
+                continue
+            sub = init.parent.relative_to(ROOT / folder).parts
+            assert (installed / Path(*name.split("."), *sub) / "__init__.py").is_file(), (name, sub)
+
+
 def test_the_engine_plugins_and_the_commands_are_declared_entry_points(installed: Path):
     text = (_dist_info(installed) / "entry_points.txt").read_text()
     sections = dict(re.findall(r"^\[([^\]]+)\]\n((?:[^\[\n].*\n?)*)", text, flags=re.M))

@@ -137,6 +137,7 @@ def _logits_forward(hooks, original, processor, batch):
 def _hooks(comm, graph_modes: str, installed: bool = True):
     from gatherwise.config import EngineSection, GatherwiseConfig
     from gatherwise.engine_hooks.adapters.sglang_step import SglangStepHooks
+    from gatherwise.engine_hooks.install import InstalledHooks
     from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.engine_hooks.rng_resync import RandomStateResync
     from gatherwise.engine_hooks.table_source import InProcessTableSource
@@ -146,7 +147,7 @@ def _hooks(comm, graph_modes: str, installed: bool = True):
     source = InProcessTableSource() if comm.rank == 0 else None
     if installed:  # what _path installs at the first hooked call (it needs SGLang's TP group)
         path = LoggedLogitsPath(comm, VOCAB, initial_table=ModeTable.uniform(Mode.ALL_GATHER), table_source=source)
-        hooks.installed = SimpleNamespace(path=path, close=lambda: None)
+        hooks.installed = InstalledHooks(path, engine_id=0, engine_dir=None, config=hooks.config)
         hooks.resync = RandomStateResync(comm, "cpu")
     return hooks, source
 
@@ -165,7 +166,7 @@ def _serve(rank, world, graph_modes, schedule):
     wrapped = _wrapped(hooks)
     runner = StandInDecodeGraphRunner(hooks, wrapped, rank, world)
     runner.capture()
-    path = hooks.installed.path
+    path = hooks.installed.logits_path
     keys = sorted(str(k) for k in runner.graphs)
     assert path.call_index == 0 and not path.mode_log  # capturing ran and recorded no call
 

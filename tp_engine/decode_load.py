@@ -116,7 +116,7 @@ def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: in
     if rank == 0:
         print(f"gatherwise engine {engine_id}: tp={world} workload={spec.workload} "
               f"shm={spec.config.engine.shm_dir}", flush=True)
-    engine = Engine(model, hooks.path, max_batch=max_rows(spec.workload))
+    engine = Engine(model, hooks.logits_path, max_batch=max_rows(spec.workload))
     flag = torch.zeros(1, dtype=torch.int64, device=model.device)
     sizes = batch_sizes(spec.workload, spec.seed)
     params = tuple(SamplingParams(**kind) for kind in SAMPLING_MIXES[spec.sampling])
@@ -128,12 +128,12 @@ def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: in
 
     try:
         while True:
-            engine.synthetic([next(sizes) for _ in range(CALLS_PER_CHECK)], params, path=hooks.path)
+            engine.synthetic([next(sizes) for _ in range(CALLS_PER_CHECK)], params, path=hooks.logits_path)
             if stop_on_every_rank(comm, flag, finished):
                 break
     finally:
         hooks.close()
-    return RankSummary(rank, engine_id, hooks.path.call_index, time.monotonic() - t0)
+    return RankSummary(rank, engine_id, hooks.logits_path.call_index, time.monotonic() - t0)
 
 
 def build_parser() -> argparse.ArgumentParser:

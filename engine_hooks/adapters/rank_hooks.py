@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import atexit
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,6 +18,9 @@ from gatherwise.engine_hooks.logits_path import LogitsPath, shard_width
 from gatherwise.engine_hooks.sampling_params import SamplingParams, SamplingRow
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import engine_dir_name
+
+if TYPE_CHECKING:
+    from gatherwise.engine_hooks.install import InstalledHooks
 
 GREEDY = call_kind(Sampling.GREEDY)
 
@@ -52,7 +55,7 @@ class RankHooks:
 
     def __init__(self, config: GatherwiseConfig, log: logging.Logger) -> None:
         self.config, self.log = config, log
-        self.installed: Any = None  # gatherwise.engine_hooks.install.InstalledHooks once the first hooked call ran
+        self.installed: InstalledHooks | None = None  # once the first hooked call ran
         self.disabled: str | None = None  # why the hooks stay off in this rank
         self._sharded_tokens: torch.Tensor | None = None  # tokens of a sharded call, for its sampler call
         self._greedy_rows: list[SamplingRow] = []  # reused for every sharded greedy call
@@ -68,8 +71,15 @@ class RankHooks:
                                        engine_version=self.engine_version(), sampler=engine_sampler(self.ENGINE))
         atexit.register(self.close)
         self.log.info("gatherwise: hooks installed on TP rank %d/%d, engine %s, table %s", comm.rank,
-                      comm.world_size, engine_dir_name(self.installed.engine_id), self.installed.path.table.as_labels())
-        return self.installed.path
+                      comm.world_size, engine_dir_name(self.installed.engine_id),
+                      self.installed.logits_path.table.as_labels())
+        return self.installed.logits_path
+
+    @property
+    def logits_path(self) -> LogitsPath:
+        """The installed path: only for hooked calls, which run after _install."""
+        assert self.installed is not None, "a hooked call before the hooks were installed"
+        return self.installed.logits_path
 
     def close(self) -> None:
         if self.installed is not None:

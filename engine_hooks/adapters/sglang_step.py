@@ -202,7 +202,7 @@ class SglangStepHooks(RankHooks):
 
     def _path(self, processor: Any, logits: torch.Tensor):
         if self.installed is not None:
-            return self.installed.path
+            return self.logits_path
         if self.disabled is not None:
             return None
         from sglang.srt.distributed.parallel_state import get_tp_group
@@ -313,7 +313,7 @@ class SglangStepHooks(RankHooks):
         if getattr(info, "sampling_mask_batch_indices", None) is not None:
             return False  # all_gather forced for that batch: the eager path does it
         rows = int(forward_batch.batch_size)
-        mode = self.installed.path.begin_call(rows)  # the eager path asks again for this call: same answer
+        mode = self.logits_path.begin_call(rows)  # the eager path asks again for this call: same answer
         if self.graphs.graph_rows(mode, rows) is None:
             return False
         with self.graphs.keyed(mode):
@@ -329,7 +329,7 @@ class SglangStepHooks(RankHooks):
             plain = self.graphs.plain_mode() if self.graphs.passes and not self._active() else None
             with self.graphs.keyed(plain):
                 return original(runner, forward_batch, *args, **kwargs)
-        path = self.installed.path
+        path = self.logits_path
         self._in_step = False  # this step's logits call is the replayed one
         if self._pending is not None:
             self._close_unsampled(path)
@@ -366,7 +366,7 @@ class SglangStepHooks(RankHooks):
         if pending.mode == Mode.SHARDED:  # every rank holds the ids already (greedy: int64, as argmax gives)
             ids, self._sharded_tokens = self._sharded_tokens, None
             return ids
-        path = self.installed.path
+        path = self.logits_path
         self.resync.before_call(pending.mode == Mode.ALL_GATHER, pending.draws)
         clock = getattr(path, "clock", time.perf_counter_ns)
         if pending.mode == Mode.ALL_GATHER or path.rank == 0:
@@ -380,7 +380,9 @@ class SglangStepHooks(RankHooks):
             path.complete(_padded(ids.view(-1), pending) if pending.mode != Mode.ALL_GATHER else None,
                           sample_start=start, sample_end=end)
             return ids
-        ids = path.complete(None)[: pending.real_rows or pending.rows].to(sampled_ids_dtype(sampling_info))
+        tokens = path.complete(None)
+        assert tokens is not None, "a rank that did not sample gets the tokens from the path"
+        ids = tokens[: pending.real_rows or pending.rows].to(sampled_ids_dtype(sampling_info))
         return_logprob = kwargs.get("return_logprob", args[0] if args else False)
         if return_logprob:
             self._placeholder_logprobs(sampler, logits_output, ids, *args, **kwargs)

@@ -114,7 +114,7 @@ class VllmStepHooks(RankHooks):
 
     def _path(self, runner: Any, logits: torch.Tensor):
         if self.installed is not None:
-            return self.installed.path
+            return self.logits_path
         if self.disabled is not None:
             return None
         # Every rank reaches the same decision here from the same config, so no rank waits alone.
@@ -183,7 +183,7 @@ class VllmStepHooks(RankHooks):
                 metadata = args[0] if args else kwargs.get("sampling_metadata")
                 self._resync.before_call(True, not getattr(metadata, "all_greedy", False))
             return original(sampler, logits, *args, **kwargs)
-        path = self.installed.path
+        path = self.logits_path
         if mode == Mode.SHARDED:
             tokens, self._sharded_tokens = self._sharded_tokens, None
             assert tokens is not None  # gather_logits ran the sharded call (_sharded_argmax) before this sampler call
@@ -199,6 +199,7 @@ class VllmStepHooks(RankHooks):
             path.complete(tokens, sample_start=start, sample_end=end)
             return out
         tokens = path.complete(None)
+        assert tokens is not None, "a rank that did not sample gets the tokens from the path"
         from vllm.v1.outputs import SamplerOutput
 
         # only rank 0's output reaches the client (vLLM's unique reply rank): its logprobs are the ones returned
