@@ -43,11 +43,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def scrape_times(url: str, n: int) -> list[float]:
-    """Seconds per GET /metrics, one after another, each on a connection of its own: on a kept-alive connection
-    every request after the first takes a flat ~40 ms on this host (idle or not, /healthz alike: docs/BENCHMARKS.md),
-    which would hide what the sidecar itself takes."""
+    """Seconds per GET /metrics, one after another on one kept-alive connection, as Prometheus scrapes."""
     times = []
-    scraper = httpx.Client(base_url=url, timeout=60, headers={"Connection": "close"})
+    scraper = httpx.Client(base_url=url, timeout=60)
     for _ in range(n):
         t0 = time.perf_counter()
         response = scraper.get("/metrics")
