@@ -8,7 +8,6 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -17,6 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util.types import AnyValue
 
+from gatherwise.config import TracesSection
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import CallRecord
 from gatherwise.sidecar.ingest.hooks_off import HooksOffWatch
@@ -30,9 +30,10 @@ from tests.test_sidecar_ingest import make_engine, write_call
 OFFSET = 1_700_000_000_000_000_000
 
 
-def traces_cfg(**overrides) -> SimpleNamespace:
-    base = dict(enabled=True, sample_ratio=0.0, every_nth=1, otlp_endpoint=None, service_name="gw-test")
-    return SimpleNamespace(**{**base, **overrides})
+def traces_cfg(**overrides: object) -> TracesSection:
+    base: dict[str, object] = dict(enabled=True, sample_ratio=0.0, every_nth=1, otlp_endpoint=None,
+                                   service_name="gw-test")
+    return TracesSection.model_validate({**base, **overrides})
 
 
 def attrs(item: ReadableSpan | EventBase) -> Mapping[str, AnyValue]:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # The largest legitimate body (PUT /v1/mode with all 16 buckets, PUT /v1/policy) is a few hundred bytes.
 MAX_BODY_BYTES = 64 * 1024
@@ -27,10 +28,10 @@ LINGER_IDLE_SECONDS = 5.0
 
 
 class BodySizeLimit:
-    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES, linger_s: float = LINGER_SECONDS) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES, linger_s: float = LINGER_SECONDS) -> None:
         self.app, self.max_bytes, self.linger_s = app, max_bytes, linger_s
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -50,7 +51,7 @@ class BodySizeLimit:
         received = 0
         started = refused = False
 
-        async def limited_receive() -> dict:
+        async def limited_receive() -> Message:
             nonlocal received, refused
             if refused:
                 return {"type": "http.disconnect"}
@@ -67,7 +68,7 @@ class BodySizeLimit:
                     return {"type": "http.disconnect"}
             return message
 
-        async def tracking_send(message: dict) -> None:
+        async def tracking_send(message: Message) -> None:
             nonlocal started
             if refused:
                 return
@@ -80,7 +81,7 @@ class BodySizeLimit:
             if not refused:
                 raise
 
-    async def _refuse(self, send: Any, receive: Any, detail: str, *, drain: bool) -> None:
+    async def _refuse(self, send: Send, receive: Receive, detail: str, *, drain: bool) -> None:
         """413: the whole answer first, then (drain) the rest of the body dropped, then the connection closed."""
         await _reply(send, 413, detail, more_body=True)
         if drain:
@@ -88,7 +89,7 @@ class BodySizeLimit:
         await send({"type": "http.response.body", "body": b""})
 
 
-async def _reply(send: Any, status: int, detail: str, *, more_body: bool = False) -> None:
+async def _reply(send: Send, status: int, detail: str, *, more_body: bool = False) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -96,13 +97,13 @@ async def _reply(send: Any, status: int, detail: str, *, more_body: bool = False
     await send({"type": "http.response.body", "body": body, "more_body": more_body})
 
 
-async def _drain(receive: Any, linger_s: float) -> None:
+async def _drain(receive: Receive, linger_s: float) -> None:
     """Read and drop the rest of a refused body until it ends, the client leaves or stalls, or linger_s passed."""
     deadline = time.monotonic() + linger_s
     while (left := deadline - time.monotonic()) > 0:
         try:
             message = await asyncio.wait_for(receive(), min(left, LINGER_IDLE_SECONDS))
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
             return
         if message["type"] != "http.request" or not message.get("more_body", False):
             return

@@ -10,7 +10,6 @@ headers are complete (the body is BodySizeLimit's business). nginx does the same
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -22,7 +21,7 @@ def header_timeout_protocol(seconds: float) -> type[H11Protocol]:
     class HeaderTimeoutProtocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport: Any) -> None:
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm()
 

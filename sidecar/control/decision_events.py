@@ -16,12 +16,13 @@ from gatherwise.sidecar.metrics.names import MODE_SWITCHES
 
 if TYPE_CHECKING:  # the GPU check imports the metrics modules without pydantic, which the policy needs
     from gatherwise.sidecar.policy.mode_policy import Decision
+    from gatherwise.sidecar.traces.tracer import CallTracer
 
 log = logging.getLogger("gatherwise.sidecar.control")
 
 
 class DecisionEvents:
-    def __init__(self, tracer: Any | None = None) -> None:
+    def __init__(self, tracer: CallTracer | None = None) -> None:
         self.tracer = tracer
         self.mode_switches = Counter(MODE_SWITCHES, "Buckets switched from one mode to another, by reason "
                                      "(manual, auto, probe, table_file).", ["engine", "from", "to", "reason"],

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gatherwise.shm_format.hooks_off import HooksOffNotice
 from gatherwise.shm_format.liveness import Liveness, liveness
+from gatherwise.shm_format.ring import CallRecord, RingHeader
 from gatherwise.sidecar.ingest.ring_reader import RingReader
 from gatherwise.sidecar.metrics.histogram_family import Series
 from gatherwise.sidecar.metrics.record_histograms import CallSeries
@@ -22,7 +22,7 @@ class PendingCall:
     """A call some ranks' records have arrived for."""
 
     first_seen_ns: int
-    by_rank: dict[int, Any] = field(default_factory=dict)
+    by_rank: dict[int, CallRecord] = field(default_factory=dict)
 
 
 @dataclass
@@ -35,7 +35,7 @@ class AttachedEngine:
     dtype: str
     readers: list[RingReader]
     attached_ns: int
-    headers: list[Any] = field(default_factory=list)  # latest RingHeader per rank
+    headers: list[RingHeader] = field(default_factory=list)  # latest per rank
     dropped: list[int] = field(default_factory=list)
     unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why its ring is no longer read
     exited: bool = False  # its liveness locks were found free: every rank's process has ended

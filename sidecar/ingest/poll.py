@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gatherwise.modes import LABEL_OF_CODE, bucket_label, bucket_of
 from gatherwise.shm_format.liveness import Liveness, is_removable, liveness
 from gatherwise.shm_format.private_files import check_shm_dir_for_reading
+from gatherwise.shm_format.ring import CallRecord
 from gatherwise.sidecar.ingest.attached_engine import AttachedEngine, EngineInfo, PendingCall
 from gatherwise.sidecar.ingest.hooks_off import HooksOffWatch
 from gatherwise.sidecar.ingest.joined_call import JoinedCall
@@ -126,7 +126,7 @@ class Ingest:
                 self._emit(eng, ci, pending.pop(ci).by_rank, False, calls)
         return read
 
-    def _emit(self, eng: AttachedEngine, call_index: int, by_rank: dict[int, Any], complete: bool,
+    def _emit(self, eng: AttachedEngine, call_index: int, by_rank: dict[int, CallRecord], complete: bool,
               joined: list[JoinedCall]) -> None:
         first = next(iter(by_rank.values()))
         mode, bucket = first.mode, bucket_of(max(first.rows, 1))  # the bucket of the call, for every consumer

@@ -26,7 +26,8 @@ from opentelemetry.util.types import AttributeValue
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import MODE_OPS
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the GPU check imports this module without pydantic, which the config needs
+    from gatherwise.config import TracesSection
     from gatherwise.shm_format.ring import CallRecord
 
 ROOT_SPAN = "logits.call"
@@ -148,7 +149,7 @@ def otlp_endpoint(configured: str | None) -> str | None:
     return None
 
 
-def build_tracer(traces_cfg: Any, *, env: Mapping[str, str] | None = None,
+def build_tracer(traces_cfg: TracesSection, *, env: Mapping[str, str] | None = None,
                  processor: SpanProcessor | None = None) -> CallTracer | None:
     """A CallTracer per config (section `traces`): OTLP/HTTP to traces.otlp_endpoint or the OTEL_* variables,
     or into `processor` (tests). None when traces are disabled or nowhere to send them."""
