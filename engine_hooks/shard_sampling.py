@@ -41,6 +41,7 @@ import torch
 from gatherwise.engine_hooks.sampling_params import SamplingParams, SamplingRow, row_uniform
 
 TOP_P_CANDIDATES = 64  # per shard: enough for the nucleus of a peaked distribution; flat ones fall back
+FALLBACK_DOUBLING_LIMIT = 64  # the fallback's candidates grow up to this many times the first, then whole rows
 F64 = torch.float64
 _NEG_INF = float("-inf")
 
@@ -354,21 +355,31 @@ def top_p_covered(group: Group, summaries: torch.Tensor, draw: MassDraw, width: 
 def sample_top_p_rows(group: Group, x: torch.Tensor, draw: MassDraw, u: torch.Tensor, width: int) -> torch.Tensor:
     """The fallback for top-p / min-p rows the candidates did not cover: from the full rows x [P, n, width], the
     exact best k of each row for k = 2·candidates, doubling for the rows whose kept tokens are not yet inside
-    (at most the whole row). A row's token does not depend on the k it finished at: the cumulative masses of a
-    prefix are the same whatever follows it, so a row of a batch gets the token it gets alone."""
+    (up to FALLBACK_DOUBLING_LIMIT times the candidates, then the whole row). A row's token does not depend on
+    the k it finished at: the cumulative masses of a prefix are the same whatever follows it, so a row of a batch
+    gets the token it gets alone."""
     num_shards, n = x.shape[0], x.shape[1]
+    row_width = num_shards * width
     tokens = torch.empty(n, dtype=torch.int64, device=x.device)
     pending = torch.arange(n, device=x.device)
     k = group.k
     while pending.numel():
-        k = min(2 * k, num_shards * width)
+        k = min(2 * k, row_width)
+        # a nucleus past 64x the candidates is most likely a flat row's, most of the vocab: one sort of the whole
+        # row (~15 ms at 152k columns on one CPU thread) costs less than the doublings up to it; so does any k
+        # past a quarter of the row
+        if k > FALLBACK_DOUBLING_LIMIT * group.k or 4 * k > row_width:
+            k = row_width
         rows = x if pending.numel() == n else x.index_select(1, pending)
-        per_shard = [shard_top(rows[r], min(k, width)) for r in range(num_shards)]
-        vals = torch.stack([v for v, _ in per_shard])
-        ids = torch.stack([(local + r * width) for r, (_, local) in enumerate(per_shard)])
-        vals, ids = merge_candidates(vals, ids, k)
+        if k == row_width:
+            vals, ids = whole_rows(rows)
+        else:
+            per_shard = [shard_top(rows[r], min(k, width)) for r in range(num_shards)]
+            vals = torch.stack([v for v, _ in per_shard])
+            ids = torch.stack([(local + r * width) for r, (_, local) in enumerate(per_shard)])
+            vals, ids = merge_candidates(vals, ids, k)
         top, total, pu = draw.top[pending], draw.total[pending], u[pending]
-        if k == num_shards * width:
+        if k == row_width:
             done = torch.ones(pending.numel(), dtype=torch.bool, device=x.device)
         else:
             done = nucleus_covered(vals, group.params, top, total)
@@ -377,3 +388,13 @@ def sample_top_p_rows(group: Group, x: torch.Tensor, draw: MassDraw, u: torch.Te
                                                     total[done])
         pending = pending[~done]
     return tokens
+
+
+def whole_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every column of the rows x [P, n, width] in canonical order (value desc, index asc): float64 values and
+    global ids [n, P·width]. What merge_candidates gives for candidates that are whole shards, in one stable
+    sort: the shards side by side are already in index order."""
+    v = x.permute(1, 0, 2).reshape(x.shape[1], -1).to(F64)
+    order = v.argsort(dim=1, descending=True, stable=True)
+    return v.gather(1, order), order
+

@@ -66,5 +66,7 @@ def flat_logits(rows: int, vocab: int, seed: int = 0, dtype: torch.dtype = torch
 def nucleus_sizes(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """Tokens each row keeps at this temperature and top-p: the shortest prefix (by probability) reaching p."""
     probs = torch.softmax(logits.to(torch.float64) / temperature, dim=-1).sort(dim=-1, descending=True).values
-    before = probs.cumsum(dim=-1) - probs
+    cum = probs.cumsum(dim=-1)
+    # the mass strictly before each token, as the sampler counts it (kept_count): cum − p would round
+    before = torch.cat((torch.zeros_like(cum[..., :1]), cum[..., :-1]), dim=-1)
     return (before < top_p).sum(dim=-1)

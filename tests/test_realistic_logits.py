@@ -38,7 +38,8 @@ def test_realistic_nuclei_are_small_and_flat_ones_most_of_the_vocab():
     flat = nucleus_sizes(flat_logits(2, vocab), 0.8, 0.95)
     assert bool((peaked < 64).all()) and bool((flat > vocab // 2).all())
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64)
-    assert nucleus_sizes(probs.log(), 1.0, 0.8).tolist() == [2]  # 0.5 + 0.3 reaches 0.8
+    # thresholds off the sums: softmax of the logs rounds 0.3 to 0.29999999999999993, so 0.5 + 0.3 is just below 0.8
+    assert nucleus_sizes(probs.log(), 1.0, 0.79).tolist() == [2]  # 0.5 + 0.3 passes 0.79
     assert nucleus_sizes(probs.log(), 1.0, 0.81).tolist() == [3]
 
 

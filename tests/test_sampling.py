@@ -175,3 +175,16 @@ def test_the_cuda_top_k_without_host_decisions_keeps_the_same_set(dtype):
             assert set(ref_local[b].tolist()) == set(order.tolist()), (k, b)
         assert vals.dtype == ref_vals.dtype == torch.float64
         assert torch.equal(vals, x.gather(1, local).double())
+
+
+def test_whole_rows_are_the_canonical_merge_of_whole_shards():
+    """The full-row fallback's one sort gives what merging every shard's every column gives, ties included."""
+    from gatherwise.engine_hooks.shard_sampling import merge_candidates, whole_rows
+
+    shards, rows, width = 3, 4, 50
+    x = torch.randint(-5, 5, (shards, rows, width), generator=torch.Generator().manual_seed(3)).float()
+    x[-1, :, -7:] = float("-inf")  # the padding of the last shard
+    ids = torch.arange(shards * width).view(shards, 1, width).expand(shards, rows, width)
+    want_vals, want_ids = merge_candidates(x.to(torch.float64), ids, shards * width)
+    vals, got_ids = whole_rows(x)
+    assert torch.equal(vals, want_vals) and torch.equal(got_ids, want_ids)
