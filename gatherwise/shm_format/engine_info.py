@@ -9,12 +9,11 @@ text, never as markup. Stdlib only.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-from dataclasses import asdict, dataclass, field
-from typing import TypeGuard
+from dataclasses import dataclass, field
 
+from gatherwise.shm_format.json_record import is_u63, parse_record, record_json
 from gatherwise.shm_format.private_files import read_small_file, write_private_file
 
 FORMAT = 1
@@ -35,32 +34,23 @@ class RankInfo:
     sampler: dict[str, str] = field(default_factory=dict)  # mode label -> who samples in that mode
 
     def to_json(self) -> bytes:
-        return json.dumps({"format": FORMAT, **asdict(self)}, separators=(",", ":")).encode()
+        return record_json(self, FORMAT)
 
     @classmethod
     def from_json(cls, data: bytes) -> RankInfo:
         """Parse an info file; ValueError for anything that is not one."""
-        try:
-            obj = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"not JSON ({exc})") from None
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-            raise ValueError("not a format-1 rank info file")
+        obj = parse_record(data, FORMAT, "rank info file")
         kind, version, node = obj.get("kind"), obj.get("version"), obj.get("node")
         rank, pid, sampler = obj.get("rank"), obj.get("pid"), obj.get("sampler", {})
         if not (isinstance(kind, str) and isinstance(version, str) and isinstance(node, str)):
             raise ValueError("kind, version or node missing or not a string")
-        if not (_is_int(rank) and _is_int(pid)):
+        if not (is_u63(rank) and is_u63(pid)):
             raise ValueError("rank or pid not a non-negative integer")
         if not isinstance(sampler, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                     for k, v in sampler.items()):
             raise ValueError("sampler is not an object of strings")
         return cls(_clip(kind), _clip(version), rank, _clip(node), pid,
                    {_clip(k): _clip(v) for k, v in list(sampler.items())[:MAX_SAMPLER_MODES]})
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 def _clip(text: str) -> str:

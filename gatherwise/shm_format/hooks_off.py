@@ -14,12 +14,11 @@ MAX_NOTICE_BYTES; the reader refuses anything larger, not a regular file, or not
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import time
-from dataclasses import asdict, dataclass
-from typing import TypeGuard
+from dataclasses import dataclass
 
+from gatherwise.shm_format.json_record import is_u63, parse_record, record_json
 from gatherwise.shm_format.private_files import (
     create_private_file,
     ensure_private_dir,
@@ -56,28 +55,21 @@ class HooksOffNotice:
     created_ns: int
 
     def to_json(self) -> bytes:
-        return json.dumps({"format": FORMAT, **asdict(self)}, separators=(",", ":")).encode()
+        return record_json(self, FORMAT)
 
     @classmethod
     def from_json(cls, data: bytes) -> HooksOffNotice:
         """Parse a notice; ValueError for anything that is not one."""
-        try:
-            obj = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"not JSON ({exc})") from None
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-            raise ValueError("not a format-1 hooks-off notice")
+        obj = parse_record(data, FORMAT, "hooks-off notice")
         engine, reason, detail = obj.get("engine"), obj.get("reason"), obj.get("detail")
         pid, rank, created = obj.get("pid"), obj.get("tp_rank"), obj.get("created_ns")
         if engine not in ENGINES or not isinstance(reason, str) or not isinstance(detail, str):
             raise ValueError("engine, reason or detail missing or of the wrong type")
-        if not _is_int(pid) or not _is_int(created) or not (rank is None or _is_int(rank)):
+        if not is_u63(pid) or not is_u63(created) or not (rank is None or is_u63(rank)):
             raise ValueError("pid, tp_rank or created_ns of the wrong type")
         return cls(engine, reason if reason in REASONS else "other", detail[:MAX_DETAIL_CHARS], pid, rank, created)
 
 
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 def is_notice_name(name: str) -> bool:
