@@ -16,8 +16,13 @@ from gatherwise.sidecar.policy.saved_state import policy_from_json, policy_to_js
 
 A, G = Mode.ALL_GATHER, Mode.GATHER
 TWO = (A, G)  # tests whose costs tell only these two apart; three-mode tests pass their own list
-FAST = dict(margin=0.05, min_samples=10, window=64, dwell_seconds=0.5, probe_interval_seconds=0.2, probe_calls=8,
-            probe_budget=0.1, max_sample_age_seconds=3.0)
+FAST = PolicyParams(margin=0.05, min_samples=10, window=64, dwell_seconds=0.5, probe_interval_seconds=0.2,
+                    probe_calls=8, probe_budget=0.1, max_sample_age_seconds=3.0)
+
+
+def fast(**changes: float) -> PolicyParams:
+    """FAST with some parameters changed, validated like any other parameters."""
+    return PolicyParams.model_validate({**FAST.model_dump(), **changes})
 
 
 def est(p50: float, samples: int = 50) -> Estimate:
@@ -38,13 +43,15 @@ def test_summarize_and_window_age_out():
     for v in (5.0, 1.0, 3.0, 2.0, 4.0):
         five.add(0, A, v, now=0.0)
     s = five.get(0, A, now=0.5)
+    assert s is not None
     assert (s.samples, s.p50, s.mean, s.age_seconds) == (5, 3.0, 3.0, 0.5)
     assert math.isclose(s.p90, 4.6)
     w = WindowEstimates(window=4, max_age_seconds=10.0)
     for i in range(6):
         w.add(0, A, float(i), now=float(i))
-    assert w.get(0, A, now=5.0).samples == 4  # window
-    assert w.get(0, A, now=13.5).samples == 2  # samples from t=4 and t=5 are younger than 10 s
+    full, aged = w.get(0, A, now=5.0), w.get(0, A, now=13.5)
+    assert full is not None and full.samples == 4  # window
+    assert aged is not None and aged.samples == 2  # samples from t=4 and t=5 are younger than 10 s
     assert w.get(0, G, now=5.0) is None
 
 
@@ -68,7 +75,7 @@ def delay_on(slow: Mode):
 
 
 def test_auto_converges_and_moves_back_when_the_delay_moves():
-    policy = ModePolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True, modes=TWO)
+    policy = ModePolicy(FAST, ModeTable.uniform(G), auto=True, modes=TWO)
     now, decisions = simulate(policy, delay_on(G), 4.0, 0.0, rows=(1, 8))
     assert policy.choice[0] == A and policy.choice[3] == A
     auto = [d for d in decisions if d.reason == "auto"]
@@ -77,12 +84,12 @@ def test_auto_converges_and_moves_back_when_the_delay_moves():
     assert ev["all_gather"]["p50"] < ev["gather"]["p50"] and ev["all_gather"]["samples"] >= 10
     now, decisions = simulate(policy, delay_on(A), 6.0, now, rows=(1, 8))
     assert policy.choice[0] == G and policy.choice[3] == G
-    assert policy.probe_calls_used <= FAST["probe_budget"] * policy.calls_total + FAST["probe_calls"]
+    assert policy.probe_calls_used <= FAST.probe_budget * policy.calls_total + FAST.probe_calls
     assert all(policy.choice[b] == G for b in range(NUM_BUCKETS) if b not in (0, 3))  # untouched buckets
 
 
 def test_probes_respect_budget_and_interval():
-    params = PolicyParams(**{**FAST, "probe_budget": 0.02})
+    params = fast(probe_budget=0.02)
     policy = ModePolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
     _, decisions = simulate(policy, delay_on(G), 10.0, 0.0)
     starts = [d for d in decisions if d.reason == "probe" and d.evidence["phase"] == "start"]
@@ -92,14 +99,14 @@ def test_probes_respect_budget_and_interval():
 
 
 def test_no_budget_means_no_probes_and_no_switch_without_evidence():
-    params = PolicyParams(**{**FAST, "probe_budget": 0.0})
+    params = fast(probe_budget=0.0)
     policy = ModePolicy(params, ModeTable.uniform(G), auto=True, modes=TWO)
     _, decisions = simulate(policy, delay_on(G), 2.0, 0.0)
     assert decisions == [] and policy.choice[0] == G and policy.probe_calls_used == 0
 
 
 def test_dwell_blocks_a_second_switch():
-    params = PolicyParams(**{**FAST, "dwell_seconds": 100.0})
+    params = fast(dwell_seconds=100.0)
     policy = ModePolicy(params, ModeTable.uniform(G), auto=True, modes=TWO)
     now, _ = simulate(policy, delay_on(G), 3.0, 0.0)
     assert policy.choice[0] == A
@@ -108,7 +115,7 @@ def test_dwell_blocks_a_second_switch():
 
 
 def test_pins_override_auto_and_release_resumes():
-    policy = ModePolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO, wall_clock=lambda: 1234.5)
+    policy = ModePolicy(FAST, ModeTable.uniform(A), auto=True, modes=TWO, wall_clock=lambda: 1234.5)
     d = policy.pin(G, [0], now=0.0)
     assert (d.reason, d.mode, d.buckets, d.previous) == ("manual", "gather", ["1"], {"1": "all_gather"})
     assert d.time == 1234.5  # decisions are stamped by the policy's own wall clock
@@ -125,7 +132,7 @@ def test_pins_override_auto_and_release_resumes():
 def test_release_returns_to_the_policys_choice_when_probes_found_the_pin_slower():
     """Pinned to a mode the policy had measured as slower, `auto` goes straight back to its own choice; pinned to
     a mode it has no paired evidence against, it continues from the pin and learns."""
-    policy = ModePolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO)
+    policy = ModePolicy(FAST, ModeTable.uniform(A), auto=True, modes=TWO)
     now, _ = simulate(policy, delay_on(G), 3.0, 0.0)  # probes of gather while all_gather runs: gather 2x slower
     found = policy.paired_ratio(0, G, now)
     assert policy.choice[0] == A and found is not None and found[0] >= policy.pairs_needed and found[1] > 1.5
@@ -134,20 +141,20 @@ def test_release_returns_to_the_policys_choice_when_probes_found_the_pin_slower(
     assert policy.desired_table().modes[0] == A and d.evidence["returned"] == {"1": "all_gather"}
     assert policy.desired_table().modes[5] == G  # bucket 32 never ran: no evidence, it continues from the pin
     policy.pin(G, [0], now + 1.0)
-    later = now + 1.0 + FAST["max_sample_age_seconds"] + 1
+    later = now + 1.0 + FAST.max_sample_age_seconds + 1
     d = policy.release([0], later)  # the evidence has aged out meanwhile: continue from the pin
     assert policy.desired_table().modes[0] == G and d.evidence["returned"] == {}
 
 
 def test_manual_policy_pins_everything():
-    policy = ModePolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=False)
+    policy = ModePolicy(FAST, ModeTable.uniform(G), auto=False)
     assert policy.policy_label == "manual"
     _, decisions = simulate(policy, delay_on(G), 2.0, 0.0)
     assert decisions == [] and policy.desired_table() == ModeTable.uniform(G)
 
 
 def test_state_round_trips_through_json():
-    policy = ModePolicy(PolicyParams(**FAST), ModeTable.uniform(G), auto=True, modes=TWO)
+    policy = ModePolicy(FAST, ModeTable.uniform(G), auto=True, modes=TWO)
     simulate(policy, delay_on(G), 3.0, 0.0, rows=(1, 8))
     policy.pin(G, [4], 3.0)
     restored = policy_from_json(policy_to_json(policy))
@@ -226,7 +233,7 @@ def costs(table: dict):
 
 
 def test_three_modes_each_bucket_goes_to_its_fastest(three_modes):
-    policy = ModePolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=three_modes)
+    policy = ModePolicy(FAST, ModeTable.uniform(A), auto=True, modes=three_modes)
     # rows 1: gather fastest; rows 64: sharded fastest; all_gather never
     cost = costs({A: 0.003, G: lambda r: 0.001 if r == 1 else 0.004, S: lambda r: 0.002 if r == 1 else 0.001})
     _, decisions = simulate(policy, cost, 8.0, 0.0, rows=(1, 64))
@@ -244,21 +251,20 @@ def probe_starts(decisions) -> int:
 def test_probes_back_off_while_the_other_mode_stays_far_behind():
     """One mode wins everywhere (2x): with back-off the losing mode is probed far less often, and the share of
     calls spent probing falls well below the budget; the choice never changes."""
-    base = {**FAST, "probe_budget": 0.05, "probe_backoff_margin": 0.25}
     runs = {}
     for backoff_max in (1.0, 16.0):
-        params = PolicyParams(**base, probe_backoff_max=backoff_max)
+        params = fast(probe_budget=0.05, probe_backoff_margin=0.25, probe_backoff_max=backoff_max)
         policy = ModePolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
         _, decisions = simulate(policy, delay_on(G), 30.0, 0.0)
         assert policy.choice[0] == A and not [d for d in decisions if d.reason == "auto"]
         runs[backoff_max] = (probe_starts(decisions), policy.probe_share, policy)
     (plain, plain_share, _), (adaptive, adaptive_share, policy) = runs[1.0], runs[16.0]
     assert adaptive * 4 <= plain and adaptive_share * 4 <= plain_share
-    assert policy.backoff[(0, G)] == 16.0 and policy.probe_interval(0, G) == 16.0 * FAST["probe_interval_seconds"]
+    assert policy.backoff[(0, G)] == 16.0 and policy.probe_interval(0, G) == 16.0 * FAST.probe_interval_seconds
 
 
 def test_a_load_change_ends_the_back_off_and_the_policy_follows():
-    params = PolicyParams(**{**FAST, "probe_budget": 0.05, "probe_backoff_max": 64.0})
+    params = fast(probe_budget=0.05, probe_backoff_max=64.0)
     policy = ModePolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
     now, _ = simulate(policy, delay_on(G), 20.0, 0.0)
     assert policy.backoff.get((0, G), 1.0) >= 16.0  # backed off: next probe of gather is >= 3 s away
@@ -269,7 +275,7 @@ def test_a_load_change_ends_the_back_off_and_the_policy_follows():
 
 
 def test_back_off_state_round_trips_through_json():
-    policy = ModePolicy(PolicyParams(**{**FAST, "probe_budget": 0.05}), ModeTable.uniform(A), auto=True, modes=TWO)
+    policy = ModePolicy(fast(probe_budget=0.05), ModeTable.uniform(A), auto=True, modes=TWO)
     simulate(policy, delay_on(G), 10.0, 0.0)
     assert policy.backoff
     restored = policy_from_json(policy_to_json(policy))
@@ -285,7 +291,7 @@ def test_a_load_drift_that_hits_every_mode_alike_causes_no_switch(modes, three_m
     The running mode's window covers the last few ms, the other mode's only its probes over seconds: comparing
     those windows would see the other mode cheaper (it was measured when the load was lower) and switch. Paired
     probe ratios compare the two at the same time and never do."""
-    policy = ModePolicy(PolicyParams(**{**FAST, "probe_budget": 0.05}), ModeTable.uniform(A), auto=True, modes=modes)
+    policy = ModePolicy(fast(probe_budget=0.05), ModeTable.uniform(A), auto=True, modes=modes)
     _, decisions = simulate(policy, lambda rows, mode, now: (0.001 if mode == A else 0.0011) * (1.0 + 0.3 * now),
                             10.0, 0.0)
     assert policy.choice[0] == A and not [d for d in decisions if d.reason == "auto"]
@@ -307,8 +313,7 @@ def test_one_mode_winning_everywhere_under_noise_and_drift_is_found_and_kept(thr
     def cost(rows, mode, now):
         return base[mode] * rng.lognormvariate(0.0, 0.25) * (1.0 + swing[0] * math.sin(now / 3.0))
 
-    params = PolicyParams(**{**FAST, "probe_budget": 0.02, "probe_interval_seconds": 1.0,
-                             "max_sample_age_seconds": 30.0})
+    params = fast(probe_budget=0.02, probe_interval_seconds=1.0, max_sample_age_seconds=30.0)
     policy = ModePolicy(params, ModeTable.uniform(A), auto=True, modes=three_modes)
     now, decisions = simulate(policy, cost, 15.0, 0.0, rows=(1, 8, 64))
     assert [policy.choice[b] for b in (0, 3, 6)] == [S, S, S], [(d.buckets, d.mode) for d in decisions
@@ -456,10 +461,10 @@ def test_a_bucket_follows_its_traffic_when_the_kind_of_calls_changes(three_modes
 
     policy = ModePolicy(PolicyParams(), ModeTable.uniform(A), auto=True, modes=three_modes)
     now, _, switched_at = simulate_engine(policy, noisy(costs, 0.15), 150, 0.0, steps_aside=aside)
-    assert policy.choice[5] == S and switched_at <= 50, switched_at
+    assert policy.choice[5] == S and switched_at is not None and switched_at <= 50, switched_at
     _, second, switched_at = simulate_engine(policy, noisy(costs, 0.15, seed=9), 300, now, kinds=(TOP_P,),
                                              steps_aside=aside)
-    assert policy.choice[5] == G and switched_at <= 150, switched_at
+    assert policy.choice[5] == G and switched_at is not None and switched_at <= 150, switched_at
     last = [d for d in second if d.reason == "auto"][-1]
     assert last.evidence["mix"]["top_p"] > 0.9 and "top_p" in last.evidence["paired"]["gather"]["kinds"]
 
@@ -484,7 +489,7 @@ def test_a_probe_does_not_wait_on_a_bucket_whose_traffic_stopped():
 def test_probes_go_first_to_the_bucket_that_takes_most_of_the_engines_time():
     """One call of 64 rows per 32 calls of 1 row, but each 64-row call costs 100x more: bucket 64 takes three
     quarters of the time, so it is probed before bucket 1, whose every probe would gain little."""
-    policy = ModePolicy(PolicyParams(**FAST), ModeTable.uniform(A), auto=True, modes=TWO)
+    policy = ModePolicy(FAST, ModeTable.uniform(A), auto=True, modes=TWO)
     rows = (1,) * 32 + (64,)
     costs = {1: 0.001, 64: 0.1}
     now = 0.0
