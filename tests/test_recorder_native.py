@@ -101,9 +101,9 @@ def test_marks_built_by_name_are_written_like_the_python_writer(tmp_path, monkey
             with pytest.raises(TypeError, match="record\\(\\) takes the 17 call marks"):
                 rec.record(*CALLS[0][:12])
             with pytest.raises(TypeError, match="record\\(\\) takes the 17 call marks"):
-                rec.record(CALLS[0])  # the marks go positional, not as one tuple
+                rec.record(CALLS[0])  # type: ignore[arg-type]  # the marks go positional, not as one tuple
             with pytest.raises(TypeError, match="record\\(\\) takes no keyword arguments"):
-                rec.record(*CALLS[0][:16], tag=1)
+                rec.record(*CALLS[0][:16], tag=1)  # type: ignore[call-arg]  # the wrong call under test
         rec.close(unlink=True)
     assert files[0] == files[1]
 
