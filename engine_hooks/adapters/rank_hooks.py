@@ -14,6 +14,7 @@ import torch
 from gatherwise.call_kind import Sampling, call_kind
 from gatherwise.config import GatherwiseConfig
 from gatherwise.engine_hooks.adapters.placeholder_logits import PlaceholderLogits
+from gatherwise.engine_hooks.adapters.sampler_rows import gatherwise_samples, sampler_labels
 from gatherwise.engine_hooks.logits_path import LogitsPath, shard_width
 from gatherwise.engine_hooks.sampling_params import SamplingParams, SamplingRow
 from gatherwise.modes import Mode
@@ -32,13 +33,6 @@ def shard_shape_problem(logits: torch.Tensor) -> str | None:
     if logits.dim() != 2 or logits.shape[-1] != shard_width(logits.shape[-1], 1):
         return f"unexpected logits shard shape {tuple(logits.shape)}"
     return None
-
-
-def engine_sampler(engine: str) -> dict[str, str]:
-    """Who samples in each mode under an adapter (the rank info file; the engine keeps its own sampler)."""
-    return {"all_gather": f"{engine}'s sampler, every rank",
-            "gather": f"{engine}'s sampler on rank 0, tokens broadcast",
-            "sharded": f"gatherwise sharded argmax for greedy batches; other batches all_gather and {engine}'s sampler"}
 
 
 class RankHooks:
@@ -66,9 +60,10 @@ class RankHooks:
         hooked call); returns the path."""
         from gatherwise.engine_hooks.install import install_hooks
 
+        sampler = sampler_labels(self.ENGINE, gatherwise_samples(self.config))
         self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
                                        device=logits.device, config=self.config, engine_kind=self.ENGINE,
-                                       engine_version=self.engine_version(), sampler=engine_sampler(self.ENGINE))
+                                       engine_version=self.engine_version(), sampler=sampler)
         atexit.register(self.close)
         self.log.info("gatherwise: hooks installed on TP rank %d/%d, engine %s, table %s", comm.rank,
                       comm.world_size, engine_dir_name(self.installed.engine_id),
