@@ -354,19 +354,20 @@ def top_p_covered(group: Group, summaries: torch.Tensor, draw: MassDraw, width: 
 
 def sample_top_p_rows(group: Group, x: torch.Tensor, draw: MassDraw, u: torch.Tensor, width: int) -> torch.Tensor:
     """The fallback for top-p / min-p rows the candidates did not cover: from the full rows x [P, n, width], the
-    exact best k of each row for k = 2·candidates, doubling for the rows whose kept tokens are not yet inside
-    (up to FALLBACK_DOUBLING_LIMIT times the candidates, then the whole row). A row's token does not depend on
-    the k it finished at: the cumulative masses of a prefix are the same whatever follows it, so a row of a batch
-    gets the token it gets alone."""
+    exact best k of each row, k growing until every row's kept tokens are inside (`next_candidates`), the whole
+    row once k passes FALLBACK_DOUBLING_LIMIT times the candidates or a quarter of the row. A row's token does
+    not depend on the k it finished at: the cumulative masses of a prefix are the same whatever follows it, so a
+    row of a batch gets the token it gets alone."""
     num_shards, n = x.shape[0], x.shape[1]
     row_width = num_shards * width
     tokens = torch.empty(n, dtype=torch.int64, device=x.device)
     pending = torch.arange(n, device=x.device)
-    k = group.k
+    k = min(2 * group.k, row_width)
+    if group.params.min_p > 0.0:  # min-p's kept count is known exactly: size the first round to it
+        k = max(k, min(int(min_p_kept(x, group.params, draw.top).max()) + 1, row_width))
     while pending.numel():
-        k = min(2 * k, row_width)
         # a nucleus past 64x the candidates is most likely a flat row's, most of the vocab: one sort of the whole
-        # row (~15 ms at 152k columns on one CPU thread) costs less than the doublings up to it; so does any k
+        # row (~10 ms at 152k columns on one CPU thread) costs less than the rounds up to it; so does any k
         # past a quarter of the row
         if k > FALLBACK_DOUBLING_LIMIT * group.k or 4 * k > row_width:
             k = row_width
@@ -386,15 +387,40 @@ def sample_top_p_rows(group: Group, x: torch.Tensor, draw: MassDraw, u: torch.Te
         if bool(done.any()):
             tokens[pending[done]] = draw_candidates(vals[done], ids[done], group.params, pu[done], top[done],
                                                     total[done])
+        if not bool(done.all()):
+            k = next_candidates(vals[~done], group.params, top[~done], total[~done])
         pending = pending[~done]
     return tokens
+
+
+def min_p_kept(x: torch.Tensor, params: SamplingParams, top: torch.Tensor) -> torch.Tensor:
+    """How many tokens min-p keeps in each of the rows x [P, n, width] [n]: the count of logits at or above the
+    cutoff, decided in float64 as kept_count decides it."""
+    cutoff = min_p_cutoff(params, top)[None, :, None]
+    return (x.to(F64) >= cutoff).sum(dim=(0, 2))
+
+
+def next_candidates(vals: torch.Tensor, params: SamplingParams, top: torch.Tensor, total: torch.Tensor) -> int:
+    """How many candidates the next fallback round takes for rows whose kept tokens lie past their K candidates
+    vals [n, K]: at least twice K, and for top-p at least as many as could reach p of the total — every token
+    after the K-th weighs at most the K-th, so fewer than K + (p·total − mass of the K) / weight of the K-th
+    cannot. A flat row's bound is most of the vocab: it goes to the whole-row sort in one step."""
+    k = vals.shape[1]
+    if params.top_p >= 1.0:
+        return 2 * k
+    weights = torch.exp((vals - top[:, None]) / params.temperature)
+    missing = params.top_p * total - weights.sum(dim=1)
+    bound = k + missing / weights[:, -1].clamp(min=torch.finfo(F64).tiny)
+    return max(2 * k, int(min(float(bound.max()), float(1 << 40))))
 
 
 def whole_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Every column of the rows x [P, n, width] in canonical order (value desc, index asc): float64 values and
     global ids [n, P·width]. What merge_candidates gives for candidates that are whole shards, in one stable
     sort: the shards side by side are already in index order."""
-    v = x.permute(1, 0, 2).reshape(x.shape[1], -1).to(F64)
+    v = x.permute(1, 0, 2).reshape(x.shape[1], -1)
+    # sorted in the logits' own dtype: widening to float64 is exact and keeps order and ties, and the narrow
+    # sort is the faster one
     order = v.argsort(dim=1, descending=True, stable=True)
-    return v.gather(1, order), order
+    return v.gather(1, order).to(F64), order
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -188,3 +190,44 @@ def test_whole_rows_are_the_canonical_merge_of_whole_shards():
     want_vals, want_ids = merge_candidates(x.to(torch.float64), ids, shards * width)
     vals, got_ids = whole_rows(x)
     assert torch.equal(vals, want_vals) and torch.equal(got_ids, want_ids)
+
+
+FALLBACK_PARAMS = [SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=1.0, min_p=0.02),
+                   SamplingParams(temperature=0.7, top_p=0.9, min_p=0.01)]
+
+
+@pytest.mark.parametrize("params", FALLBACK_PARAMS, ids=["top-p", "min-p", "both"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fallback_gives_the_whole_rows_token_however_it_sizes_its_rounds(params, dtype, monkeypatch):
+    """The full-row fallback sizes its rounds from what the candidates showed (min-p's exact count, top-p's mass
+    bound); whatever size a row finishes at, its token is the one an inverse CDF over the whole sorted row gives."""
+    from gatherwise.engine_hooks import shard_sampling as ss
+
+    gen = torch.Generator().manual_seed(11)
+    scales = torch.tensor([0.3, 1.0, 3.0, 8.0])[:, None]  # flat ... peaked rows in one batch
+    full = (torch.randn(4, 3001, generator=gen) * scales).to(dtype)
+    x = sharded(full, 3)
+    group = ss.Group(ss.Kind.TOP_P, params, tuple(range(4)), 16)
+    m = x.to(torch.float64).amax(dim=2)
+    s = torch.exp((x.to(torch.float64) - m[:, :, None]) / params.temperature).sum(dim=2)
+    u = torch.tensor([0.01, 0.5, 0.93, 1.0 - 2.0 ** -53], dtype=torch.float64)
+    draw = ss.draw_shard(m, s, params.temperature, u)
+    vals, ids = ss.whole_rows(x)
+    want = ss.draw_candidates(vals, ids, params, u, draw.top, draw.total)
+    for limit in (1, 4, 64, 1 << 20):  # whole rows at once ... candidates growing up to a quarter row
+        monkeypatch.setattr(ss, "FALLBACK_DOUBLING_LIMIT", limit)
+        assert torch.equal(ss.sample_top_p_rows(group, x, draw, u, x.shape[2]), want), limit
+
+
+def test_the_next_round_is_sized_to_what_could_reach_the_nucleus():
+    from gatherwise.engine_hooks.shard_sampling import min_p_kept, next_candidates
+
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    flat = torch.zeros(1, 64, dtype=torch.float64)  # 64 of 100 000 equal tokens: 90 000 needed at least
+    assert next_candidates(flat, params, torch.zeros(1), torch.tensor([100_000.0], dtype=torch.float64)) >= 90_000
+    peaked = torch.tensor([[0.0] + [-3.0] * 63], dtype=torch.float64)  # close to covered: twice the candidates
+    total = torch.exp(peaked).sum(dim=1) * 1.02
+    assert next_candidates(peaked, params, torch.zeros(1), total) == 128
+    rows = torch.tensor([[[0.0, -1.0, -2.0, -3.0]], [[-0.5, -10.0, float("-inf"), float("-inf")]]])  # [P=2, n=1, 4]
+    min_p = SamplingParams(temperature=1.0, min_p=math.exp(-2.0))  # keeps logits >= -2
+    assert min_p_kept(rows, min_p, torch.zeros(1, dtype=torch.float64)).tolist() == [4]
