@@ -1,4 +1,4 @@
-"""The sidecar's durable decision state: an ModePolicy <-> JSON, and an atomic file next to the control block.
+"""The sidecar's durable decision state: a ModePolicy <-> JSON, and an atomic file next to the control block.
 
 Why a JSON file and not a fixed area in the control block: the engine never reads this state, it is variable in
 size (decision log, sample windows), and only the sidecar writes it. Keeping it out of the block keeps the
@@ -24,9 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gatherwise.config import ModeLabel, PolicyParams
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
 from gatherwise.shm_format.private_files import read_small_file, write_private_file
+from gatherwise.sidecar.policy.auto_choice import PAIRS_KEPT
+from gatherwise.sidecar.policy.decision_log import Decision
 from gatherwise.sidecar.policy.estimates import KindMix
-from gatherwise.sidecar.policy.mode_policy import PAIRS_KEPT, Decision, ModePolicy, Probe
+from gatherwise.sidecar.policy.mode_policy import ModePolicy
 from gatherwise.sidecar.policy.paired_evidence import Pair
+from gatherwise.sidecar.policy.pins import Pins
+from gatherwise.sidecar.policy.probes import Probe
 from gatherwise.validation_errors import dotted_location, error_text, joined_errors
 
 # 2: probes, their times and back-off per (bucket, mode); 3: call kinds (pairs per kind, kind windows, the
@@ -135,24 +139,26 @@ def policy_from_json(text: str) -> ModePolicy:
         raise ValueError(f"unreadable sidecar state: {problems}") from None
     try:
         policy = ModePolicy(state.params, ModeTable(tuple(Mode.parse(m) for m in state.choice)), auto=True)
-        policy.pins = {b: Mode.parse(m) for b, m in state.pins.items()}
-        policy.last_switch = dict(state.last_switch)
-        policy.last_probe = {_parse_key(k): t for k, t in state.last_probe.items()}
-        policy.backoff = {_parse_key(k): f for k, f in state.backoff.items()}
-        policy.backoff_reference = dict(state.backoff_reference)
-        policy.pairs = {b: deque((Pair(p[0], Mode.parse(p[1]), Mode.parse(p[2]), *p[3:]) for p in v),
+        policy.pinned = Pins({b: Mode.parse(m) for b, m in state.pins.items()})
+        choice, probes, traffic, log = policy.auto_choice, policy.probes, policy.traffic, policy.log
+        choice.last_switch = dict(state.last_switch)
+        choice.pairs = {b: deque((Pair(p[0], Mode.parse(p[1]), Mode.parse(p[2]), *p[3:]) for p in v),
                                  maxlen=PAIRS_KEPT) for b, v in state.pairs.items()}
+        probes.last_probe = {_parse_key(k): t for k, t in state.last_probe.items()}
+        probes.backoff.factors = {_parse_key(k): f for k, f in state.backoff.items()}
+        probes.backoff.reference = dict(state.backoff_reference)
         probe = state.probe
-        policy.probe = None if probe is None else Probe(probe.bucket, Mode.parse(probe.mode), probe.started,
+        probes.probe = None if probe is None else Probe(probe.bucket, Mode.parse(probe.mode), probe.started,
                                                         probe.calls, probe.samples, probe.references, probe.extra)
-        policy.calls_total, policy.probe_calls_used = state.calls_total, state.probe_calls_used
-        policy.next_decision_id = state.next_decision_id
-        policy.decisions.extend(state.decisions)
-        policy.estimates.load_json({k: [list(s) for s in v] for k, v in state.estimates.items()})
-        policy.kind_estimates.load_json({k: [list(s) for s in v] for k, v in state.kind_estimates.items()})
-        policy.mix = {b: KindMix(state.params.window, v) for b, v in state.mix.items()}
-        policy.seconds_total, policy.probe_extra_seconds = state.seconds_total, state.probe_extra_seconds
-        policy.last_probe_end = dict(state.last_probe_end)
+        budget = probes.budget
+        budget.calls_total, budget.probe_calls_used = state.calls_total, state.probe_calls_used
+        budget.seconds_total, budget.probe_extra_seconds = state.seconds_total, state.probe_extra_seconds
+        probes.last_probe_end = dict(state.last_probe_end)
+        log.next_id = state.next_decision_id
+        log.decisions.extend(state.decisions)
+        traffic.estimates.load_json({k: [list(s) for s in v] for k, v in state.estimates.items()})
+        traffic.kind_estimates.load_json({k: [list(s) for s in v] for k, v in state.kind_estimates.items()})
+        traffic.mix = {b: KindMix(state.params.window, v) for b, v in state.mix.items()}
     except ValueError as exc:  # a key naming a bucket out of range or a mode this sidecar does not know
         raise ValueError(f"unreadable sidecar state: {exc}") from None
     policy.restored_extra = state.extra
