@@ -123,7 +123,8 @@ class Probes:
         """End the running probe (there must be one) and return it: its bucket needs fresh calls of the running
         mode before another probe can be compared with them."""
         probe = self.probe
-        assert probe is not None, "no probe to finish"
+        if probe is None:
+            raise RuntimeError("no probe to finish")
         self.cancel()
         self.last_probe_end[probe.bucket] = now
         self.running_since_probe[probe.bucket] = 0

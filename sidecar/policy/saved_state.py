@@ -108,24 +108,26 @@ def _parse_key(key: str) -> tuple[int, Mode]:
 
 
 def policy_to_json(policy: ModePolicy, extra: dict[str, Any] | None = None) -> str:
-    probe = policy.probe
+    """The document of every part's state (policy_from_json fills the same parts back)."""
+    choice, probes, traffic, log = policy.auto_choice, policy.probes, policy.traffic, policy.log
+    probe, budget, backoff = probes.probe, probes.budget, probes.backoff
     return PolicyState(
-        version=STATE_VERSION, params=policy.params, choice=[m.label for m in policy.choice],
-        pins={b: m.label for b, m in policy.pins.items()}, last_switch=policy.last_switch,
-        last_probe={_key(b, m): t for (b, m), t in policy.last_probe.items()},
-        backoff={_key(b, m): f for (b, m), f in policy.backoff.items()},
-        backoff_reference=policy.backoff_reference,
+        version=STATE_VERSION, params=policy.params, choice=[m.label for m in choice.choice],
+        pins={b: m.label for b, m in policy.pinned.modes.items()}, last_switch=choice.last_switch,
+        last_probe={_key(b, m): t for (b, m), t in probes.last_probe.items()},
+        backoff={_key(b, m): f for (b, m), f in backoff.factors.items()},
+        backoff_reference=backoff.reference,
         pairs={b: [(p.time, p.probed.label, p.reference.label, p.ratio, p.kind, p.log_se, p.calls) for p in v]
-               for b, v in policy.pairs.items() if v},
+               for b, v in choice.pairs.items() if v},
         probe=None if probe is None else ProbeState(bucket=probe.bucket, mode=probe.mode.label,
                                                     started=probe.started, calls=probe.calls,
                                                     samples=probe.samples, references=probe.references,
                                                     extra=probe.extra),
-        calls_total=policy.calls_total, probe_calls_used=policy.probe_calls_used,
-        next_decision_id=policy.next_decision_id, decisions=list(policy.decisions),
-        estimates=policy.estimates.to_json(), kind_estimates=policy.kind_estimates.to_json(),
-        mix={b: list(v.kinds) for b, v in policy.mix.items() if v.kinds}, seconds_total=policy.seconds_total,
-        probe_extra_seconds=policy.probe_extra_seconds, last_probe_end=policy.last_probe_end, extra=extra or {},
+        calls_total=budget.calls_total, probe_calls_used=budget.probe_calls_used,
+        next_decision_id=log.next_id, decisions=list(log.decisions),
+        estimates=traffic.estimates.to_json(), kind_estimates=traffic.kind_estimates.to_json(),
+        mix={b: list(v.kinds) for b, v in traffic.mix.items() if v.kinds}, seconds_total=budget.seconds_total,
+        probe_extra_seconds=budget.probe_extra_seconds, last_probe_end=probes.last_probe_end, extra=extra or {},
     ).model_dump_json()
 
 
