@@ -4,7 +4,7 @@ Compare modes on costs measured at the same time, never on windows from differen
 a busy bucket fills its window in a second or two while another mode is only measured by probes spread over
 minutes, and on a shared host the load moves the costs of both by more than the differences the policy looks
 for (comparing such windows made it switch back and forth on drift alone). So every probe yields paired
-evidence (sidecar.paired_evidence): per call kind, the probed mode's median over the probe against the running
+evidence (sidecar.policy.paired_evidence): per call kind, the probed mode's median over the probe against the running
 mode's median just before it. A bucket's ratio for a mode weights each kind by the share of the bucket's time it
 takes. A bucket switches to the mode whose mix-weighted ratio is below 1 - `margin` and below 1 by Z standard
 errors, from at least MIN_PROBES probes. Probes of the running mode taken while another mode ran count too,

@@ -1,5 +1,5 @@
 """The sidecar's mode policy (ModePolicy): manual pins where set; elsewhere the auto choice: per bucket, run the
-mode whose calls cost least (what a call costs is sidecar.call_costs': its step by default, `policy.cost`).
+mode whose calls cost least (what a call costs is sidecar.policy.call_costs': its step by default, `policy.cost`).
 
 Pure decision logic, no I/O: the sidecar's loop feeds it samples (`observe`) and the monotonic time of every
 call (`now`), and writes whatever `desired_table()` says into the control block. The only clock it reads is
@@ -44,6 +44,8 @@ class ModePolicy:
                  modes: Sequence[Mode] | None = None, wall_clock: Callable[[], float] = time.time) -> None:
         self.params = params
         self.modes: tuple[Mode, ...] = tuple(IMPLEMENTED if modes is None else modes)
+        # one set of measurements, read by both the choice and the probes: a probe is compared with the same
+        # windows the choice is made from
         self.traffic = BucketTraffic(params, self.modes)
         self.auto_choice = AutoChoice(params, self.modes, table, self.traffic)
         self.probes = Probes(params, self.modes, self.traffic)
@@ -52,6 +54,7 @@ class ModePolicy:
         self.restored_extra: dict[str, Any] = {}  # what the control session saved with it (policy_state)
 
     def set_params(self, params: PolicyParams) -> None:
+        # each part keeps the parameters it reads (so it can be built and tested alone): all get the new ones
         self.params = self.auto_choice.params = self.probes.params = params
         self.traffic.resize(params)
 
@@ -97,7 +100,7 @@ class ModePolicy:
     def evidence(self, bucket: int, now: float) -> dict[str, Any]:
         return self.auto_choice.evidence(bucket, now)
 
-    # The parts' state under the names the control API, the saved state and the tests read.
+    # The parts' state under the names the control API, the schedule and the tests read.
     @property
     def pins(self) -> dict[int, Mode]:
         """bucket -> the mode it is pinned to."""

@@ -6,9 +6,9 @@ same load. Which bucket and mode to probe next, what a probe records, and when i
   spend the budget a busy bucket's switch would earn.
 - A mode whose first probes beat the running one is probed again as soon as the running mode has fresh calls to
   compare with; any other (bucket, mode) every `probe_interval_seconds` x its back-off factor
-  (sidecar.probe_backoff).
+  (sidecar.policy.probe_backoff).
 - A probe ends after `probe_calls` calls, or earlier once every kind it saw is decisive either way, once the
-  budget is spent (sidecar.probe_budget), after `probe_timeout_seconds`, or when the bucket's traffic stops.
+  budget is spent (sidecar.policy.probe_budget), after `probe_timeout_seconds`, or when the bucket's traffic stops.
 """
 
 from __future__ import annotations
