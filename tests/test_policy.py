@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_of
+from gatherwise.sidecar.policy.auto_choice import should_switch
 from gatherwise.sidecar.policy.estimates import Estimate, WindowEstimates
-from gatherwise.sidecar.policy.mode_policy import ModePolicy, PolicyParams, should_switch
+from gatherwise.sidecar.policy.mode_policy import ModePolicy, PolicyParams
 from gatherwise.sidecar.policy.saved_state import policy_from_json, policy_to_json
 
 A, G = Mode.ALL_GATHER, Mode.GATHER
@@ -513,7 +514,7 @@ def test_windows_never_adopt_a_mode_whose_probes_found_it_slower(three_modes):
         mode = A if i % 2 == 0 else G
         policy.observe(mode, bucket, 0.030 if mode == A else 0.024, now, call_tag(GREEDY, int(mode)))
         now += 0.25
-    assert policy._challenger(bucket, now) == G  # the windows alone would switch
+    assert policy.auto_choice.challenger(bucket, now) == G  # the windows alone would switch
     policy.pairs[bucket] = deque(Pair(now - 1.0, G, A, 1.05, GREEDY, 0.01, 8) for _ in range(3))
-    assert policy._challenger(bucket, now) is None
+    assert policy.auto_choice.challenger(bucket, now) is None
     assert not [d for d in policy.step(now) if d.reason == "auto"] and policy.choice[bucket] == A

@@ -3,7 +3,7 @@ schema.
 
 What exists elsewhere is not declared again: the policy parameters and their ranges come from the config schema
 (gatherwise.config.PolicyParams; PolicyUpdate derives from it), a decision is
-gatherwise.sidecar.policy.mode_policy.Decision.
+gatherwise.sidecar.policy.decision_log.Decision.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from gatherwise.config import ModeLabel, ModeOrAuto, PolicyParams
 from gatherwise.modes import NUM_BUCKETS, bucket_from_upper_bound
-from gatherwise.sidecar.policy.mode_policy import Decision
+from gatherwise.sidecar.policy.decision_log import Decision
 from gatherwise.table_file import TableDocument
 
 BucketTable = dict[str, ModeLabel]  # bucket upper bound ("1", "2", "4", ... "32768") -> mode
-PolicyLabel = Literal["manual", "auto", "mixed"]  # gatherwise.sidecar.policy.mode_policy.ModePolicy.policy_label
+PolicyLabel = Literal["manual", "auto", "mixed"]  # gatherwise.sidecar.policy.pins.Pins.label
 MAX_BUCKET = 1 << (NUM_BUCKETS - 1)
 
 

@@ -39,7 +39,7 @@ from gatherwise.sidecar.api.deps import StateDep
 from gatherwise.sidecar.api.strict_json import StrictJSONRoute
 from gatherwise.sidecar.control.block_client import ControlSnapshot, InvalidTableWordError
 from gatherwise.sidecar.control.control_api import ControlApi, NotAttached, PolicyView
-from gatherwise.sidecar.policy.mode_policy import DECISION_LOG
+from gatherwise.sidecar.policy.decision_log import DECISION_LOG
 from gatherwise.validation_errors import request_error_details
 
 router = APIRouter(tags=["control"], route_class=StrictJSONRoute)  # a repeated JSON key is a 422

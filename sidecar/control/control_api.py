@@ -25,8 +25,9 @@ from gatherwise.sidecar.control.session import ControlSession
 from gatherwise.sidecar.control.session_lifecycle import SessionLifecycle
 from gatherwise.sidecar.control.session_store import SessionStore
 from gatherwise.sidecar.metrics.control_gauges import ControlView
+from gatherwise.sidecar.policy.decision_log import Decision
 from gatherwise.sidecar.policy.estimates import Estimate
-from gatherwise.sidecar.policy.mode_policy import Decision, ModePolicy
+from gatherwise.sidecar.policy.mode_policy import ModePolicy
 
 log = logging.getLogger("gatherwise.sidecar.control")
 # Distinct unreadable table words warned about (a block written over and over must not flood the log).

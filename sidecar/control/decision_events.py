@@ -15,7 +15,7 @@ from gatherwise.modes import IMPLEMENTED
 from gatherwise.sidecar.metrics.names import MODE_SWITCHES
 
 if TYPE_CHECKING:  # the GPU check imports the metrics modules without pydantic, which the policy needs
-    from gatherwise.sidecar.policy.mode_policy import Decision
+    from gatherwise.sidecar.policy.decision_log import Decision
     from gatherwise.sidecar.traces.tracer import CallTracer
 
 log = logging.getLogger("gatherwise.sidecar.control")

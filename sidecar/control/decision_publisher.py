@@ -8,7 +8,7 @@ import logging
 from gatherwise.sidecar.control.decision_events import DecisionEvents
 from gatherwise.sidecar.control.session import ControlSession
 from gatherwise.sidecar.control.session_store import SessionStore
-from gatherwise.sidecar.policy.mode_policy import Decision
+from gatherwise.sidecar.policy.decision_log import Decision
 
 log = logging.getLogger("gatherwise.sidecar.control")
 REQUEST_REASONS = ("manual", "table_file")  # decisions someone asked for: saved before the request returns

@@ -1,4 +1,4 @@
-"""The sidecar's durable decision state: an ModePolicy <-> JSON, and an atomic file next to the control block.
+"""The sidecar's durable decision state: a ModePolicy <-> JSON, and an atomic file next to the control block.
 
 Why a JSON file and not a fixed area in the control block: the engine never reads this state, it is variable in
 size (decision log, sample windows), and only the sidecar writes it. Keeping it out of the block keeps the
@@ -24,9 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gatherwise.config import ModeLabel, PolicyParams
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
 from gatherwise.shm_format.private_files import read_small_file, write_private_file
+from gatherwise.sidecar.policy.auto_choice import PAIRS_KEPT
+from gatherwise.sidecar.policy.decision_log import Decision
 from gatherwise.sidecar.policy.estimates import KindMix
-from gatherwise.sidecar.policy.mode_policy import PAIRS_KEPT, Decision, ModePolicy, Probe
+from gatherwise.sidecar.policy.mode_policy import ModePolicy
 from gatherwise.sidecar.policy.paired_evidence import Pair
+from gatherwise.sidecar.policy.pins import Pins
+from gatherwise.sidecar.policy.probes import Probe
 from gatherwise.validation_errors import dotted_location, error_text, joined_errors
 
 # 2: probes, their times and back-off per (bucket, mode); 3: call kinds (pairs per kind, kind windows, the
@@ -104,24 +108,26 @@ def _parse_key(key: str) -> tuple[int, Mode]:
 
 
 def policy_to_json(policy: ModePolicy, extra: dict[str, Any] | None = None) -> str:
-    probe = policy.probe
+    """The document of every part's state (policy_from_json fills the same parts back)."""
+    choice, probes, traffic, log = policy.auto_choice, policy.probes, policy.traffic, policy.log
+    probe, budget, backoff = probes.probe, probes.budget, probes.backoff
     return PolicyState(
-        version=STATE_VERSION, params=policy.params, choice=[m.label for m in policy.choice],
-        pins={b: m.label for b, m in policy.pins.items()}, last_switch=policy.last_switch,
-        last_probe={_key(b, m): t for (b, m), t in policy.last_probe.items()},
-        backoff={_key(b, m): f for (b, m), f in policy.backoff.items()},
-        backoff_reference=policy.backoff_reference,
+        version=STATE_VERSION, params=policy.params, choice=[m.label for m in choice.choice],
+        pins={b: m.label for b, m in policy.pinned.modes.items()}, last_switch=choice.last_switch,
+        last_probe={_key(b, m): t for (b, m), t in probes.last_probe.items()},
+        backoff={_key(b, m): f for (b, m), f in backoff.factors.items()},
+        backoff_reference=backoff.reference,
         pairs={b: [(p.time, p.probed.label, p.reference.label, p.ratio, p.kind, p.log_se, p.calls) for p in v]
-               for b, v in policy.pairs.items() if v},
+               for b, v in choice.pairs.items() if v},
         probe=None if probe is None else ProbeState(bucket=probe.bucket, mode=probe.mode.label,
                                                     started=probe.started, calls=probe.calls,
                                                     samples=probe.samples, references=probe.references,
                                                     extra=probe.extra),
-        calls_total=policy.calls_total, probe_calls_used=policy.probe_calls_used,
-        next_decision_id=policy.next_decision_id, decisions=list(policy.decisions),
-        estimates=policy.estimates.to_json(), kind_estimates=policy.kind_estimates.to_json(),
-        mix={b: list(v.kinds) for b, v in policy.mix.items() if v.kinds}, seconds_total=policy.seconds_total,
-        probe_extra_seconds=policy.probe_extra_seconds, last_probe_end=policy.last_probe_end, extra=extra or {},
+        calls_total=budget.calls_total, probe_calls_used=budget.probe_calls_used,
+        next_decision_id=log.next_id, decisions=list(log.decisions),
+        estimates=traffic.estimates.to_json(), kind_estimates=traffic.kind_estimates.to_json(),
+        mix={b: list(v.kinds) for b, v in traffic.mix.items() if v.kinds}, seconds_total=budget.seconds_total,
+        probe_extra_seconds=budget.probe_extra_seconds, last_probe_end=probes.last_probe_end, extra=extra or {},
     ).model_dump_json()
 
 
@@ -135,24 +141,26 @@ def policy_from_json(text: str) -> ModePolicy:
         raise ValueError(f"unreadable sidecar state: {problems}") from None
     try:
         policy = ModePolicy(state.params, ModeTable(tuple(Mode.parse(m) for m in state.choice)), auto=True)
-        policy.pins = {b: Mode.parse(m) for b, m in state.pins.items()}
-        policy.last_switch = dict(state.last_switch)
-        policy.last_probe = {_parse_key(k): t for k, t in state.last_probe.items()}
-        policy.backoff = {_parse_key(k): f for k, f in state.backoff.items()}
-        policy.backoff_reference = dict(state.backoff_reference)
-        policy.pairs = {b: deque((Pair(p[0], Mode.parse(p[1]), Mode.parse(p[2]), *p[3:]) for p in v),
+        policy.pinned = Pins({b: Mode.parse(m) for b, m in state.pins.items()})
+        choice, probes, traffic, log = policy.auto_choice, policy.probes, policy.traffic, policy.log
+        choice.last_switch = dict(state.last_switch)
+        choice.pairs = {b: deque((Pair(p[0], Mode.parse(p[1]), Mode.parse(p[2]), *p[3:]) for p in v),
                                  maxlen=PAIRS_KEPT) for b, v in state.pairs.items()}
+        probes.last_probe = {_parse_key(k): t for k, t in state.last_probe.items()}
+        probes.backoff.factors = {_parse_key(k): f for k, f in state.backoff.items()}
+        probes.backoff.reference = dict(state.backoff_reference)
         probe = state.probe
-        policy.probe = None if probe is None else Probe(probe.bucket, Mode.parse(probe.mode), probe.started,
+        probes.probe = None if probe is None else Probe(probe.bucket, Mode.parse(probe.mode), probe.started,
                                                         probe.calls, probe.samples, probe.references, probe.extra)
-        policy.calls_total, policy.probe_calls_used = state.calls_total, state.probe_calls_used
-        policy.next_decision_id = state.next_decision_id
-        policy.decisions.extend(state.decisions)
-        policy.estimates.load_json({k: [list(s) for s in v] for k, v in state.estimates.items()})
-        policy.kind_estimates.load_json({k: [list(s) for s in v] for k, v in state.kind_estimates.items()})
-        policy.mix = {b: KindMix(state.params.window, v) for b, v in state.mix.items()}
-        policy.seconds_total, policy.probe_extra_seconds = state.seconds_total, state.probe_extra_seconds
-        policy.last_probe_end = dict(state.last_probe_end)
+        budget = probes.budget
+        budget.calls_total, budget.probe_calls_used = state.calls_total, state.probe_calls_used
+        budget.seconds_total, budget.probe_extra_seconds = state.seconds_total, state.probe_extra_seconds
+        probes.last_probe_end = dict(state.last_probe_end)
+        log.next_id = state.next_decision_id
+        log.decisions.extend(state.decisions)
+        traffic.estimates.load_json({k: [list(s) for s in v] for k, v in state.estimates.items()})
+        traffic.kind_estimates.load_json({k: [list(s) for s in v] for k, v in state.kind_estimates.items()})
+        traffic.mix = {b: KindMix(state.params.window, v) for b, v in state.mix.items()}
     except ValueError as exc:  # a key naming a bucket out of range or a mode this sidecar does not know
         raise ValueError(f"unreadable sidecar state: {exc}") from None
     policy.restored_extra = state.extra
