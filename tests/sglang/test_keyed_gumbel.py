@@ -2,9 +2,10 @@
 
 Real gloo ranks hold shards of the same logits (vocab 151936, an LM head's width; float32 and bfloat16; peaked
 and flat rows; a padded head whose padding columns would win if they were read; rows built to be near ties across
-two shards) and run `sample_keyed_sharded`; the reference is SGLang 0.5.23's own code on the full rows:
-`logits.div_(temperatures)`, `torch.softmax`, then `sampling_from_probs_torch` (which calls the torch.compile'd
-`multinomial_with_seed`), exactly what `Sampler.forward` runs for a seeded batch without top-k / top-p / min-p.
+two shards) and run `sample_keyed_sharded`; the reference is SGLang 0.5.23's whole `Sampler.forward` on the full
+rows (`logits.div_(temperatures)`, `torch.softmax`, `sampling_from_probs_torch` and its torch.compile'd
+`multinomial_with_seed`, for a seeded batch without top-k / top-p / min-p), the Sampler built without a server
+(its __init__ reads the server's context: the few attributes it sets are set by hand).
 
 SGLang's CPU hash dispatches to `sgl_kernel`'s CPU op, which this machine does not have (the stand-in raises), so
 the reference's `murmur_hash32` is gatherwise's torch reimplementation, proven equal bit for bit to SGLang's own
@@ -21,6 +22,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -58,8 +60,36 @@ def _random_batch(case: str, index: int) -> dict:
             "vocab": vocab}
 
 
+def _sglang_sampler():
+    """SGLang's own `Sampler`, with the attributes its __init__ reads from a running server's context (TP group,
+    deterministic inference on, no RL on-policy target, not the ascend backend) set by hand."""
+    from sglang.srt.layers.sampler import Sampler
+
+    sampler = Sampler.__new__(Sampler)
+    torch.nn.Module.__init__(sampler)
+    sampler.tp_sync_group = sampler.cp_sync_group = None
+    sampler.rl_on_policy_target = None
+    sampler.enable_deterministic = True
+    sampler.use_log_softmax_logprob = sampler.use_ascend_backend = False
+    sampler.sampling_mask_max_tokens = 0
+    return sampler
+
+
 def _sglang_tokens(batch: dict) -> torch.Tensor:
-    """SGLang's own sampler functions on the full rows (the logits processor has cut them to the vocab)."""
+    """SGLang's whole `Sampler.forward` on the full rows (its logits processor has cut them to the vocab), for a
+    seeded batch without top-k / top-p / min-p, logprobs, grammars or custom logit processors."""
+    info = SimpleNamespace(is_all_greedy=False, need_top_p_sampling=False, need_top_k_sampling=False,
+                           need_min_p_sampling=False, temperatures=batch["temperatures"].view(-1, 1),
+                           sampling_seed=batch["seeds"], has_custom_logit_processor=False, grammars=None,
+                           sampling_mask_batch_indices=None, sampling_support_logprobs_capture_indices=None)
+    output = SimpleNamespace(next_token_logits=batch["logits"][:, : batch["vocab"]].clone())
+    ids = _sglang_sampler().forward(output, info, False, [], [], batch["positions"])
+    assert ids.dtype == torch.int32
+    return ids.to(torch.int64)
+
+
+def _sglang_sampler_functions(batch: dict) -> torch.Tensor:
+    """The functions `Sampler.forward` runs for such a batch, called one by one."""
     from sglang.srt.layers import sampler
 
     logits = batch["logits"][:, : batch["vocab"]].clone()
@@ -113,9 +143,10 @@ def _near_tie_batches(path: str) -> list[dict]:
     logits = torch.cat(rows)
     batches = []
     for start in range(0, logits.shape[0], BATCH):
-        batch = {"logits": logits[start : start + BATCH], "seeds": torch.stack(row_seeds[start : start + BATCH]),
-                 "positions": torch.stack(row_positions[start : start + BATCH]), "vocab": VOCAB}
-        batch["temperatures"] = torch.ones(batch["logits"].shape[0])
+        chunk = logits[start : start + BATCH]
+        batch = {"logits": chunk, "seeds": torch.stack(row_seeds[start : start + BATCH]),
+                 "positions": torch.stack(row_positions[start : start + BATCH]), "vocab": VOCAB,
+                 "temperatures": torch.ones(chunk.shape[0])}
         batches.append(batch)
     torch.save(batches, path)
     assert sampler.murmur_hash32 is kg.murmur_hash32  # built with the patched reference
@@ -224,6 +255,7 @@ def test_single_rank_is_sglangs_and_bad_input_is_refused(sglang_hash_patched):
                                      temperatures=batch["temperatures"], seeds=batch["seeds"],
                                      positions=batch["positions"])
     assert torch.equal(result.tokens, _sglang_tokens(batch))
+    assert torch.equal(result.tokens, _sglang_sampler_functions(batch))
     full = kg.sample_full_rows(kg.scale_by_temperature(batch["logits"], batch["temperatures"]),
                                batch["seeds"], batch["positions"])
     assert torch.equal(full, result.tokens)
