@@ -249,8 +249,10 @@ def test_hash_is_sglangs_triton_kernel():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_single_rank_is_sglangs_and_bad_input_is_refused(sglang_hash_patched):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_single_rank_is_sglangs_and_bad_input_is_refused(sglang_hash_patched, dtype):
     batch = _random_batch("peaked_bf16", 7)
+    batch["logits"] = batch["logits"].to(dtype)
     result = kg.sample_keyed_sharded(SingleRankCommunicator(), batch["logits"], vocab_size=batch["vocab"],
                                      temperatures=batch["temperatures"], seeds=batch["seeds"],
                                      positions=batch["positions"])
@@ -267,3 +269,22 @@ def test_single_rank_is_sglangs_and_bad_input_is_refused(sglang_hash_patched):
         kg.sample_keyed_sharded(SingleRankCommunicator(), batch["logits"], **{**args, "seeds": batch["seeds"][:3]})
     with pytest.raises(ValueError, match="cannot hold"):
         kg.sample_keyed_sharded(SingleRankCommunicator(), batch["logits"][:, :1000], **args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rounding_bounds_hold_with_a_margin_of_two(dtype):
+    """What the certificate rests on: for each row some constant c has |log p_j - (x_j - lse) - c| <= E_j for every
+    column above the floor, log p_j being SGLang's (torch.log of torch.softmax in the dtype). Checked with half of
+    each E_j, from flat to peaked rows."""
+    bound = kg.BOUNDS[dtype]
+    gen = torch.Generator().manual_seed(5)
+    for scale in (0.05, 0.5, 2.0, 5.0, 10.0, 20.0):
+        x = (torch.randn(8, VOCAB, generator=gen) * scale).to(dtype)
+        log_p = torch.log(torch.softmax(x, dim=-1)).double()
+        exact = x.double() - torch.logsumexp(x.double(), dim=-1, keepdim=True)
+        normal = exact >= bound.floor
+        half = bound.at(exact) / 2
+        deviation = log_p - exact
+        highest_low = torch.where(normal, deviation - half, float("-inf")).max(dim=1).values
+        lowest_high = torch.where(normal, deviation + half, float("inf")).min(dim=1).values
+        assert bool((highest_low <= lowest_high).all()), (dtype, scale)
