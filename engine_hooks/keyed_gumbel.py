@@ -215,6 +215,17 @@ def sample_full_rows(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tens
     return torch.argmax(noise.add_(lp.to(F64)), dim=1)
 
 
+def sglang_full_row_sampler() -> FullRowSampler:
+    """SGLang's own functions for whole rows (imported when called: only an SGLang engine has them): its softmax
+    and `sampling_from_probs_torch`, which runs its compiled `multinomial_with_seed`."""
+    from sglang.srt.layers.sampler import sampling_from_probs_torch
+
+    def sample(x: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return sampling_from_probs_torch(torch.softmax(x, dim=-1), seeds, positions)
+
+    return sample
+
+
 @dataclass(frozen=True)
 class KeyedResult:
     tokens: torch.Tensor  # [B] int64, the same on every rank

@@ -110,8 +110,9 @@ def sglang_hash_patched():
 
 
 def _near_tie_batches(path: str) -> list[dict]:
-    """Rows built around a tie between the best column of the first shard and the best of the last one (for 2
-    and 4 ranks alike), the second column's logit scanned ulp by ulp across it: SGLang's winner flips within."""
+    """Rows built around a tie between the row's winner and the best column of the quarter farthest from it (in
+    another shard for 2 and 4 ranks alike), the rival's logit scanned ulp by ulp across the tie: SGLang's winner
+    flips within the scan."""
     from sglang.srt.layers import sampler
 
     gen = torch.Generator().manual_seed(77)
@@ -125,8 +126,9 @@ def _near_tie_batches(path: str) -> list[dict]:
         lp = torch.log(torch.softmax(x, dim=-1)).double()
         noise = kg.keyed_noise(seeds[r : r + 1], positions[r : r + 1], torch.arange(VOCAB))
         v = (lp + noise)[0]
-        i = int(v[:quarter].argmax())
-        j = 3 * quarter + int(v[3 * quarter :].argmax())
+        i = int(v.argmax())  # the row's winner; its rival from the quarter farthest away (another shard for 2 or 4)
+        far = 3 * quarter if i < VOCAB // 2 else 0
+        j = far + int(v[far : far + quarter].argmax())
         target = torch.tensor(float(x[0, i]) + float(noise[0, i]) - float(noise[0, j]), dtype=torch.float32)
         up, down = target.clone(), target.clone()
         values = [target]
@@ -134,6 +136,12 @@ def _near_tie_batches(path: str) -> list[dict]:
             up = torch.nextafter(up, torch.tensor(float("inf")))
             down = torch.nextafter(down, torch.tensor(float("-inf")))
             values += [up, down]
+        # and around the bounds' edge: the pair's two tolerances together (E_i + E_j) decide whether the small
+        # exchange decides the row, so offsets just inside and just outside that sum exercise the certificate
+        lse = float(torch.logsumexp(x.double(), dim=-1))
+        width = float(kg.BOUNDS[torch.float32].at(torch.tensor([float(x[0, i]) - lse, float(target) - lse])).sum())
+        for factor in (0.9, 1.1, 1.9, 2.1, 3.0, 6.0):
+            values += [target + factor * width / 2, target - factor * width / 2]
         for value in values:
             row = x.clone()
             row[0, j] = value
@@ -288,3 +296,13 @@ def test_rounding_bounds_hold_with_a_margin_of_two(dtype):
         highest_low = torch.where(normal, deviation - half, float("-inf")).max(dim=1).values
         lowest_high = torch.where(normal, deviation + half, float("inf")).min(dim=1).values
         assert bool((highest_low <= lowest_high).all()), (dtype, scale)
+
+
+def test_near_ties_from_full_rows_with_sglangs_own_functions(sglang_hash_patched, tmp_path):
+    """The rows the bounds cannot decide go to the full-row sampler; in an engine that is SGLang's own."""
+    batch = _near_tie_batches(str(tmp_path / "near_ties.pt"))[0]
+    result = kg.sample_keyed_sharded(SingleRankCommunicator(), batch["logits"], vocab_size=batch["vocab"],
+                                     temperatures=batch["temperatures"], seeds=batch["seeds"],
+                                     positions=batch["positions"], full_row_sampler=kg.sglang_full_row_sampler())
+    assert result.full_rows > 0
+    assert torch.equal(result.tokens, _sglang_tokens(batch))
