@@ -35,6 +35,13 @@ def shard_shape_problem(logits: torch.Tensor) -> str | None:
     return None
 
 
+def mask_padding(path: LogitsPath, buf: torch.Tensor, real_vocab: int | None) -> None:
+    """Columns past `real_vocab` are the engine's LM-head padding, which it trims after its own gather:
+    gatherwise's sampler must never draw them."""
+    if real_vocab is not None:
+        buf[:, max(0, min(path.width, real_vocab - path.rank * path.width)):] = float("-inf")
+
+
 class RankHooks:
     ENGINE = "engine"  # the engine's name, as its hooks-off notices spell it
     DISTRIBUTION = ""  # the engine's package, whose version the rank info file names
@@ -104,10 +111,7 @@ class RankHooks:
     def _path_samples(self, path: LogitsPath, buf: torch.Tensor, real_vocab: int | None, logits: torch.Tensor,
                       rows: list[SamplingRow], kind: int | None) -> torch.Tensor:
         """gatherwise's sampler samples this call now, in the mode the table gives: every rank gets the tokens
-        (kept for the sampler hook), the engine gets placeholder logits to pass along. Columns past
-        `real_vocab` are the engine's LM-head padding, which it trims after its own gather: they must never
-        win."""
-        if real_vocab is not None:
-            buf[:, max(0, min(path.width, real_vocab - path.rank * path.width)):] = float("-inf")
+        (kept for the sampler hook), the engine gets placeholder logits to pass along (mask_padding)."""
+        mask_padding(path, buf, real_vocab)
         self._sharded_tokens = path.run(rows, kind)
         return self._placeholder_logits(path, logits)

@@ -24,10 +24,13 @@ reported once, by name, in the log and to the sidecar (gatherwise.engine_hooks.a
   logits); other batches in a sharded bucket run all_gather, recorded as such.
 - `engine.sampler: gatherwise`: a sampled batch that gatherwise's sampler honours exactly (temperature,
   top-k, top-p, min-p, greedy rows among them; nothing else vLLM would apply to its logits:
-  gatherwise.engine_hooks.adapters.vllm_sampler_rows) is sampled by it in the table's mode, sharded included
-  (LogitsPath.run), keyed per request and output position: every rank gets the same tokens, whatever the
-  mode or the batch, and skips vLLM's sampler. No rank draws from vLLM's generators in such a call, so they
-  stay in step. Other sampled batches keep vLLM's sampler as above.
+  gatherwise.engine_hooks.adapters.vllm_sampler_rows) is sampled by it in the table's mode, sharded included,
+  keyed per request and output position: every rank gets the same tokens, whatever the mode or the batch, and
+  skips vLLM's sampler. A sharded call runs whole in the logits call (LogitsPath.run), as a sharded greedy
+  one; an all_gather or gather call runs its collective there and its draw (and gather's token broadcast) at
+  vLLM's sampler call, where vLLM's own sampled calls finish theirs. (Run whole in the logits call, gather
+  mode stalled both ranks on vLLM's CPU shared-memory transport; split like this it runs.) No rank draws
+  from vLLM's generators in such a call, so they stay in step. Other sampled batches keep vLLM's sampler.
 - Where skipping the sampler could leave a rank's state behind rank 0's (the thinking-budget state, which
   vLLM's sampler updates; logits processors other than vLLM's built-ins, which may keep state), gather mode
   runs all_gather instead (`gather_ok`), recorded as such.
@@ -52,10 +55,11 @@ import torch
 from gatherwise.call_kind import call_kind, sampling_of_rows
 from gatherwise.config import GatherwiseConfig
 from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
-from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
+from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, mask_padding, shard_shape_problem
 from gatherwise.engine_hooks.adapters.sampler_rows import gatherwise_samples
 from gatherwise.engine_hooks.adapters.vllm_sampler_rows import builtin_is_idle, sampler_rows, step_aside_reason
-from gatherwise.engine_hooks.sampling_params import SamplingRow
+from gatherwise.engine_hooks.sampling import sample as gatherwise_sample
+from gatherwise.engine_hooks.sampling_params import SamplingRow, kind_of_rows
 from gatherwise.modes import Mode
 
 log = logging.getLogger("gatherwise.vllm")
@@ -75,6 +79,7 @@ class VllmStepHooks(RankHooks):
         self._pending: Mode | None = None  # mode of the hooked call whose sampling is still to come
         self._resync: Any = None  # gatherwise.engine_hooks.rng_resync.RandomStateResync, with the hooks
         self._gatherwise_samples = gatherwise_samples(config)  # engine.sampler: gatherwise
+        self._gatherwise_call: tuple[torch.Tensor, list[SamplingRow]] | None = None  # shards and rows to draw
         self._stepped_aside: set[str] = set()  # why sampled batches kept vLLM's sampler (each said once)
 
     # -- scope: the step's logits call --------------------------------------------------------------------
@@ -174,7 +179,13 @@ class VllmStepHooks(RankHooks):
             sampled = self._gatherwise_rows(runner, processor, metadata, rows)
             if sampled is not None:
                 self._pending = mode
-                return self._path_samples(path, buf, real_vocab, logits, sampled, None)
+                if mode == Mode.SHARDED:
+                    return self._path_samples(path, buf, real_vocab, logits, sampled, None)
+                # all_gather and gather: the collective now, the draw at vLLM's sampler call (sample())
+                mask_padding(path, buf, real_vocab)
+                _, shards = path.exchange(kind=kind_of_rows(sampled))
+                self._gatherwise_call = (shards, sampled)
+                return self._placeholder_logits(path, logits)
         if mode == Mode.SHARDED:
             if not self._structured and raw_argmax_is_kept(processor) and sharded_greedy_ok(metadata):
                 self._pending = Mode.SHARDED
@@ -206,6 +217,18 @@ class VllmStepHooks(RankHooks):
                              "does not apply; under a sharded table it runs all_gather", reason)
         return sampled
 
+    @staticmethod
+    def _gatherwise_tokens(path: Any, mode: Mode, shards: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """The second half of an all_gather or gather call that gatherwise's sampler draws: every rank samples
+        the full layout (all_gather), or rank 0 does and the tokens reach every rank by the call's broadcast."""
+        if mode == Mode.ALL_GATHER or path.rank == 0:
+            start = path.clock()
+            tokens = gatherwise_sample(shards, path.vocab, rows)
+            return path.complete(tokens, sample_start=start, sample_end=path.clock())
+        received = path.complete(None)
+        assert received is not None  # gather mode: the broadcast brings rank 0's tokens
+        return received
+
     # -- Sampler.forward ------------------------------------------------------------------------------------
     def sample(self, sampler: Any, original: Callable, logits: torch.Tensor, *args: Any, **kwargs: Any):
         mode, self._pending = self._pending, None
@@ -215,7 +238,11 @@ class VllmStepHooks(RankHooks):
                 self._resync.before_call(True, not getattr(metadata, "all_greedy", False))
             return original(sampler, logits, *args, **kwargs)
         path = self.logits_path
-        tokens, self._sharded_tokens = self._sharded_tokens, None
+        if self._gatherwise_call is not None:
+            (shards, rows), self._gatherwise_call = self._gatherwise_call, None
+            tokens = self._gatherwise_tokens(path, mode, shards, rows)
+        else:
+            tokens, self._sharded_tokens = self._sharded_tokens, None
         if tokens is not None:  # gatherwise's sampler drew them in gather_logits (_path_samples), on every rank
             from vllm.v1.outputs import SamplerOutput
 
