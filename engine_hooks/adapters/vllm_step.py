@@ -238,6 +238,7 @@ class VllmStepHooks(RankHooks):
                 self._resync.before_call(True, not getattr(metadata, "all_greedy", False))
             return original(sampler, logits, *args, **kwargs)
         path = self.logits_path
+        tokens: torch.Tensor | None
         if self._gatherwise_call is not None:
             (shards, rows), self._gatherwise_call = self._gatherwise_call, None
             tokens = self._gatherwise_tokens(path, mode, shards, rows)
