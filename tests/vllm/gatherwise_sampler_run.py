@@ -36,15 +36,22 @@ ASIDE = {"penalty": dict(SAMPLED, top_p=0.95, repetition_penalty=1.3, max_tokens
          "logprobs": dict(SAMPLED, logprobs=2), "top_p": dict(SAMPLED, top_p=0.95)}
 
 
+def prompt_of(name: str) -> list[int]:
+    """Each request's own prompt, whichever batch it runs in (the warm-up request: the first)."""
+    names = [*REQUESTS, *(f"aside-{name}" for name in ASIDE)]
+    return PROMPTS[names.index(name) % len(PROMPTS)] if name in names else PROMPTS[0]
+
+
 def run_stepped(llm, control: Control, requests: dict[str, dict], flips: dict[int, str] | None = None
                 ) -> tuple[dict[str, list[int]], list[dict]]:
-    """`requests` ({request id: SamplingParams arguments}) added at once and stepped to the end."""
+    """`requests` ({request id: SamplingParams arguments}) added at once, each with its own prompt, and stepped
+    to the end."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     engine = llm.llm_engine
-    for (req_id, params), prompt in zip(requests.items(), PROMPTS, strict=False):
-        engine.add_request(req_id, TokensPrompt(prompt_token_ids=prompt), SamplingParams(**params))
+    for req_id, params in requests.items():
+        engine.add_request(req_id, TokensPrompt(prompt_token_ids=prompt_of(req_id)), SamplingParams(**params))
     outputs: dict[str, list[int]] = {}
     applied, step = [], 0
     while engine.has_unfinished_requests():
