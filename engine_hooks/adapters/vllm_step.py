@@ -244,7 +244,7 @@ class VllmStepHooks(RankHooks):
             tokens = self._gatherwise_tokens(path, mode, shards, rows)
         else:
             tokens, self._sharded_tokens = self._sharded_tokens, None
-        if tokens is not None:  # gatherwise's sampler drew them in gather_logits (_path_samples), on every rank
+        if tokens is not None:  # gatherwise's sampler drew them (_path_samples, _gatherwise_tokens), on every rank
             from vllm.v1.outputs import SamplerOutput
 
             return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1), logprobs_tensors=None)
