@@ -35,6 +35,13 @@ def shard_shape_problem(logits: torch.Tensor) -> str | None:
     return None
 
 
+def mask_padding(path: LogitsPath, buf: torch.Tensor, real_vocab: int | None) -> None:
+    """Columns past `real_vocab` are the engine's LM-head padding, which it trims after its own gather:
+    gatherwise's sampler must never draw them."""
+    if real_vocab is not None:
+        buf[:, max(0, min(path.width, real_vocab - path.rank * path.width)):] = float("-inf")
+
+
 class RankHooks:
     ENGINE = "engine"  # the engine's name, as its hooks-off notices spell it
     DISTRIBUTION = ""  # the engine's package, whose version the rank info file names
@@ -51,7 +58,7 @@ class RankHooks:
         self.config, self.log = config, log
         self.installed: InstalledHooks | None = None  # once the first hooked call ran
         self.disabled: str | None = None  # why the hooks stay off in this rank
-        self._sharded_tokens: torch.Tensor | None = None  # tokens of a sharded call, for its sampler call
+        self._sharded_tokens: torch.Tensor | None = None  # tokens gatherwise's sampler drew, for the sampler call
         self._greedy_rows: list[SamplingRow] = []  # reused for every sharded greedy call
         self._placeholder = PlaceholderLogits()
 
@@ -95,13 +102,16 @@ class RankHooks:
 
     def _sharded_argmax(self, path: LogitsPath, buf: torch.Tensor, real_vocab: int | None,
                         logits: torch.Tensor) -> torch.Tensor:
-        """A sharded greedy call now: every rank gets the argmax tokens (kept for the sampler hook), the engine
-        gets placeholder logits to pass along. Columns past `real_vocab` are the engine's LM-head padding,
-        which it trims after its own gather: they must never win."""
-        if real_vocab is not None:
-            buf[:, max(0, min(path.width, real_vocab - path.rank * path.width)):] = float("-inf")
+        """A sharded greedy call now (see _path_samples)."""
         rows = logits.shape[0]
         if len(self._greedy_rows) < rows:
             self._greedy_rows = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
-        self._sharded_tokens = path.run(self._greedy_rows[:rows], GREEDY)
+        return self._path_samples(path, buf, real_vocab, logits, self._greedy_rows[:rows], GREEDY)
+
+    def _path_samples(self, path: LogitsPath, buf: torch.Tensor, real_vocab: int | None, logits: torch.Tensor,
+                      rows: list[SamplingRow], kind: int | None) -> torch.Tensor:
+        """gatherwise's sampler samples this call now, in the mode the table gives: every rank gets the tokens
+        (kept for the sampler hook), the engine gets placeholder logits to pass along (mask_padding)."""
+        mask_padding(path, buf, real_vocab)
+        self._sharded_tokens = path.run(rows, kind)
         return self._placeholder_logits(path, logits)

@@ -22,6 +22,15 @@ reported once, by name, in the log and to the sidecar (gatherwise.engine_hooks.a
   (`sharded_greedy_ok`, `raw_argmax_is_kept`: no soft cap or logit scale, which vLLM applies after the gather)
   and that hold no structured-output request (the grammar bitmask is applied after the collective, to the full
   logits); other batches in a sharded bucket run all_gather, recorded as such.
+- `engine.sampler: gatherwise`: a sampled batch that gatherwise's sampler honours exactly (temperature,
+  top-k, top-p, min-p, greedy rows among them; nothing else vLLM would apply to its logits:
+  gatherwise.engine_hooks.adapters.vllm_sampler_rows) is sampled by it in the table's mode, sharded included,
+  keyed per request and output position: every rank gets the same tokens, whatever the mode or the batch, and
+  skips vLLM's sampler. A sharded call runs whole in the logits call (LogitsPath.run), as a sharded greedy
+  one; an all_gather or gather call runs its collective there and its draw (and gather's token broadcast) at
+  vLLM's sampler call, where vLLM's own sampled calls finish theirs. (Run whole in the logits call, gather
+  mode stalled both ranks on vLLM's CPU shared-memory transport; split like this it runs.) No rank draws
+  from vLLM's generators in such a call, so they stay in step. Other sampled batches keep vLLM's sampler.
 - Where skipping the sampler could leave a rank's state behind rank 0's (the thinking-budget state, which
   vLLM's sampler updates; logits processors other than vLLM's built-ins, which may keep state), gather mode
   runs all_gather instead (`gather_ok`), recorded as such.
@@ -46,7 +55,11 @@ import torch
 from gatherwise.call_kind import call_kind, sampling_of_rows
 from gatherwise.config import GatherwiseConfig
 from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
-from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
+from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, mask_padding, shard_shape_problem
+from gatherwise.engine_hooks.adapters.sampler_rows import gatherwise_samples
+from gatherwise.engine_hooks.adapters.vllm_sampler_rows import builtin_is_idle, sampler_rows, step_aside_reason
+from gatherwise.engine_hooks.sampling import sample as gatherwise_sample
+from gatherwise.engine_hooks.sampling_params import SamplingRow, kind_of_rows
 from gatherwise.modes import Mode
 
 log = logging.getLogger("gatherwise.vllm")
@@ -65,6 +78,9 @@ class VllmStepHooks(RankHooks):
         self._unhooked_reported = False  # a logits gather outside every hooked step was reported
         self._pending: Mode | None = None  # mode of the hooked call whose sampling is still to come
         self._resync: Any = None  # gatherwise.engine_hooks.rng_resync.RandomStateResync, with the hooks
+        self._gatherwise_samples = gatherwise_samples(config)  # engine.sampler: gatherwise
+        self._gatherwise_call: tuple[torch.Tensor, list[SamplingRow]] | None = None  # shards and rows to draw
+        self._stepped_aside: set[str] = set()  # why sampled batches kept vLLM's sampler (each said once)
 
     # -- scope: the step's logits call --------------------------------------------------------------------
     @contextmanager
@@ -158,11 +174,22 @@ class VllmStepHooks(RankHooks):
         # Every rank decides from the same table, the same (broadcast) sampling metadata and scheduler output.
         # begin_call adopts what is due for this call and returns its mode; exchange()/run() do not repeat it.
         mode = path.begin_call(rows)
+        real_vocab = getattr(processor, "org_vocab_size", None)  # vLLM pads the LM head; it trims after the gather
+        if self._gatherwise_samples and not metadata.all_greedy:
+            sampled = self._gatherwise_rows(runner, processor, metadata, rows)
+            if sampled is not None:
+                self._pending = mode
+                if mode == Mode.SHARDED:
+                    return self._path_samples(path, buf, real_vocab, logits, sampled, None)
+                # all_gather and gather: the collective now, the draw at vLLM's sampler call (sample())
+                mask_padding(path, buf, real_vocab)
+                _, shards = path.exchange(kind=kind_of_rows(sampled))
+                self._gatherwise_call = (shards, sampled)
+                return self._placeholder_logits(path, logits)
         if mode == Mode.SHARDED:
             if not self._structured and raw_argmax_is_kept(processor) and sharded_greedy_ok(metadata):
                 self._pending = Mode.SHARDED
-                # vLLM pads the LM head; its padding is trimmed after the gather
-                return self._sharded_argmax(path, buf, getattr(processor, "org_vocab_size", None), logits)
+                return self._sharded_argmax(path, buf, real_vocab, logits)
             allowed = False  # the token is not the raw argmax here: all_gather, as vLLM does
         else:
             allowed = mode != Mode.GATHER or gather_ok(metadata)
@@ -175,6 +202,33 @@ class VllmStepHooks(RankHooks):
             self._resync.before_call(all_ranks_sample, True, _request_generators(runner, metadata) if seeded else None)
         return self._engine_logits(path, mode, shards, logits)
 
+    def _gatherwise_rows(self, runner: Any, processor: Any, metadata: Any, rows: int) -> list[SamplingRow] | None:
+        """The rows of gatherwise's sampler for this sampled batch, or None when it steps aside to vLLM's sampler
+        (said once per reason; its call then runs as it would without engine.sampler: gatherwise)."""
+        reason = step_aside_reason(metadata, processor, self._structured)
+        sampled = None if reason else sampler_rows(runner.input_batch, runner.requests, rows,
+                                                       self.config.engine.sampler_seed)
+        if sampled is None:
+            reason = reason or "logits rows that are not one per request with sampling parameters"
+            if reason not in self._stepped_aside:
+                self._stepped_aside.add(reason)
+                if _tp_rank() == 0:
+                    log.info("gatherwise: a sampled batch keeps vLLM's sampler (%s), which gatherwise's sampler "
+                             "does not apply; under a sharded table it runs all_gather", reason)
+        return sampled
+
+    @staticmethod
+    def _gatherwise_tokens(path: Any, mode: Mode, shards: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """The second half of an all_gather or gather call that gatherwise's sampler draws: every rank samples
+        the full layout (all_gather), or rank 0 does and the tokens reach every rank by the call's broadcast."""
+        if mode == Mode.ALL_GATHER or path.rank == 0:
+            start = path.clock()
+            tokens = gatherwise_sample(shards, path.vocab, rows)
+            return path.complete(tokens, sample_start=start, sample_end=path.clock())
+        received = path.complete(None)
+        assert received is not None  # gather mode: the broadcast brings rank 0's tokens
+        return received
+
     # -- Sampler.forward ------------------------------------------------------------------------------------
     def sample(self, sampler: Any, original: Callable, logits: torch.Tensor, *args: Any, **kwargs: Any):
         mode, self._pending = self._pending, None
@@ -184,12 +238,17 @@ class VllmStepHooks(RankHooks):
                 self._resync.before_call(True, not getattr(metadata, "all_greedy", False))
             return original(sampler, logits, *args, **kwargs)
         path = self.logits_path
-        if mode == Mode.SHARDED:
+        tokens: torch.Tensor | None
+        if self._gatherwise_call is not None:
+            (shards, rows), self._gatherwise_call = self._gatherwise_call, None
+            tokens = self._gatherwise_tokens(path, mode, shards, rows)
+        else:
             tokens, self._sharded_tokens = self._sharded_tokens, None
-            assert tokens is not None  # gather_logits ran the sharded call (_sharded_argmax) before this sampler call
+        if tokens is not None:  # gatherwise's sampler drew them (_path_samples, _gatherwise_tokens), on every rank
             from vllm.v1.outputs import SamplerOutput
 
             return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1), logprobs_tensors=None)
+        assert mode != Mode.SHARDED, "a sharded call samples in gather_logits"
         clock = getattr(path, "clock", time.perf_counter_ns)
         if mode == Mode.ALL_GATHER or path.rank == 0:
             start = clock()
@@ -289,9 +348,4 @@ def sharded_greedy_ok(metadata: Any) -> bool:
     holder = getattr(metadata, "thinking_budget_state_holder", None)
     if holder is not None and holder.has_tracked_requests():
         return False
-    for proc in getattr(metadata.logitsprocs, "non_argmax_invariant", ()):
-        # vLLM's built-ins are idle when their per-request state is empty (logit_bias, min_tokens)
-        state = getattr(proc, "biases", getattr(proc, "min_toks", None))
-        if state is None or state:
-            return False
-    return True
+    return all(builtin_is_idle(proc) for proc in getattr(metadata.logitsprocs, "non_argmax_invariant", ()))
