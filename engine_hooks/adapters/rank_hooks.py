@@ -51,7 +51,7 @@ class RankHooks:
         self.config, self.log = config, log
         self.installed: InstalledHooks | None = None  # once the first hooked call ran
         self.disabled: str | None = None  # why the hooks stay off in this rank
-        self._sharded_tokens: torch.Tensor | None = None  # tokens of a sharded call, for its sampler call
+        self._sharded_tokens: torch.Tensor | None = None  # tokens of a call the path sampled, for its sampler call
         self._greedy_rows: list[SamplingRow] = []  # reused for every sharded greedy call
         self._placeholder = PlaceholderLogits()
 
@@ -96,12 +96,18 @@ class RankHooks:
     def _sharded_argmax(self, path: LogitsPath, buf: torch.Tensor, real_vocab: int | None,
                         logits: torch.Tensor) -> torch.Tensor:
         """A sharded greedy call now: every rank gets the argmax tokens (kept for the sampler hook), the engine
-        gets placeholder logits to pass along. Columns past `real_vocab` are the engine's LM-head padding,
-        which it trims after its own gather: they must never win."""
-        if real_vocab is not None:
-            buf[:, max(0, min(path.width, real_vocab - path.rank * path.width)):] = float("-inf")
+        gets placeholder logits to pass along."""
         rows = logits.shape[0]
         if len(self._greedy_rows) < rows:
             self._greedy_rows = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
-        self._sharded_tokens = path.run(self._greedy_rows[:rows], GREEDY)
+        return self._path_samples(path, buf, real_vocab, logits, self._greedy_rows[:rows], GREEDY)
+
+    def _path_samples(self, path: LogitsPath, buf: torch.Tensor, real_vocab: int | None, logits: torch.Tensor,
+                      rows: list[SamplingRow], kind: int) -> torch.Tensor:
+        """gatherwise's sampler takes this call now, in the mode of the table: every rank gets the tokens (kept
+        for the sampler hook), the engine gets placeholder logits to pass along. Columns past `real_vocab` are
+        the engine's LM-head padding, which it trims after its own gather: they must never be drawn."""
+        if real_vocab is not None:
+            buf[:, max(0, min(path.width, real_vocab - path.rank * path.width)):] = float("-inf")
+        self._sharded_tokens = path.run(rows, kind)
         return self._placeholder_logits(path, logits)
