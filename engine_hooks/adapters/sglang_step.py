@@ -180,6 +180,7 @@ class SglangStepHooks(RankHooks):
         self._schedule_batch: Any = None  # the ScheduleBatch of the step being run (its requests)
         self.gatherwise_samples = gatherwise_samples(config)  # engine.sampler: gatherwise
         self._refusals: set[str] = set()  # why sampled batches kept SGLang's sampler (each said once)
+        self._sanitize_nan = False  # SGLang replaces NaN logits before sampling (SGLANG_SANITIZE_NAN_LOGITS)
         self._forward_batch: Any = None  # the batch of the LogitsProcessor.forward being hooked
         self._pending: _Pending | None = None
         self.graphs = DecodeGraphModes(parse_graph_modes(config.engine.graph_modes))
@@ -246,8 +247,12 @@ class SglangStepHooks(RankHooks):
             self._disable("logits_shape" if problems == [shape_problem] else "unsupported_feature",
                           ", ".join(problems) + " (not supported by gatherwise)", rank)
             return None
+        from sglang.srt.environ import envs
+
         from gatherwise.engine_hooks.adapters.sglang_comm import SglangGroupCommunicator
         from gatherwise.engine_hooks.rng_resync import RandomStateResync
+
+        self._sanitize_nan = bool(envs.SGLANG_SANITIZE_NAN_LOGITS.get())
 
         if getattr(getattr(self._worker, "model_runner", None), "decode_cuda_graph_runner", None) is not None and \
                 not self.graphs.passes and rank == 0:  # graphs captured without gatherwise's capture passes
@@ -281,7 +286,10 @@ class SglangStepHooks(RankHooks):
         if override is None and self._gatherwise_takes(forward_batch, rows):  # gatherwise's sampler, table's mode
             sampler_rows = batch_rows(info, self._schedule_batch, vocab, self.config.engine.sampler_seed)
             self._pending = _Pending(path.begin_call(rows), rows, draws=False, path_sampled=True)
-            _soft_cap(processor, buf)  # what SGLang does to the gathered logits, done on the shard (elementwise)
+            # what SGLang does to the logits between the gather and its sampler, on the shard (elementwise)
+            _soft_cap(processor, buf)
+            if self._sanitize_nan:
+                torch.nan_to_num_(buf, nan=-1e30, posinf=1e30, neginf=-1e30)  # SGLang's sanitize_nan_logits
             return self._path_samples(path, buf, vocab, logits, sampler_rows, call_kind_of(forward_batch))
         if override is None and path.begin_call(rows) == Mode.SHARDED and sharded_greedy_ok(forward_batch):
             self._pending = _Pending(Mode.SHARDED, rows, draws=False, path_sampled=True)
