@@ -13,6 +13,7 @@ tests/sglang run the real thing).
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Literal
 
 import pytest
 import torch
@@ -148,7 +149,7 @@ def _expected(logits: torch.Tensor, schedule, info, sampler_seed: int) -> list[i
 
 # (requests, seq_lens, params, table requested before the step): the same requests at the same positions in
 # different modes and batch compositions; SGLang's sampler keeps the penalty batch
-STEPS = [
+STEPS: list[tuple[list[tuple], list[int], list[tuple[float, float, int, float]], str | None]] = [
     ([("a", 3), ("b", 5)], [4, 6], [TOP_P, TOP_K], None),
     ([("a", 3), ("b", 5)], [5, 7], [TOP_P, TOP_K], "gather"),
     ([("c", 2, 9)], [3], [MIN_P], None),
@@ -166,7 +167,7 @@ PENALTY_STEP = 8
 SAMPLER_SEED = 5
 
 
-def _hooks(comm, sampler: str, graph_modes: str = "all_gather,gather"):
+def _hooks(comm, sampler: Literal["engine", "gatherwise"], graph_modes: str = "all_gather,gather"):
     from gatherwise.config import EngineSection, GatherwiseConfig
     from gatherwise.engine_hooks.adapters.sglang_step import SglangStepHooks
     from gatherwise.engine_hooks.install import InstalledHooks
@@ -196,7 +197,7 @@ def _serve(rank, world):
     hooks, source = _hooks(default_communicator(), "gatherwise")
     by_target = {target: fn for target, fn, _ in p.wrappers(hooks)}
     processor = SimpleNamespace(vocab_size=VOCAB, final_logit_softcapping=None)
-    engine_sampled = []
+    engine_sampled: list[int] = []
 
     def all_gather(shard):  # SGLang's tensor_model_parallel_all_gather of the logits shards
         parts = [torch.empty_like(shard) for _ in range(world)]
@@ -267,7 +268,7 @@ def _serve_engine_sampler(rank, world):
         source.request(ModeTable.uniform(Mode.SHARDED))
     by_target = {target: fn for target, fn, _ in p.wrappers(hooks)}
     processor = SimpleNamespace(vocab_size=VOCAB, final_logit_softcapping=None)
-    engine_sampled = []
+    engine_sampled: list[int] = []
 
     def all_gather(shard):
         parts = [torch.empty_like(shard) for _ in range(world)]

@@ -34,7 +34,7 @@ REQUESTS = [("top-p", [3, 14, 15, 92, 65], {"temperature": 0.8, "top_p": 0.95}),
             ("min-p", [1, 41, 42, 13, 56, 2], {"temperature": 0.9, "min_p": 0.1}),
             ("greedy", [7, 8, 9], {"temperature": 0.0})]
 OTHERS = [("other-1", [500, 501], {"temperature": 1.0, "top_p": 0.9}),
-          ("other-2", [9000, 12, 13, 14, 15, 16, 17], {"temperature": 0.7})]
+          ("other-2", [9000, 12, 13, 14, 15, 16, 17], {"temperature": 0.7, "top_k": 50})]
 SEEDED = ([11, 22, 33], {"temperature": 0.8, "top_p": 0.95, "sampling_seed": SEED})
 PENALTY = ("penalty", [4, 5, 6], {"temperature": 0.8, "top_p": 0.95, "frequency_penalty": 0.5})
 LOGPROBS = ("logprobs", [6, 5, 4], {"temperature": 0.8, "top_p": 0.95})

@@ -5,7 +5,8 @@ request with its own seed draws the same tokens in two runs of it (other request
 batches with a penalty or logprobs keep SGLang's sampler (all_gather in a sharded table); every rank runs the
 same mode per call.
 
-One engine next to a sidecar, its own process (startup dominates; see engine_run_sampler for the phases).
+One engine next to a sidecar, its own process (startup dominates; see engine_run_sampler for the phases), on the
+tiny checkpoint with its logits scaled to a trained model's entropy (`peaked`).
 """
 
 from __future__ import annotations
@@ -28,15 +29,36 @@ SAMPLED = [rid for rid, _, extra in REQUESTS if extra["temperature"] > 0]
 BATCH_PHASES = ("batch_sharded", "batch_all_gather", "batch_gather")
 
 
+HEAD_ENTROPY = 2.5  # nats at T = 1, as `gatherwise bench serve --head-entropy` builds realistic logits
+
+
 @pytest.fixture(scope="module")
-def run(model) -> dict:
+def peaked(model, tmp_path_factory) -> str:
+    """The tiny checkpoint with its logits scaled to HEAD_ENTROPY. The random init's rows are near flat (top-p
+    0.95 keeps 20 000 of 32 000 tokens), so a sampled token hangs on logit differences of 1e-6, and SGLang's CPU
+    forward gives a prompt logits that differ by that much alone and in a batch: no sampler could then draw the
+    same token in both. Scaled, the kept tokens are a dozen, 1e-3 or more apart."""
+    import torch
+    import transformers
+
+    from gatherwise.bench.serve.checkpoints import scale_to_entropy
+
+    checkpoint = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    scale_to_entropy(checkpoint, checkpoint.config.vocab_size, HEAD_ENTROPY, seed=0)
+    out = tmp_path_factory.mktemp("tiny-llama-peaked")
+    checkpoint.save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def run(peaked) -> dict:
     shm = f"/dev/shm/gatherwise-sglang-sampler-test-{os.getpid()}-{os.urandom(4).hex()}"
     os.makedirs(shm)
     try:
         env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, GATHERWISE_ENGINE_INITIAL_MODE="sharded",
                        GATHERWISE_ENGINE_SAMPLER="gatherwise", GATHERWISE_ENGINE_SAMPLER_SEED="31")
         engine = functools.partial(run_engine, module="tests.sglang.engine_run_sampler")
-        return run_next_to_sidecar(engine, model, shm, env)
+        return run_next_to_sidecar(engine, peaked, shm, env)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
 
