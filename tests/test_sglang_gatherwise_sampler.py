@@ -134,13 +134,13 @@ def _full_logits(step: int, rows: int) -> torch.Tensor:
     return torch.randn(rows, PADDED, generator=torch.Generator().manual_seed(900 + step)) * 3
 
 
-def _expected(logits: torch.Tensor, schedule, info, sampler_seed: int) -> list[int]:
+def _expected(logits: torch.Tensor, schedule, info, sampler_seed: int, softcap: float | None) -> list[int]:
     """gatherwise's sampler on each row's full logits (padding at -inf) alone, in the all_gather layout: what a
     request draws whatever the mode and whatever else shares its batch."""
     from gatherwise.engine_hooks.adapters.sglang_sampled_rows import batch_rows
     from gatherwise.engine_hooks.sampling import sample
 
-    full = logits.clone()
+    full = logits.clone() if softcap is None else softcap * torch.tanh(logits / softcap)  # SGLang's soft-capping
     full[:, VOCAB:] = float("-inf")
     shards = full.view(full.shape[0], 2, PADDED // 2).permute(1, 0, 2).contiguous()
     rows = batch_rows(info, schedule, VOCAB, sampler_seed)
@@ -187,7 +187,7 @@ def _hooks(comm, sampler: Literal["engine", "gatherwise"], graph_modes: str = "a
     return hooks, source
 
 
-def _serve(rank, world):
+def _serve(rank, world, softcap):
     from gatherwise.engine_hooks.adapters import sglang_patches as p
     from gatherwise.engine_hooks.adapters.sglang_patches import _HookedGatherer
     from gatherwise.engine_hooks.comm import default_communicator
@@ -196,7 +196,7 @@ def _serve(rank, world):
     torch.manual_seed(1)  # SGLang seeds every rank alike
     hooks, source = _hooks(default_communicator(), "gatherwise")
     by_target = {target: fn for target, fn, _ in p.wrappers(hooks)}
-    processor = SimpleNamespace(vocab_size=VOCAB, final_logit_softcapping=None)
+    processor = SimpleNamespace(vocab_size=VOCAB, final_logit_softcapping=softcap)
     engine_sampled: list[int] = []
 
     def all_gather(shard):  # SGLang's tensor_model_parallel_all_gather of the logits shards
@@ -231,12 +231,14 @@ def _serve(rank, world):
         ids = by_target[p.TP_WORKER_FORWARD](model_step, SimpleNamespace(), schedule, forward, None, False)
         drew = not torch.equal(generator_before, torch.default_generator.get_state())
         steps.append((ids.tolist(), str(ids.dtype), drew, _expected(logits, schedule, forward.sampling_info,
-                                                                     SAMPLER_SEED)))
+                                                                     SAMPLER_SEED, softcap)))
     return steps, [m.label for m in hooks.installed.logits_path.mode_log], engine_sampled
 
 
-def test_sampled_batches_give_the_same_tokens_in_every_mode_on_every_rank():
-    (steps0, modes0, engine0), (steps1, modes1, engine1) = run_ranks(_serve, 2, timeout=150)
+@pytest.mark.parametrize("softcap", [None, 2.0], ids=["plain", "soft-capped"])
+def test_sampled_batches_give_the_same_tokens_in_every_mode_on_every_rank(softcap):
+    """A soft-capping model's logits are capped on the shards, as SGLang caps the gathered ones."""
+    (steps0, modes0, engine0), (steps1, modes1, engine1) = run_ranks(_serve, 2, softcap, timeout=150)
     assert steps0 == steps1 and modes0 == modes1 and engine0 == engine1 == [0]  # only the penalty batch
     # requests adopted two calls after the call that carried them (gatherwise.engine_hooks.deferred_word)
     assert modes0 == ["all_gather"] * 3 + ["gather"] * 3 + ["sharded"] * 2 + ["all_gather"] + ["sharded"] * 2 + \
