@@ -44,6 +44,21 @@ def test_servers_get_the_cpu_settings_and_a_callers_omp_wait_policy_wins(monkeyp
     assert server_environment(SglangEngine())["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
+def test_the_gatherwise_sampler_variant_is_opt_in_and_reaches_the_engine_through_its_environment():
+    from gatherwise.bench.serve.cli import DEFAULTS
+    from gatherwise.bench.serve.configurations import CONFIGURATIONS
+
+    variant = CONFIGURATIONS["sharded+gw-sampler"]
+    assert variant.environment("/dev/shm/x") == {
+        "GATHERWISE_ENABLE": "1", "GATHERWISE_ENGINE_SHM_DIR": "/dev/shm/x",
+        "GATHERWISE_ENGINE_INITIAL_MODE": "sharded", "GATHERWISE_ENGINE_SAMPLER": "gatherwise"}
+    assert CONFIGURATIONS["sharded"].environment("/d")["GATHERWISE_ENGINE_SAMPLER"] == "engine"
+    assert CONFIGURATIONS["plain"].environment("/d") == {}
+    # its tokens are gatherwise's, not the engine's: only asked for by name
+    defaults = DEFAULTS["configurations"]
+    assert isinstance(defaults, tuple) and "sharded+gw-sampler" not in defaults and "sharded" in defaults
+
+
 def test_configurations_run_forward_then_backward():
     assert interleaved(["a", "b", "c"], 2) == ["a", "b", "c", "c", "b", "a"]
     assert interleaved(["a", "b"], 3) == ["a", "b", "b", "a", "a", "b"]

@@ -24,6 +24,14 @@ hooked calls is the same on every rank and each one is followed by exactly one s
 - Sampled batches run all_gather or gather. SGLang's sampler draws from torch's default generator, seeded alike on
   every rank; ranks that skipped draws in gather mode adopt rank 0's generator state right before they draw
   again (gatherwise.engine_hooks.rng_resync), so every rank draws what plain SGLang draws.
+- With `engine.sampler: gatherwise`, sampled batches that gatherwise's sampler can honour exactly
+  (gatherwise.engine_hooks.adapters.sglang_sampled_rows: no logprobs, penalties, logit bias, grammar, custom
+  logit processor, watermark, sampling-mask capture, sampling observer, beam search) are sampled at the gather
+  by the path itself (LogitsPath.run) in the table's mode, sharded included: every rank gets the same tokens,
+  keyed by (seed, request, position), identical in every mode. All ranks get placeholder logits, skip SGLang's
+  sampler and return those tokens (int32, as SGLang's sampler would); no rank draws from its generator, so the
+  generator hand-over has nothing to track for those calls. Other sampled batches keep SGLang's sampler as
+  above; all-greedy batches keep their own route. Such calls never replay a CUDA graph (they run eagerly).
 - Features the adapter does not support (speculative decoding, pipeline parallelism, DP attention, the DP or
   all-to-all LM head) are detected at the first step: the hooks stay off with one warning, SGLang runs as is.
 
@@ -50,13 +58,17 @@ from gatherwise.call_kind import call_kind, sampling_of_rows
 from gatherwise.config import GatherwiseConfig
 from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
 from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
+from gatherwise.engine_hooks.adapters.sampler_rows import gatherwise_samples
 from gatherwise.engine_hooks.adapters.sglang_graphs import DecodeGraphModes, parse_graph_modes
+from gatherwise.engine_hooks.adapters.sglang_sampled_rows import batch_rows, refusal
 from gatherwise.engine_hooks.adapters.sglang_targets import TP_WORKER_FORWARD
 from gatherwise.modes import Mode
 
 log = logging.getLogger("gatherwise.sglang")
-# Where forward_batch_generation takes is_verify among the positional arguments after self (the checked target).
+# Where forward_batch_generation takes is_verify and the ScheduleBatch among the positional arguments after self
+# (the checked target).
 _IS_VERIFY_ARG = TP_WORKER_FORWARD.params.index("is_verify") - 1
+_BATCH_ARG = TP_WORKER_FORWARD.params.index("batch") - 1
 
 
 def unsupported_features(server_args: Any, parallel: Any) -> list[str]:
@@ -84,6 +96,14 @@ def sampled_ids_dtype(sampling_info: Any) -> torch.dtype:
 
 def _is_decode(forward_batch: Any) -> bool:
     return getattr(getattr(forward_batch, "forward_mode", None), "name", None) == "DECODE"
+
+
+def _soft_cap(processor: Any, shard: torch.Tensor) -> None:
+    """SGLang's final logit soft-capping (cap * tanh(x / cap), applied to the gathered logits when the model has
+    one), in place on this rank's shard: elementwise, so the shards hold what the gathered logits would."""
+    cap = getattr(processor, "final_logit_softcapping", None)
+    if cap:
+        shard.div_(cap).tanh_().mul_(cap)
 
 
 def _padded(ids: torch.Tensor, pending: _Pending) -> torch.Tensor:
@@ -144,6 +164,7 @@ class _Pending:
     rows: int
     draws: bool  # the batch draws from the default generator (not all-greedy)
     real_rows: int | None = None  # a replayed graph exchanged `rows` (padded) rows for this many real ones
+    path_sampled: bool = False  # the path sampled it already (sharded argmax, gatherwise's sampler)
 
 
 class SglangStepHooks(RankHooks):
@@ -156,6 +177,10 @@ class SglangStepHooks(RankHooks):
         self.root_samples_alone = False  # rank 0 inside SGLang's sampler in gather mode
         self._in_step = False  # inside TpModelWorker.forward_batch_generation (not a verify pass)
         self._worker: Any = None  # the TpModelWorker of this rank (seen at its first step)
+        self._schedule_batch: Any = None  # the ScheduleBatch of the step being run (its requests)
+        self.gatherwise_samples = gatherwise_samples(config)  # engine.sampler: gatherwise
+        self._refusals: set[str] = set()  # why sampled batches kept SGLang's sampler (each said once)
+        self._sanitize_nan = False  # SGLang replaces NaN logits before sampling (SGLANG_SANITIZE_NAN_LOGITS)
         self._forward_batch: Any = None  # the batch of the LogitsProcessor.forward being hooked
         self._pending: _Pending | None = None
         self.graphs = DecodeGraphModes(parse_graph_modes(config.engine.graph_modes))
@@ -167,6 +192,7 @@ class SglangStepHooks(RankHooks):
     def step(self, worker: Any, args: tuple, kwargs: dict) -> Iterator[None]:
         is_verify = kwargs.get("is_verify", args[_IS_VERIFY_ARG] if len(args) > _IS_VERIFY_ARG else False)
         self._worker = worker
+        self._schedule_batch = kwargs.get("batch", args[_BATCH_ARG] if len(args) > _BATCH_ARG else None)
         self._in_step = not is_verify and self.disabled is None
         self._replay_mode = None
         try:
@@ -174,6 +200,7 @@ class SglangStepHooks(RankHooks):
         finally:
             self._in_step = False
             self._replay_mode = None
+            self._schedule_batch = None
 
     @contextmanager
     def logits_call(self, processor: Any, logits_metadata: Any) -> Iterator[None]:
@@ -220,8 +247,12 @@ class SglangStepHooks(RankHooks):
             self._disable("logits_shape" if problems == [shape_problem] else "unsupported_feature",
                           ", ".join(problems) + " (not supported by gatherwise)", rank)
             return None
+        from sglang.srt.environ import envs
+
         from gatherwise.engine_hooks.adapters.sglang_comm import SglangGroupCommunicator
         from gatherwise.engine_hooks.rng_resync import RandomStateResync
+
+        self._sanitize_nan = bool(envs.SGLANG_SANITIZE_NAN_LOGITS.get())
 
         if getattr(getattr(self._worker, "model_runner", None), "decode_cuda_graph_runner", None) is not None and \
                 not self.graphs.passes and rank == 0:  # graphs captured without gatherwise's capture passes
@@ -251,13 +282,36 @@ class SglangStepHooks(RankHooks):
         # decides from the same table and the same batch; begin_call adopts what is due for this call and
         # returns its mode (exchange() and run() below do not repeat it).
         override = Mode.ALL_GATHER if getattr(info, "sampling_mask_batch_indices", None) is not None else None
+        vocab = int(processor.vocab_size)  # SGLang pads the LM head; it trims the padding after the gather
+        if override is None and self._gatherwise_takes(forward_batch, rows):  # gatherwise's sampler, table's mode
+            sampler_rows = batch_rows(info, self._schedule_batch, vocab, self.config.engine.sampler_seed)
+            self._pending = _Pending(path.begin_call(rows), rows, draws=False, path_sampled=True)
+            # what SGLang does to the logits between the gather and its sampler, on the shard (elementwise)
+            _soft_cap(processor, buf)
+            if self._sanitize_nan:
+                torch.nan_to_num_(buf, nan=-1e30, posinf=1e30, neginf=-1e30)  # SGLang's sanitize_nan_logits
+            return self._path_samples(path, buf, vocab, logits, sampler_rows, call_kind_of(forward_batch))
         if override is None and path.begin_call(rows) == Mode.SHARDED and sharded_greedy_ok(forward_batch):
-            self._pending = _Pending(Mode.SHARDED, rows, draws=False)
-            # SGLang pads the LM head; it trims the padding after the gather
-            return self._sharded_argmax(path, buf, int(processor.vocab_size), logits)
+            self._pending = _Pending(Mode.SHARDED, rows, draws=False, path_sampled=True)
+            return self._sharded_argmax(path, buf, vocab, logits)
         mode, shards = path.exchange(mode=override, kind=call_kind_of(forward_batch))  # sharded: all_gather
         self._pending = _Pending(mode, rows, draws=not info.is_all_greedy)
         return self._engine_logits(path, mode, shards, logits)
+
+    def _gatherwise_takes(self, forward_batch: Any, rows: int) -> bool:
+        """Whether gatherwise's sampler draws this call's tokens: not with `engine.sampler: engine`, not for
+        all-greedy batches (their own route is exact), not for batches it cannot honour exactly (`refusal`).
+        Every rank decides the same from the same batch."""
+        if not self.gatherwise_samples or forward_batch.sampling_info.is_all_greedy:
+            return False
+        why = refusal(forward_batch, self._schedule_batch, getattr(self._worker, "model_runner", None), rows)
+        if why is None:
+            return True
+        if why not in self._refusals and self.logits_path.rank == 0:
+            self._refusals.add(why)
+            log.info("gatherwise: sampled batches with %s keep SGLang's sampler (engine.sampler: gatherwise takes "
+                     "the others)", why)
+        return False
 
     def _gather_captured(self, path: Any, mode: Mode, logits: torch.Tensor) -> torch.Tensor:
         """A decode forward SGLang runs while capturing `mode`'s graphs (its warm-ups, then the capture):
@@ -313,6 +367,8 @@ class SglangStepHooks(RankHooks):
         if getattr(info, "sampling_mask_batch_indices", None) is not None:
             return False  # all_gather forced for that batch: the eager path does it
         rows = int(forward_batch.batch_size)
+        if self._gatherwise_takes(forward_batch, rows):
+            return False  # gatherwise's sampler runs at the gather, which only the eager path reaches
         mode = self.logits_path.begin_call(rows)  # the eager path asks again for this call: same answer
         if self.graphs.graph_rows(mode, rows) is None:
             return False
@@ -348,7 +404,7 @@ class SglangStepHooks(RankHooks):
         pending, self._pending = self._pending, None
         if pending is None:  # no hooked call is open
             return
-        if pending.mode == Mode.SHARDED:  # finished inside the path already
+        if pending.path_sampled:  # finished inside the path already
             self._sharded_tokens = None
             return
         zeros = torch.zeros(pending.rows, dtype=torch.int64, device=path.device)
@@ -363,9 +419,10 @@ class SglangStepHooks(RankHooks):
             if self.resync is not None:  # an unhooked call samples on every rank: they must draw alike
                 self.resync.before_call(True, not sampling_info.is_all_greedy)
             return original(sampler, logits_output, sampling_info, *args, **kwargs)
-        if pending.mode == Mode.SHARDED:  # every rank holds the ids already (greedy: int64, as argmax gives)
+        if pending.path_sampled:  # every rank holds the ids already: no rank draws from its generator
             ids, self._sharded_tokens = self._sharded_tokens, None
-            return ids
+            assert ids is not None, "the path sampled this call at the gather"
+            return ids.to(sampled_ids_dtype(sampling_info))
         path = self.logits_path
         self.resync.before_call(pending.mode == Mode.ALL_GATHER, pending.draws)
         clock = getattr(path, "clock", time.perf_counter_ns)

@@ -33,4 +33,5 @@ USED_NAMES = (("sglang.srt.distributed.parallel_state", "get_tp_group"),
               ("sglang.srt.runtime_context", "get_parallel"),
               ("sglang.srt.plugins.hook_registry", "HookRegistry"),
               ("sglang.srt.plugins.hook_registry", "HookType"),
-              ("sglang.srt.model_executor.forward_batch_info", "ForwardBatch"))
+              ("sglang.srt.model_executor.forward_batch_info", "ForwardBatch"),
+              ("sglang.srt.environ", "envs"))

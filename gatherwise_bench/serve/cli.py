@@ -15,13 +15,18 @@ from typing import Any
 from gatherwise.bench.arg_types import at_least, int_list, name_list
 from gatherwise.bench.host_cpu import cpu_description
 from gatherwise.bench.serve.cells import SAMPLINGS, build_cells
-from gatherwise.bench.serve.configurations import CONFIGURATIONS, QUICK_CONFIGURATIONS, interleaved
+from gatherwise.bench.serve.configurations import (
+    CONFIGURATIONS,
+    DEFAULT_CONFIGURATIONS,
+    QUICK_CONFIGURATIONS,
+    interleaved,
+)
 from gatherwise.bench.serve.engine_spec import EngineSpec, Workload
 
 # What an option left out means, for the full benchmark and for --quick (explicit options win in both).
 # The full defaults are what one run per engine on a 2-core host can do in about an hour (58 min SGLang, 53
 # vLLM); the other model, sampled traffic and more concurrency levels are options (docs/BENCHMARKS.md runs them).
-DEFAULTS = dict(model="qwen2.5-0.5b-shape", configurations=tuple(CONFIGURATIONS), passes=2,
+DEFAULTS = dict(model="qwen2.5-0.5b-shape", configurations=DEFAULT_CONFIGURATIONS, passes=2,
                 concurrency=(1, 32), sampling=("greedy",), input_len=64, output_len=32,
                 prompts_per_slot=2, min_prompts=8, warmup_rounds=1)
 QUICK = dict(model="tiny", configurations=QUICK_CONFIGURATIONS, passes=1, concurrency=(4,), sampling=("greedy",),
@@ -56,13 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "random token-id prompts) is NATS, like a trained model's (e.g. 2.5), instead of the random "
                    "init's near-flat distribution; built as <shape>-h<NATS>; default off")
     p.add_argument("--configurations", type=name_list("--configurations", _choice("configuration", CONFIGURATIONS)),
-                   help=f"comma-separated, in order; default {','.join(CONFIGURATIONS)}")
+                   help=f"comma-separated, in order, of {','.join(CONFIGURATIONS)}; default "
+                        f"{','.join(DEFAULT_CONFIGURATIONS)}")
     p.add_argument("--passes", type=at_least("--passes", 1),
                    help="server starts per configuration, alternating order A B .. then .. B A; default 2")
     p.add_argument("--concurrency", type=int_list("--concurrency", 1),
                    help="comma-separated --max-concurrency levels, default 1,32")
     p.add_argument("--sampling", type=name_list("--sampling", _choice("sampling", SAMPLINGS)),
-                   help="greedy (temperature 0) and/or sampled (temperature 0.8, top-p 0.9); default greedy")
+                   help="greedy (temperature 0), sampled (temperature 0.8, top-p 0.9) and/or sampled-p95 "
+                        "(temperature 0.8, top-p 0.95); default greedy")
     p.add_argument("--input-len", type=at_least("--input-len", 1), help="prompt tokens per request, default 64")
     p.add_argument("--output-len", type=at_least("--output-len", 1), help="output tokens per request, default 32")
     p.add_argument("--prompts-per-slot", type=at_least("--prompts-per-slot", 1),

@@ -63,9 +63,7 @@ def server_environment(engine: EngineSpec) -> dict[str, str]:
 def _environment(bench: ServeBench, conf: Configuration, shm_dir: str) -> dict[str, str]:
     """The server's environment, with gatherwise on only where the configuration says."""
     env = server_environment(bench.engine)
-    if conf.plugin:
-        env.update(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm_dir,
-                   GATHERWISE_ENGINE_INITIAL_MODE=conf.initial_mode)
+    env.update(conf.environment(shm_dir))
     return env
 
 

@@ -21,12 +21,21 @@ def base_env(**extra: str) -> dict[str, str]:
     return clean_env(**SGLANG_ENV, **extra)
 
 
-def run_engine(model: str, env: dict[str, str], *args: str) -> dict:
-    """One tests.sglang.engine_run process; returns its JSON result."""
-    result = run_engine_process("tests.sglang.engine_run", model, env, args, timeout_s=ENGINE_TIMEOUT_S,
+def run_engine(model: str, env: dict[str, str], *args: str, module: str = "tests.sglang.engine_run") -> dict:
+    """One engine run (`module`: tests.sglang.engine_run, or another run of the same shape) in its own process;
+    returns its JSON result."""
+    result = run_engine_process(module, model, env, args, timeout_s=ENGINE_TIMEOUT_S,
                                 shm_leftovers=SGLANG_SHM_LEFTOVERS)
     dump = os.environ.get("GATHERWISE_SGLANG_DUMP")  # a directory: keep each run's result for a closer look
     if dump:
         with open(os.path.join(dump, f"engine-run-{os.getpid()}-{len(os.listdir(dump))}.json"), "w") as f:
             json.dump(result, f)
     return result
+
+
+def phase_calls(result: dict, rank: str, phase: str) -> list[list[int]]:
+    """Ring records of one phase of a run (call_index in (end of the previous phase, end of this one])."""
+    order = list(result["marks"])
+    end = result["marks"][phase]
+    start = result["marks"][order[order.index(phase) - 1]] if order.index(phase) else -1
+    return [c for c in sorted(result["rings"][rank]["calls"]) if start < c[0] <= end]

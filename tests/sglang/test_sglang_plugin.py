@@ -19,7 +19,7 @@ import pytest
 from gatherwise.engine_hooks.deferred_word import ADOPT_LAG
 from gatherwise.modes import Mode
 from tests._engine_harness import assert_ranks_ran_the_same_calls, metric_samples, mode_runs, run_next_to_sidecar
-from tests.sglang.harness import base_env, run_engine
+from tests.sglang.harness import base_env, phase_calls, run_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -45,14 +45,6 @@ def hooked(model) -> dict:
         shutil.rmtree(shm, ignore_errors=True)
 
 
-def _calls(result: dict, rank: str, phase: str) -> list[list[int]]:
-    """Ring records of one phase (call_index in (end of the previous phase, end of this one])."""
-    order = list(result["marks"])
-    end = result["marks"][phase]
-    start = result["marks"][order[order.index(phase) - 1]] if order.index(phase) else -1
-    return [c for c in sorted(result["rings"][rank]["calls"]) if start < c[0] <= end]
-
-
 def test_plain_sglang_generates(plain):
     assert len(plain["greedy_a"]) == 6 and all(plain["greedy_a"]) and "rings" not in plain
     assert plain["streamed_sampled"] != plain["streamed_greedy"]  # same prompt: the sampled phases do sample
@@ -72,24 +64,24 @@ def test_same_tokens_as_plain_sglang(plain, hooked, phase):
 def test_logprobs_in_gather_mode_match_plain_sglang(plain, hooked):
     """Rank 0 computes the logprobs the client gets; the other ranks' placeholders never reach it."""
     assert hooked["logprobs"] == plain["logprobs"]
-    assert {c[1] for c in _calls(hooked, "0", "logprobs")} == {Mode.GATHER}
+    assert {c[1] for c in phase_calls(hooked, "0", "logprobs")} == {Mode.GATHER}
 
 
 def test_modes_follow_the_sidecar_commands(hooked):
-    modes = {phase: [c[1] for c in _calls(hooked, "0", phase)] for phase in hooked["marks"]}
+    modes = {phase: [c[1] for c in phase_calls(hooked, "0", phase)] for phase in hooked["marks"]}
     assert set(modes["greedy_sharded"]) == {Mode.SHARDED}
     assert set(modes["sampled_c"]) == {Mode.ALL_GATHER}  # sampled batches in a sharded bucket
-    assert mode_runs(_calls(hooked, "0", "streamed_sharded")) == [Mode.SHARDED, Mode.ALL_GATHER]
+    assert mode_runs(phase_calls(hooked, "0", "streamed_sharded")) == [Mode.SHARDED, Mode.ALL_GATHER]
     assert set(modes["greedy_a"]) == {Mode.ALL_GATHER}
     assert modes["greedy_b"][-1] == Mode.GATHER  # from the call after the one that carried the command
     assert set(modes["sampled_a"]) == {Mode.GATHER}  # sampled batches run gather too: only rank 0 draws
     assert modes["sampled_b"][-1] == Mode.ALL_GATHER and Mode.ALL_GATHER in modes["sampled_b"]
     # bucket-pinned table: batches of 1-2 rows gather, larger ones all_gather, within one generation
-    mixed = _calls(hooked, "0", "greedy_mixed")[SETTLE:]
+    mixed = phase_calls(hooked, "0", "greedy_mixed")[SETTLE:]
     assert mixed and all(mode == (Mode.GATHER if rows <= 2 else Mode.ALL_GATHER) for _, mode, rows, _ in mixed)
     assert {Mode.GATHER, Mode.ALL_GATHER} <= {c[1] for c in mixed}
     for phase in ("streamed_greedy", "streamed_sampled"):  # switched back and forth within one generation
-        assert len(mode_runs(_calls(hooked, "0", phase))) >= 3, modes[phase]
+        assert len(mode_runs(phase_calls(hooked, "0", phase))) >= 3, modes[phase]
     assert all(p["status"] in (200, 202) for p in hooked["puts"]), hooked["puts"]
 
 

@@ -1,0 +1,116 @@
+"""One SGLang engine (TP=2 on CPU, tiny Llama) with `engine.sampler: gatherwise`, next to a sidecar; prints one
+JSON object on its last line (the phases below, the rings, the log).
+
+`python -m tests.sglang.engine_run_sampler --model DIR --shm-dir DIR --sidecar URL --token T`
+The environment switches the plugin on and picks the sampler (GATHERWISE_ENGINE_SAMPLER=gatherwise); the engine
+starts in sharded mode. Every request carries a fixed request id, so gatherwise's sampler keys it the same way
+wherever it runs: a request must draw the same tokens alone or batched, in every mode, and across switches.
+
+Phases (mode asked for before it):
+- alone_sharded       sharded: the sampled requests (top-p, top-k, min-p) and a greedy one, one at a time
+- batch_sharded       sharded: the same requests in one batch, with two other sampled requests
+- stepped_aside       sharded: a sampled request with a frequency penalty, and one with logprobs (SGLang's sampler)
+- seeded_sharded      sharded: a request with its own sampling_seed, alone
+- batch_all_gather    all_gather: the batch of batch_sharded
+- seeded_batch        all_gather: the seeded request again, another request id, in a batch with others
+- batch_gather        gather: the batch of batch_sharded
+- streamed_switch     the top-p request streamed, the mode cycling sharded -> all_gather -> gather between chunks
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tests._engine_harness import engine_run_arguments, read_rings
+from tests.sglang.engine_run import ENGINE_ARGS, Controller, PhaseMarks
+
+TOKENS = 16
+FLIP_EVERY = 3  # chunks between two mode switches in streamed_switch
+SEED = 4242
+# (request id, prompt, sampling parameters): what the phases compare
+REQUESTS = [("top-p", [3, 14, 15, 92, 65], {"temperature": 0.8, "top_p": 0.95}),
+            ("top-k", [27, 18, 28], {"temperature": 0.8, "top_k": 20}),
+            ("min-p", [1, 41, 42, 13, 56, 2], {"temperature": 0.9, "min_p": 0.1}),
+            ("greedy", [7, 8, 9], {"temperature": 0.0})]
+OTHERS = [("other-1", [500, 501], {"temperature": 1.0, "top_p": 0.9}),
+          ("other-2", [9000, 12, 13, 14, 15, 16, 17], {"temperature": 0.7, "top_k": 50})]
+SEEDED = ([11, 22, 33], {"temperature": 0.8, "top_p": 0.95, "sampling_seed": SEED})
+PENALTY = ("penalty", [4, 5, 6], {"temperature": 0.8, "top_p": 0.95, "frequency_penalty": 0.5})
+LOGPROBS = ("logprobs", [6, 5, 4], {"temperature": 0.8, "top_p": 0.95})
+
+
+def params(extra: dict) -> dict:
+    return dict(extra, max_new_tokens=TOKENS, ignore_eos=True)
+
+
+def one(engine, rid: str, prompt: list[int], extra: dict, **kwargs) -> list[int]:
+    return engine.generate(input_ids=prompt, sampling_params=params(extra), rid=rid, **kwargs)["output_ids"]
+
+
+def batch(engine, requests: list[tuple[str, list[int], dict]]) -> dict[str, list[int]]:
+    outs = engine.generate(input_ids=[p for _, p, _ in requests], sampling_params=[params(e) for *_, e in requests],
+                           rid=[rid for rid, _, _ in requests])
+    return {rid: out["output_ids"] for (rid, _, _), out in zip(requests, outs, strict=True)}
+
+
+def streamed(engine, ctl: Controller) -> tuple[list[int], int]:
+    """The top-p request streamed; the mode cycles between chunks. Returns its ids and the switches made."""
+    rid, prompt, extra = REQUESTS[0]
+    ids: list[int] = []
+    cycle = ("all_gather", "gather", "sharded")
+    made = 0
+    for i, chunk in enumerate(engine.generate(input_ids=prompt, sampling_params=params(extra), rid=rid,
+                                              stream=True)):
+        ids = list(chunk["output_ids"])  # cumulative output ids
+        if i % FLIP_EVERY == FLIP_EVERY - 1:
+            ctl.put({"mode": cycle[made % len(cycle)]}, "streamed_switch")
+            made += 1
+    return ids, made
+
+
+def main() -> None:
+    args = engine_run_arguments().parse_args()
+
+    import sglang
+
+    ctl = Controller(args.sidecar, args.token)
+    marks = PhaseMarks(args.shm_dir)
+    engine = sglang.Engine(model_path=args.model, **ENGINE_ARGS)
+    try:
+        result: dict = {}
+        result["alone_sharded"] = {rid: one(engine, rid, prompt, extra) for rid, prompt, extra in REQUESTS}
+        marks.mark("alone_sharded")
+        ctl.wait_attached()
+        result["batch_sharded"] = batch(engine, REQUESTS + OTHERS)
+        marks.mark("batch_sharded")
+        rid, prompt, extra = LOGPROBS
+        out = engine.generate(input_ids=prompt, sampling_params=params(extra), rid=rid, return_logprob=True)
+        result["stepped_aside"] = {PENALTY[0]: one(engine, *PENALTY), rid: out["output_ids"],
+                                   "logprob_count": len(out["meta_info"]["output_token_logprobs"])}
+        marks.mark("stepped_aside")
+        result["seeded_sharded"] = one(engine, "seeded-a", *SEEDED)
+        marks.mark("seeded_sharded")
+        ctl.put({"mode": "all_gather"}, "batch_all_gather")
+        result["batch_all_gather"] = batch(engine, REQUESTS + OTHERS)
+        marks.mark("batch_all_gather")
+        result["seeded_batch"] = batch(engine, [OTHERS[1], ("seeded-b", *SEEDED), OTHERS[0]])["seeded-b"]
+        marks.mark("seeded_batch")
+        ctl.put({"mode": "gather"}, "batch_gather")
+        result["batch_gather"] = batch(engine, REQUESTS + OTHERS)
+        marks.mark("batch_gather")
+        ctl.put({"mode": "sharded"}, "streamed_switch")
+        result["streamed_switch"], result["switches"] = streamed(engine, ctl)
+        marks.mark("streamed_switch")
+        result["marks"] = marks.marks
+        result["puts"] = ctl.puts
+        if args.shm_dir:
+            result["rings"] = read_rings(args.shm_dir)
+    finally:
+        engine.shutdown()
+    print("RESULT " + json.dumps(result), flush=True)
+    os._exit(0)  # SGLang's shutdown leaves non-daemon threads behind; the result is out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""SGLang 0.5.23, TP=2 on CPU, with `engine.sampler: gatherwise`: sampled requests (top-p, top-k, min-p) draw the
+same tokens alone and batched with others, in sharded, all_gather and gather, and across mode switches made
+mid-generation through a real sidecar's HTTP API; sampled batches run sharded where the table says so; a
+request with its own seed draws the same tokens in two runs of it (other request id, other batch, other mode);
+batches with a penalty or logprobs keep SGLang's sampler (all_gather in a sharded table); every rank runs the
+same mode per call.
+
+One engine next to a sidecar, its own process (startup dominates; see engine_run_sampler for the phases), on the
+tiny checkpoint with its logits scaled to a trained model's entropy (`peaked`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+
+import pytest
+
+from gatherwise.engine_hooks.deferred_word import ADOPT_LAG
+from gatherwise.modes import Mode
+from tests._engine_harness import assert_ranks_ran_the_same_calls, mode_runs, run_next_to_sidecar
+from tests.sglang.engine_run_sampler import OTHERS, REQUESTS, TOKENS
+from tests.sglang.harness import base_env, phase_calls, run_engine
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+SAMPLED = [rid for rid, _, extra in REQUESTS if extra["temperature"] > 0]
+BATCH_PHASES = ("batch_sharded", "batch_all_gather", "batch_gather")
+
+
+HEAD_ENTROPY = 2.5  # nats at T = 1, as `gatherwise bench serve --head-entropy` builds realistic logits
+
+
+@pytest.fixture(scope="module")
+def peaked(model, tmp_path_factory) -> str:
+    """The tiny checkpoint with its logits scaled to HEAD_ENTROPY. The random init's rows are near flat (top-p
+    0.95 keeps 20 000 of 32 000 tokens), so a sampled token hangs on logit differences of 1e-6, and SGLang's CPU
+    forward gives a prompt logits that differ by that much alone and in a batch: no sampler could then draw the
+    same token in both. Scaled, the kept tokens are a dozen, 1e-3 or more apart."""
+    import torch
+    import transformers
+
+    from gatherwise.bench.serve.checkpoints import scale_to_entropy
+
+    checkpoint = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    scale_to_entropy(checkpoint, checkpoint.config.vocab_size, HEAD_ENTROPY, seed=0)
+    out = tmp_path_factory.mktemp("tiny-llama-peaked")
+    checkpoint.save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def run(peaked) -> dict:
+    shm = f"/dev/shm/gatherwise-sglang-sampler-test-{os.getpid()}-{os.urandom(4).hex()}"
+    os.makedirs(shm)
+    try:
+        env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, GATHERWISE_ENGINE_INITIAL_MODE="sharded",
+                       GATHERWISE_ENGINE_SAMPLER="gatherwise", GATHERWISE_ENGINE_SAMPLER_SEED="31")
+        engine = functools.partial(run_engine, module="tests.sglang.engine_run_sampler")
+        return run_next_to_sidecar(engine, peaked, shm, env)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def _modes(run: dict, phase: str) -> set[int]:
+    return {c[1] for c in phase_calls(run, "0", phase)}
+
+
+def test_requests_generate_and_sample(run):
+    alone = run["alone_sharded"]
+    assert all(len(alone[rid]) == TOKENS for rid, _, _ in REQUESTS)
+    assert "hooks installed on TP rank 0/2" in run["log"] and "hooks installed on TP rank 1/2" in run["log"]
+    assert all(len(set(alone[rid])) > 1 for rid in SAMPLED)  # a near-uniform tiny model: sampling varies
+
+
+@pytest.mark.parametrize("phase", BATCH_PHASES)
+def test_a_request_draws_the_same_alone_and_batched_in_every_mode(run, phase):
+    for rid, _, _ in REQUESTS:
+        assert run[phase][rid] == run["alone_sharded"][rid], (phase, rid)
+    for rid, _, _ in OTHERS:  # the requests only ever batched: the same in every mode
+        assert run[phase][rid] == run["batch_sharded"][rid], (phase, rid)
+
+
+def test_a_request_draws_the_same_across_switches_mid_generation(run):
+    assert run["switches"] >= 3
+    assert run["streamed_switch"] == run["alone_sharded"]["top-p"]
+    runs = mode_runs(phase_calls(run, "0", "streamed_switch"))
+    assert len(runs) >= 3 and {Mode.SHARDED, Mode.ALL_GATHER, Mode.GATHER} <= set(runs), runs
+
+
+def test_a_seeded_request_draws_the_same_in_two_runs(run):
+    assert run["seeded_batch"] == run["seeded_sharded"] and len(run["seeded_sharded"]) == TOKENS
+
+
+def test_sampled_batches_run_sharded_where_the_table_says_so(run):
+    for phase in ("alone_sharded", "batch_sharded", "seeded_sharded"):
+        assert _modes(run, phase) == {Mode.SHARDED}, phase
+    # the sidecar's commands take effect ADOPT_LAG calls after the call that carried them
+    assert Mode.ALL_GATHER in _modes(run, "batch_all_gather") and Mode.GATHER in _modes(run, "batch_gather")
+    gathered = phase_calls(run, "0", "batch_gather")[ADOPT_LAG + 1:]
+    assert gathered and {c[1] for c in gathered} == {Mode.GATHER}
+    assert all(p["status"] in (200, 202) for p in run["puts"]), run["puts"]
+
+
+def test_batches_with_a_penalty_or_logprobs_keep_sglangs_sampler(run):
+    assert _modes(run, "stepped_aside") == {Mode.ALL_GATHER}  # sharded table: SGLang's sampler needs all_gather
+    aside = run["stepped_aside"]
+    assert len(aside["penalty"]) == TOKENS and len(aside["logprobs"]) == TOKENS and aside["logprob_count"] > 0
+    assert "sampled batches with penalties keep SGLang's sampler" in run["log"]
+    assert "sampled batches with logprobs keep SGLang's sampler" in run["log"]
+
+
+def test_every_rank_runs_the_same_mode_per_call(run):
+    assert_ranks_ran_the_same_calls(run["rings"])
