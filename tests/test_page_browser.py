@@ -155,6 +155,10 @@ def test_live_page_in_a_real_browser(tmp_path, shm_dir):
                 applied = re.search(r"applied from call (\d+)", result.inner_text())
                 assert applied is not None
                 apply_call = int(applied.group(1))
+                # now, while it is among the newest: auto's probes of the other buckets go on, and the page lists the
+                # newest 30 decisions only
+                expect(page.locator("#decisions li.manual").first).to_contain_text(f"bucket {bucket} → gather",
+                                                                                  timeout=10_000)
                 mode = httpx.get(f"{url}/v1/mode", timeout=10).json()
                 assert mode["active"][bucket] == "gather" and mode["pinned"][bucket] == "gather"
                 expect(page.locator(f'#modes tr[data-bucket="{bucket}"] td.active')).to_have_text("gather",
@@ -163,7 +167,6 @@ def test_live_page_in_a_real_browser(tmp_path, shm_dir):
                                           if bucket_label(bucket_of(max(r.rows, 1))) == bucket], 120,
                                  f"records of bucket {bucket} after call {apply_call}")
                 assert {LABEL_OF_CODE[r.mode] for r in later} == {"gather"}
-                expect(page.locator("#decisions li.manual").first).to_contain_text(f"bucket {bucket} → gather")
                 pinned_p50 = page.locator(f"#plot-bucket-{bucket} polyline.gather.p50").last
                 wait_for(lambda: pinned_p50.count() and len((pinned_p50.get_attribute("points") or "").split()) >= 3,
                          90, "the pinned mode in the bucket's plot, three points")
