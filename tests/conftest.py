@@ -28,11 +28,24 @@ def require_tool(name: str) -> str:
     pytest.skip(message)
 
 
+SHM_PREFIX = "gatherwise-test-"
+
+
+def _remove_dead_runs(base: str) -> None:
+    """Directories of test runs that were killed before their teardown (their pid is gone): removed, so a
+    killed run leaves nothing behind for long."""
+    for name in os.listdir(base):
+        pid = name[len(SHM_PREFIX):].split("-")[0] if name.startswith(SHM_PREFIX) else ""
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
 @pytest.fixture
 def shm_dir(tmp_path):
     """A private shared-memory directory for one test (under /dev/shm when available, else tmp_path)."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else str(tmp_path)
-    path = os.path.join(base, f"gatherwise-test-{os.getpid()}-{os.urandom(4).hex()}")
+    _remove_dead_runs(base)
+    path = os.path.join(base, f"{SHM_PREFIX}{os.getpid()}-{os.urandom(4).hex()}")
     os.makedirs(path, mode=0o700)  # private at any umask, as the engine requires of its shm_dir
     yield path
     shutil.rmtree(path, ignore_errors=True)
