@@ -143,11 +143,18 @@ class LogitsPath:
         if self._capture is None and self.begin_call(self._rows) == Mode.SHARDED:
             return self._run_sharded(rows, t_start, kind)
         mode, shards = self.exchange(t_start=t_start, kind=kind)
+        # sampling starts as the collective ends: one clock read for both (exchange() just filled _open_call)
+        return self.draw(mode, shards, rows, sample_start=self._open_call.coll_end)
+
+    def draw(self, mode: Mode, shards: torch.Tensor, rows: list[SamplingRow], *,
+             sample_start: int | None = None) -> torch.Tensor:
+        """The second half of an all_gather or gather call that gatherwise's sampler draws, after exchange():
+        every rank samples the full layout (all_gather), or rank 0 does and the tokens reach every rank by the
+        call's broadcast; int64 tokens [B] on every rank. `sample_start`: when sampling began (default now)."""
         if mode == Mode.ALL_GATHER or self.rank == 0:
-            # sampling starts as the collective ends: one clock read for both (exchange() just filled _open_call)
-            sample_start = self._open_call.coll_end
+            start = self.clock() if sample_start is None else sample_start
             tokens = sample(shards, self.vocab, rows)
-            return self.complete(tokens, sample_start=sample_start, sample_end=self.clock())
+            return self.complete(tokens, sample_start=start, sample_end=self.clock())
         received = self.complete(None)
         assert received is not None  # gather mode: the broadcast brings rank 0's tokens
         return received

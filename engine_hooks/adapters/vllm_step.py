@@ -58,7 +58,6 @@ from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
 from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, mask_padding, shard_shape_problem
 from gatherwise.engine_hooks.adapters.sampler_rows import gatherwise_samples
 from gatherwise.engine_hooks.adapters.vllm_sampler_rows import builtin_is_idle, sampler_rows, step_aside_reason
-from gatherwise.engine_hooks.sampling import sample as gatherwise_sample
 from gatherwise.engine_hooks.sampling_params import SamplingRow, kind_of_rows
 from gatherwise.modes import Mode
 
@@ -217,18 +216,6 @@ class VllmStepHooks(RankHooks):
                              "does not apply; under a sharded table it runs all_gather", reason)
         return sampled
 
-    @staticmethod
-    def _gatherwise_tokens(path: Any, mode: Mode, shards: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        """The second half of an all_gather or gather call that gatherwise's sampler draws: every rank samples
-        the full layout (all_gather), or rank 0 does and the tokens reach every rank by the call's broadcast."""
-        if mode == Mode.ALL_GATHER or path.rank == 0:
-            start = path.clock()
-            tokens = gatherwise_sample(shards, path.vocab, rows)
-            return path.complete(tokens, sample_start=start, sample_end=path.clock())
-        received = path.complete(None)
-        assert received is not None  # gather mode: the broadcast brings rank 0's tokens
-        return received
-
     # -- Sampler.forward ------------------------------------------------------------------------------------
     def sample(self, sampler: Any, original: Callable, logits: torch.Tensor, *args: Any, **kwargs: Any):
         mode, self._pending = self._pending, None
@@ -241,10 +228,10 @@ class VllmStepHooks(RankHooks):
         tokens: torch.Tensor | None
         if self._gatherwise_call is not None:
             (shards, rows), self._gatherwise_call = self._gatherwise_call, None
-            tokens = self._gatherwise_tokens(path, mode, shards, rows)
+            tokens = path.draw(mode, shards, rows)
         else:
             tokens, self._sharded_tokens = self._sharded_tokens, None
-        if tokens is not None:  # gatherwise's sampler drew them (_path_samples, _gatherwise_tokens), on every rank
+        if tokens is not None:  # gatherwise's sampler drew them (_path_samples, LogitsPath.draw), on every rank
             from vllm.v1.outputs import SamplerOutput
 
             return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1), logprobs_tensors=None)

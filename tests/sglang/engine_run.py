@@ -26,10 +26,12 @@ Then the sidecar's /metrics and /v1/mode, and every rank's ring (call_index -> m
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from tests._engine_harness import engine_run_arguments, http, read_rings
 
@@ -133,7 +135,9 @@ def streamed(engine, params: dict, ctl: Controller, phase: str, flips: tuple[str
     return ids
 
 
-def main() -> None:
+def run_phases(phases: Callable[[Any, Controller, PhaseMarks, argparse.Namespace], dict]) -> None:
+    """The frame of an engine run: SGLang started with ENGINE_ARGS, `phases` run on it, their marks and the
+    rings added, the result printed for the test, the process ended."""
     args = engine_run_arguments().parse_args()
 
     import sglang
@@ -142,52 +146,61 @@ def main() -> None:
     marks = PhaseMarks(args.shm_dir)
     engine = sglang.Engine(model_path=args.model, **ENGINE_ARGS)
     try:
-        result: dict = {}
-        result["greedy_sharded"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
-        marks.mark("greedy_sharded")
-        result["sampled_c"] = one_at_a_time(engine, SAMPLED_PROMPTS, 12)
-        marks.mark("sampled_c")
-        ctl.wait_attached()
-        result["streamed_sharded"] = streamed(engine, greedy(STREAM_TOKENS), ctl, "streamed_sharded",
-                                              flips=("all_gather",), stop_after=1)
-        marks.mark("streamed_sharded")
-        result["greedy_a"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
-        marks.mark("greedy_a")
-        ctl.put({"mode": "gather"}, "greedy_b")
-        result["greedy_b"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
-        marks.mark("greedy_b")
-        outs = engine.generate(input_ids=PROMPTS[:3], sampling_params=[greedy(n) for n in MAX_TOKENS[:3]],
-                               return_logprob=True, top_logprobs_num=3)
-        result["logprobs"] = [{"ids": o["output_ids"], "token_logprobs": o["meta_info"]["output_token_logprobs"],
-                               "top": o["meta_info"]["output_top_logprobs"]} for o in outs]
-        marks.mark("logprobs")
-        result["sampled_a"] = one_at_a_time(engine, SAMPLED_PROMPTS, 12)
-        marks.mark("sampled_a")
-        ctl.put({"mode": "all_gather"}, "sampled_b")
-        result["sampled_b"] = one_at_a_time(engine, SAMPLED_PROMPTS, 12)
-        marks.mark("sampled_b")
-        ctl.put({"mode": "gather", "buckets": [1, 2]}, "greedy_mixed")
-        result["greedy_mixed"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
-        marks.mark("greedy_mixed")
-        ctl.put({"mode": "all_gather"}, "streamed_greedy")
-        result["streamed_greedy"] = streamed(engine, greedy(STREAM_TOKENS), ctl, "streamed_greedy")
-        marks.mark("streamed_greedy")
-        ctl.put({"mode": "all_gather"}, "streamed_sampled")
-        result["streamed_sampled"] = streamed(engine, sampled(STREAM_TOKENS), ctl, "streamed_sampled")
-        marks.mark("streamed_sampled")
+        result = phases(engine, ctl, marks, args)
         result["marks"] = marks.marks
-        if args.sidecar:
-            time.sleep(1.5)  # let the sidecar ingest the last records before reading its metrics
-            result["metrics"] = http("GET", f"{args.sidecar}/metrics")[1]
-            code, mode = http("GET", f"{args.sidecar}/v1/mode")
-            result["mode"] = json.loads(mode) if code == 200 else None
-            result["puts"] = ctl.puts
         if args.shm_dir:
             result["rings"] = read_rings(args.shm_dir)
     finally:
         engine.shutdown()
     print("RESULT " + json.dumps(result), flush=True)
     os._exit(0)  # SGLang's shutdown leaves non-daemon threads behind; the result is out
+
+
+def phases(engine, ctl: Controller, marks: PhaseMarks, args: argparse.Namespace) -> dict:
+    result: dict = {}
+    result["greedy_sharded"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
+    marks.mark("greedy_sharded")
+    result["sampled_c"] = one_at_a_time(engine, SAMPLED_PROMPTS, 12)
+    marks.mark("sampled_c")
+    ctl.wait_attached()
+    result["streamed_sharded"] = streamed(engine, greedy(STREAM_TOKENS), ctl, "streamed_sharded",
+                                          flips=("all_gather",), stop_after=1)
+    marks.mark("streamed_sharded")
+    result["greedy_a"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
+    marks.mark("greedy_a")
+    ctl.put({"mode": "gather"}, "greedy_b")
+    result["greedy_b"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
+    marks.mark("greedy_b")
+    outs = engine.generate(input_ids=PROMPTS[:3], sampling_params=[greedy(n) for n in MAX_TOKENS[:3]],
+                           return_logprob=True, top_logprobs_num=3)
+    result["logprobs"] = [{"ids": o["output_ids"], "token_logprobs": o["meta_info"]["output_token_logprobs"],
+                           "top": o["meta_info"]["output_top_logprobs"]} for o in outs]
+    marks.mark("logprobs")
+    result["sampled_a"] = one_at_a_time(engine, SAMPLED_PROMPTS, 12)
+    marks.mark("sampled_a")
+    ctl.put({"mode": "all_gather"}, "sampled_b")
+    result["sampled_b"] = one_at_a_time(engine, SAMPLED_PROMPTS, 12)
+    marks.mark("sampled_b")
+    ctl.put({"mode": "gather", "buckets": [1, 2]}, "greedy_mixed")
+    result["greedy_mixed"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
+    marks.mark("greedy_mixed")
+    ctl.put({"mode": "all_gather"}, "streamed_greedy")
+    result["streamed_greedy"] = streamed(engine, greedy(STREAM_TOKENS), ctl, "streamed_greedy")
+    marks.mark("streamed_greedy")
+    ctl.put({"mode": "all_gather"}, "streamed_sampled")
+    result["streamed_sampled"] = streamed(engine, sampled(STREAM_TOKENS), ctl, "streamed_sampled")
+    marks.mark("streamed_sampled")
+    if args.sidecar:
+        time.sleep(1.5)  # let the sidecar ingest the last records before reading its metrics
+        result["metrics"] = http("GET", f"{args.sidecar}/metrics")[1]
+        code, mode = http("GET", f"{args.sidecar}/v1/mode")
+        result["mode"] = json.loads(mode) if code == 200 else None
+        result["puts"] = ctl.puts
+    return result
+
+
+def main() -> None:
+    run_phases(phases)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,9 @@ Phases (mode asked for before it):
 
 from __future__ import annotations
 
-import json
-import os
+import argparse
 
-from tests._engine_harness import engine_run_arguments, read_rings
-from tests.sglang.engine_run import ENGINE_ARGS, Controller, PhaseMarks
+from tests.sglang.engine_run import Controller, PhaseMarks, run_phases
 
 TOKENS = 16
 FLIP_EVERY = 3  # chunks between two mode switches in streamed_switch
@@ -69,47 +67,37 @@ def streamed(engine, ctl: Controller) -> tuple[list[int], int]:
     return ids, made
 
 
+def phases(engine, ctl: Controller, marks: PhaseMarks, args: argparse.Namespace) -> dict:
+    result: dict = {}
+    result["alone_sharded"] = {rid: one(engine, rid, prompt, extra) for rid, prompt, extra in REQUESTS}
+    marks.mark("alone_sharded")
+    ctl.wait_attached()
+    result["batch_sharded"] = batch(engine, REQUESTS + OTHERS)
+    marks.mark("batch_sharded")
+    rid, prompt, extra = LOGPROBS
+    out = engine.generate(input_ids=prompt, sampling_params=params(extra), rid=rid, return_logprob=True)
+    result["stepped_aside"] = {PENALTY[0]: one(engine, *PENALTY), rid: out["output_ids"],
+                               "logprob_count": len(out["meta_info"]["output_token_logprobs"])}
+    marks.mark("stepped_aside")
+    result["seeded_sharded"] = one(engine, "seeded-a", *SEEDED)
+    marks.mark("seeded_sharded")
+    ctl.put({"mode": "all_gather"}, "batch_all_gather")
+    result["batch_all_gather"] = batch(engine, REQUESTS + OTHERS)
+    marks.mark("batch_all_gather")
+    result["seeded_batch"] = batch(engine, [OTHERS[1], ("seeded-b", *SEEDED), OTHERS[0]])["seeded-b"]
+    marks.mark("seeded_batch")
+    ctl.put({"mode": "gather"}, "batch_gather")
+    result["batch_gather"] = batch(engine, REQUESTS + OTHERS)
+    marks.mark("batch_gather")
+    ctl.put({"mode": "sharded"}, "streamed_switch")
+    result["streamed_switch"], result["switches"] = streamed(engine, ctl)
+    marks.mark("streamed_switch")
+    result["puts"] = ctl.puts
+    return result
+
+
 def main() -> None:
-    args = engine_run_arguments().parse_args()
-
-    import sglang
-
-    ctl = Controller(args.sidecar, args.token)
-    marks = PhaseMarks(args.shm_dir)
-    engine = sglang.Engine(model_path=args.model, **ENGINE_ARGS)
-    try:
-        result: dict = {}
-        result["alone_sharded"] = {rid: one(engine, rid, prompt, extra) for rid, prompt, extra in REQUESTS}
-        marks.mark("alone_sharded")
-        ctl.wait_attached()
-        result["batch_sharded"] = batch(engine, REQUESTS + OTHERS)
-        marks.mark("batch_sharded")
-        rid, prompt, extra = LOGPROBS
-        out = engine.generate(input_ids=prompt, sampling_params=params(extra), rid=rid, return_logprob=True)
-        result["stepped_aside"] = {PENALTY[0]: one(engine, *PENALTY), rid: out["output_ids"],
-                                   "logprob_count": len(out["meta_info"]["output_token_logprobs"])}
-        marks.mark("stepped_aside")
-        result["seeded_sharded"] = one(engine, "seeded-a", *SEEDED)
-        marks.mark("seeded_sharded")
-        ctl.put({"mode": "all_gather"}, "batch_all_gather")
-        result["batch_all_gather"] = batch(engine, REQUESTS + OTHERS)
-        marks.mark("batch_all_gather")
-        result["seeded_batch"] = batch(engine, [OTHERS[1], ("seeded-b", *SEEDED), OTHERS[0]])["seeded-b"]
-        marks.mark("seeded_batch")
-        ctl.put({"mode": "gather"}, "batch_gather")
-        result["batch_gather"] = batch(engine, REQUESTS + OTHERS)
-        marks.mark("batch_gather")
-        ctl.put({"mode": "sharded"}, "streamed_switch")
-        result["streamed_switch"], result["switches"] = streamed(engine, ctl)
-        marks.mark("streamed_switch")
-        result["marks"] = marks.marks
-        result["puts"] = ctl.puts
-        if args.shm_dir:
-            result["rings"] = read_rings(args.shm_dir)
-    finally:
-        engine.shutdown()
-    print("RESULT " + json.dumps(result), flush=True)
-    os._exit(0)  # SGLang's shutdown leaves non-daemon threads behind; the result is out
+    run_phases(phases)
 
 
 if __name__ == "__main__":
