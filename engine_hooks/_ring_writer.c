@@ -50,7 +50,8 @@
 static const int MODE_FIRST_OP[NUM_MODE_ROWS] = {OP_ALL_GATHER, OP_GATHER, OP_SHARD_EXCHANGE};
 static const uint32_t MODE_SECOND_FLAG[NUM_MODE_ROWS] = {FLAG_BROADCAST, FLAG_BROADCAST, FLAG_RESOLVE};
 
-/* The call marks in the order record() reads them: gatherwise.engine_hooks.call_marks.MARKS, checked at import. */
+/* The CallMarks fields in the order record() reads them: gatherwise.engine_hooks.call_marks.MARKS, checked at
+ * import. */
 enum {
     CALL_INDEX, MODE, ROWS, EPOCH, NBYTES, T_START, COLL_START, COLL_END, SECOND_START, SECOND_END, SAMPLE_START,
     SAMPLE_END, T_END, RESOLVE_NBYTES, TOPP_ROWS, FALLBACK_ROWS, TAG, NUM_MARKS
@@ -109,16 +110,13 @@ static void Writer_dealloc(Writer *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* record(*marks): exactly RingRecorder.record(*marks): one call's NUM_MARKS marks, positional (no tuple is
- * built for them on the hot path). */
-static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+/* record(marks): exactly RingRecorder.record(marks): one call's CallMarks, a tuple subclass, its NUM_MARKS items read
+ * straight from the tuple in field order. */
+static PyObject *Writer_record(Writer *self, PyObject *marks) {
     long long a[NUM_MARKS];
-    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
-        PyErr_SetString(PyExc_TypeError, "record() takes no keyword arguments: the marks are positional");
-        return NULL;
-    }
-    if (nargs != NUM_MARKS) {
-        PyErr_Format(PyExc_TypeError, "record() takes the %d call marks (%zd given)", NUM_MARKS, nargs);
+    if (!PyTuple_Check(marks) || PyTuple_CheckExact(marks) || PyTuple_GET_SIZE(marks) != NUM_MARKS) {
+        PyErr_Format(PyExc_TypeError, "record() takes one call's CallMarks (%d fields), got %.100s",
+                     NUM_MARKS, Py_TYPE(marks)->tp_name);
         return NULL;
     }
     if (!self->has_view) {
@@ -126,7 +124,7 @@ static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     for (int k = 0; k < NUM_MARKS; k++) {
-        a[k] = PyLong_AsLongLong(args[k]);
+        a[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(marks, k));
         if (a[k] == -1 && PyErr_Occurred()) return NULL;
     }
     long long call_index = a[CALL_INDEX], mode = a[MODE], rows = a[ROWS], epoch = a[EPOCH], nbytes = a[NBYTES];
@@ -205,8 +203,8 @@ static PyObject *Writer_record(Writer *self, PyObject *const *args, Py_ssize_t n
 }
 
 static PyMethodDef Writer_methods[] = {
-    {"record", (PyCFunction)(void (*)(void))Writer_record, METH_FASTCALL | METH_KEYWORDS,
-     "record(*marks): write one call's record and counters (as RingRecorder.record(*marks))."},
+    {"record", (PyCFunction)Writer_record, METH_O,
+     "record(marks): write one call's record and counters (as RingRecorder.record(marks))."},
     {"release", (PyCFunction)Writer_release, METH_NOARGS, "Release the buffer (before closing the mmap)."},
     {NULL, NULL, 0, NULL},
 };

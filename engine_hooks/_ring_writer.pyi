@@ -2,6 +2,8 @@
 
 from typing_extensions import Buffer  # collections.abc.Buffer is 3.12+; a stub only, never imported
 
+from gatherwise.engine_hooks.call_marks import CallMarks
+
 FORMAT_VERSION: int
 HEADER_SIZE: int
 RECORD_SIZE: int
@@ -18,7 +20,7 @@ MODE_SECOND_FLAGS: tuple[int, ...]
 
 class Writer:
     def __init__(self, buffer: Buffer, capacity: int, vocab: int, rank: int, dtype: int, /) -> None: ...
-    def record(self, *marks: int) -> None:
-        """One call's marks, positional, in MARKS order (as RingRecorder.record)."""
+    def record(self, marks: CallMarks, /) -> None:
+        """One call's marks (as RingRecorder.record)."""
     def release(self) -> None:
         """Release the buffer (before closing the mmap)."""

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from gatherwise.engine_hooks.call_marks import CLOCK_MARKS, T_END, CallMarks, with_clock_marks
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.shm_format.ring import DROP_TIMING_AT_CLOSE, DROP_TIMING_BACKLOG
 
 
@@ -43,9 +43,9 @@ class Event(Protocol):
 class SplitRecorder(Protocol):
     """The part of RingRecorder the resolver uses: count at call time, time later, count what never will be."""
 
-    def count(self, *marks: int) -> None: ...  # clock marks still tokens: only which are 0 counts
+    def count(self, marks: CallMarks, /) -> None: ...  # clock marks still tokens: only which are 0 counts
 
-    def record_timed(self, *marks: int) -> None: ...  # clock marks in ns
+    def record_timed(self, marks: CallMarks, /) -> None: ...  # clock marks in ns
 
     def drop(self, reason: int, calls: int = 1) -> None: ...
 
@@ -135,12 +135,12 @@ class EventResolver:
     def pending(self) -> int:
         return len(self._pending)
 
-    def record(self, *marks: int) -> None:
-        self.recorder.count(*marks)  # counted now, whatever the device does
+    def record(self, marks: CallMarks, /) -> None:
+        self.recorder.count(marks)  # counted now, whatever the device does
         self._pending.append(marks)
         self.poll()
         while len(self._pending) > self.max_pending:  # the GPU is far behind: never wait, drop the oldest
-            self.clock.release_through(self._pending.popleft()[T_END])
+            self.clock.release_through(self._pending.popleft().t_end)
             self.dropped += 1
             self.recorder.drop(DROP_TIMING_BACKLOG)
 
@@ -149,12 +149,12 @@ class EventResolver:
         done = 0
         while self._pending:
             marks = self._pending[0]
-            end_event, _ = self.clock.entry(marks[T_END])
+            end_event, _ = self.clock.entry(marks.t_end)
             if not end_event.query():
                 break
             self._pending.popleft()
-            self.recorder.record_timed(*with_clock_marks(marks, self._to_ns(marks[CLOCK_MARKS])))
-            self.clock.release_through(marks[T_END])
+            self.recorder.record_timed(marks.with_clock_marks(self._to_ns(marks.clock_marks())))
+            self.clock.release_through(marks.t_end)
             done += 1
         self.resolved += done
         return done
@@ -168,7 +168,7 @@ class EventResolver:
     def flush(self, wait_for: Callable[[Event], None] | None = None) -> int:
         """Resolve what has completed; with wait_for (e.g. Event.synchronize, for shutdown only) wait for all."""
         if wait_for is not None and self._pending:
-            wait_for(self.clock.entry(self._pending[-1][T_END])[0])
+            wait_for(self.clock.entry(self._pending[-1].t_end)[0])
         return self.poll()
 
     def close(self) -> None:
@@ -177,7 +177,7 @@ class EventResolver:
         if self._pending:
             self.dropped_at_close += len(self._pending)
             self.recorder.drop(DROP_TIMING_AT_CLOSE, len(self._pending))
-            self.clock.release_through(self._pending[-1][T_END])
+            self.clock.release_through(self._pending[-1].t_end)
             self._pending.clear()
         close = getattr(self.recorder, "close", None)
         if close is not None:

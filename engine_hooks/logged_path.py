@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from gatherwise.engine_hooks.logits_path import LogitsPath
+from gatherwise.engine_hooks.logits_path import LogitsPath, OpenCall
 from gatherwise.engine_hooks.sharded_exchange import ShardedCall
 from gatherwise.modes import Mode
 
@@ -24,11 +22,9 @@ class LoggedLogitsPath(LogitsPath):
         self.mode_log: list[Mode] = []
         self.collective_log: list[int] = []
 
-    def _end_call(self, mode: Mode, batch: int, word_in: torch.Tensor, t_start: int, coll_start: int,
-                  coll_end: int, second_start: int, second_end: int, sample_start: int, sample_end: int,
-                  kind: int, sharded: ShardedCall | None = None) -> None:
-        super()._end_call(mode, batch, word_in, t_start, coll_start, coll_end, second_start, second_end,
-                          sample_start, sample_end, kind, sharded)
-        self.mode_log.append(mode)
+    def _end_call(self, call: OpenCall, second_start: int, second_end: int, sample_start: int, sample_end: int,
+                  sharded: ShardedCall | None = None) -> None:
+        super()._end_call(call, second_start, second_end, sample_start, sample_end, sharded)
+        self.mode_log.append(call.mode)
         self.collective_log.append(sharded.collectives if sharded is not None else
-                                   1 if mode == Mode.ALL_GATHER else 2)
+                                   1 if call.mode == Mode.ALL_GATHER else 2)

@@ -22,6 +22,7 @@ from typing import Protocol, overload
 import torch
 
 from gatherwise.call_kind import call_tag
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.comm import Communicator
 from gatherwise.engine_hooks.deferred_word import ADOPT_LAG, DeferredWords
 from gatherwise.engine_hooks.sampling import SamplingRow, sample
@@ -35,20 +36,22 @@ _ALIGN = 4  # shard widths are padded to a multiple of 4 so the control word slo
 
 
 class CallRecorder(Protocol):
-    """Receives the marks of every call (gatherwise.engine_hooks.call_marks; e.g. engine_hooks.recorder's
-    RingRecorder). Must not block."""
+    """Receives the marks of every call (e.g. engine_hooks.recorder's RingRecorder). Must not block."""
 
-    def record(self, *marks: int) -> None: ...  # one call's marks, in call_marks.MARKS order
+    def record(self, marks: CallMarks, /) -> None: ...
 
 
-class _OpenCall:
-    """The call between exchange() and complete(): what complete() needs to finish it. One per path, refilled
-    by every call, so the hot path allocates nothing for it."""
+_new_marks = tuple.__new__  # CallMarks from its values in field order, in one C call (why: engine_hooks.call_marks)
+
+
+class OpenCall:
+    """A call between its collective and its end: what complete() (or a sharded call, or a graph replay) needs
+    to finish it. One per path, refilled by every call, so the hot path allocates nothing for it."""
 
     __slots__ = ("coll_end", "coll_start", "kind", "mode", "rows", "t_start", "word_in")
 
     def fill(self, mode: Mode, rows: int, t_start: int, coll_start: int, coll_end: int,
-             word_in: torch.Tensor | None, kind: int) -> _OpenCall:
+             word_in: torch.Tensor | None, kind: int) -> OpenCall:
         self.mode, self.rows, self.kind, self.word_in = mode, rows, kind, word_in
         self.t_start, self.coll_start, self.coll_end = t_start, coll_start, coll_end
         return self
@@ -99,8 +102,8 @@ class LogitsPath:
         self._captured_open: set[tuple[Mode, int]] = set()  # variants that captured exchange() only
         self._capacity = 0
         self._rows = 0
-        self._call: _OpenCall | None = None  # the call in flight between exchange() and complete()
-        self._open_call = _OpenCall()
+        self._call: OpenCall | None = None  # the call in flight between exchange() and complete()
+        self._open_call = OpenCall()
         self._table_mode = Mode.ALL_GATHER  # the mode the table names for the call begin_call() last ran for
         self._sharded = ShardedSampler(comm, self.width, dtype=dtype, device=self.device, clock=clock)
         self._begun = -1  # the call index begin_call() last ran for
@@ -272,20 +275,21 @@ class LogitsPath:
             self._rows = 0
             return tokens
         assert word_in is not None  # all_gather: exchange() took it from the collective; else the broadcast above
-        self._end_call(mode, batch, word_in, call.t_start, call.coll_start, call.coll_end, second_start, second_end,
-                       sample_start, sample_end, call.kind)
+        call.word_in = word_in
+        self._end_call(call, second_start, second_end, sample_start, sample_end)
         return tokens
 
-    def _end_call(self, mode: Mode, batch: int, word_in: torch.Tensor, t_start: int, coll_start: int,
-                  coll_end: int, second_start: int, second_end: int, sample_start: int, sample_end: int,
-                  kind: int, sharded: ShardedCall | None = None) -> None:
+    def _end_call(self, call: OpenCall, second_start: int, second_end: int, sample_start: int, sample_end: int,
+                  sharded: ShardedCall | None = None) -> None:
         """Host part of the end of a call: stash the received word for later adoption, record, count. Every
         call that runs ends here (engine_hooks.logged_path logs calls by extending it). second_*: the call's
         second operation (the token broadcast, or a sharded call's shard_resolve)."""
-        self._deferred.stash(self.call_index, word_in)
+        assert call.word_in is not None  # every call that ends received its control word
+        self._deferred.stash(self.call_index, call.word_in)
         t_end = self.clock()
         if self.recorder is not None:
-            tag = call_tag(kind, self._table_mode) if kind else 0
+            mode, batch = call.mode, call.rows
+            tag = call_tag(call.kind, self._table_mode) if call.kind else 0
             if sharded is not None:
                 nbytes, resolve_nbytes = sharded.exchange_bytes, sharded.resolve_bytes
                 topp_rows, fallback_rows = sharded.topp_rows, sharded.fallback_rows
@@ -293,9 +297,10 @@ class LogitsPath:
                 senders = self.world_size if mode == Mode.ALL_GATHER or self.rank == 0 else 1
                 nbytes = senders * (batch * self.width + self._word_elems) * self._elem_size
                 resolve_nbytes = topp_rows = fallback_rows = 0
-            self.recorder.record(self.call_index, mode, batch, self.epoch, nbytes, t_start, coll_start, coll_end,
-                                 second_start, second_end, sample_start, sample_end, t_end, resolve_nbytes,
-                                 topp_rows, fallback_rows, tag)  # call_marks.MARKS order
+            self.recorder.record(_new_marks(CallMarks, (
+                self.call_index, mode, batch, self.epoch, nbytes, call.t_start, call.coll_start, call.coll_end,
+                second_start, second_end, sample_start, sample_end, t_end, resolve_nbytes, topp_rows, fallback_rows,
+                tag)))
         self.call_index += 1
         self._rows = 0
 
@@ -306,10 +311,12 @@ class LogitsPath:
         logits = self._send[: batch * self.width].view(batch, self.width)
         if self._valid < self.width:
             logits[:, self._valid:] = float("-inf")
-        call = self._sharded.run(logits, rows, self._word_dev)
-        self._end_call(Mode.SHARDED, batch, call.word_in, t_start, call.coll_start, call.coll_end,
-                       call.resolve_start, call.resolve_end, call.sample_start, call.sample_end, kind, call)
-        return call.tokens
+        sharded = self._sharded.run(logits, rows, self._word_dev)
+        call = self._open_call.fill(Mode.SHARDED, batch, t_start, sharded.coll_start, sharded.coll_end,
+                                    sharded.word_in, kind)
+        self._end_call(call, sharded.resolve_start, sharded.resolve_end, sharded.sample_start, sharded.sample_end,
+                       sharded)
+        return sharded.tokens
 
     # -- CUDA graphs (driven by gatherwise.engine_hooks.graphs) ---------------------------------------------------
     @contextmanager
@@ -340,9 +347,9 @@ class LogitsPath:
             self._rows = rows
             self._call = self._open_call.fill(mode, rows, t_start, t_start, t_end, word_in, kind)
             return
-        assert word_in is not None  # a variant captured through complete() holds the word it received
         second = t_end if mode != Mode.ALL_GATHER else 0
-        self._end_call(mode, rows, word_in, t_start, t_start, t_end, second, second, t_end, t_end, kind)
+        call = self._open_call.fill(mode, rows, t_start, t_start, t_end, word_in, kind)
+        self._end_call(call, second, second, t_end, t_end)
 
     def _word_to_send(self, source: TableSource) -> int:
         """Rank 0: the control word for this call — the last one sent, or a newly requested one."""

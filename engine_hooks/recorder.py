@@ -15,7 +15,7 @@ import struct
 import sys
 import time
 
-from gatherwise.engine_hooks.call_marks import MARKS
+from gatherwise.engine_hooks.call_marks import MARKS, CallMarks
 from gatherwise.logits_dtypes import dtype_code
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
@@ -68,14 +68,22 @@ _TOPP_ROWS_WORD = fmt.TOPP_ROWS_OFFSET // fmt.WORD_BYTES
 _TOPP_FALLBACK_WORD = fmt.TOPP_FALLBACK_ROWS_OFFSET // fmt.WORD_BYTES
 
 
-def _flags(mode: int, second_start: int, fallback_rows: int, tag: int) -> int:
+def _flags(m: CallMarks) -> int:
     """Record flags: which second operation the second-operation fields time, the call's tag, the top-p
     fallback rows."""
-    flags = _SECOND_FLAG[mode] if second_start else 0
-    flags |= (tag & fmt.TAG_MASK) << fmt.TAG_SHIFT
-    if fallback_rows:
-        flags |= min(fallback_rows, fmt.FALLBACK_MAX) << fmt.FALLBACK_SHIFT
+    flags = _SECOND_FLAG[m.mode] if m.second_start else 0
+    flags |= (m.tag & fmt.TAG_MASK) << fmt.TAG_SHIFT
+    if m.fallback_rows:
+        flags |= min(m.fallback_rows, fmt.FALLBACK_MAX) << fmt.FALLBACK_SHIFT
     return flags
+
+
+def _spans(m: CallMarks) -> tuple[int, int, int, int, int, int, int]:
+    """The record's seven u32 time fields, in ring.RECORD order: (collective offset, collective, second
+    operation offset, second operation, sample offset, sample, path), offsets from t_start."""
+    second_off, second_ns = (m.second_start - m.t_start, m.second_end - m.second_start) if m.second_start else (0, 0)
+    return (m.coll_start - m.t_start, m.coll_end - m.coll_start, second_off, second_ns, m.sample_start - m.t_start,
+            m.sample_end - m.sample_start, m.t_end - m.t_start)
 
 
 def _u32(value: int) -> int:
@@ -134,121 +142,80 @@ class RingRecorder:
     def write_index(self) -> int:
         return self._words[_WRITE_INDEX_WORD]
 
-    def record(self, *marks: int) -> None:
+    def record(self, marks: CallMarks, /) -> None:
         """One call with its timings: the record, then all of its counters (the CPU path; one pass).
 
         In gather mode the second_* marks time the token broadcast; in sharded mode the second collective
         (shard_resolve, `resolve_nbytes` bytes), 0 when the call ran only one. `topp_rows` and `fallback_rows`
         count a sharded call's top-p rows and those that took the full-row fallback; `tag` says what the call
         sampled and the mode its table named (gatherwise.call_kind.call_tag)."""
-        (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, second_start, second_end,
-         sample_start, sample_end, t_end, resolve_nbytes, topp_rows, fallback_rows, tag) = marks  # MARKS order
         seq = self._words[_WRITE_INDEX_WORD] + 1  # the header is the one source (shared with the C writer)
-        coll_ns = coll_end - coll_start
-        sample_ns = sample_end - sample_start
-        path_ns = t_end - t_start
-        flags = _flags(mode, second_start, fallback_rows, tag)
-        if second_start:
-            second_off, second_ns = second_start - t_start, second_end - second_start
-        else:
-            second_off = second_ns = 0
+        spans = _spans(marks)
+        flags = _flags(marks)
         try:
-            self._pack_record(self._mm, fmt.slot_offset(seq, self.capacity), seq, t_start, call_index, nbytes, epoch,
-                              rows, self.vocab, self.rank, mode, self.dtype_code, coll_start - t_start, coll_ns,
-                              second_off, second_ns, sample_start - t_start, sample_ns, path_ns, flags, seq)
+            self._write_record(seq, marks, spans, flags)
         except struct.error:  # a duration beyond ~4.29 s or a clock running backwards: saturate, never raise
-            self._pack_saturated(seq, call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_ns, flags,
-                                 second_off, second_ns, sample_start, sample_ns, path_ns)
-            coll_ns, second_ns, sample_ns, path_ns = (max(0, v) for v in (coll_ns, second_ns, sample_ns, path_ns))
-        # Counters: aligned u64 stores straight into the header (one store each, never torn; never pack_into,
-        # which zero-fills its span before writing it).
-        c = self._words
-        base = _ROW0 + _ROW_WORDS * mode
-        c[base] += 1
-        k = base + _FIRST_OP[mode]
-        c[k] += coll_ns
-        c[k + 1] += nbytes
-        if flags & fmt.FLAG_BROADCAST:
-            bcast_bytes = fmt.broadcast_bytes(rows)
-            c[base + _BC] += second_ns
-            c[base + _BC + 1] += bcast_bytes
-            nbytes += bcast_bytes
-        elif flags & fmt.FLAG_RESOLVE:
-            c[base + _SR] += second_ns
-            c[base + _SR + 1] += resolve_nbytes
-            nbytes += resolve_nbytes
-        if topp_rows:
-            c[_TOPP_ROWS_WORD] += topp_rows
-            c[_TOPP_FALLBACK_WORD] += fallback_rows
-        c[base + _SA] += sample_ns
-        c[base + _PA] += path_ns
-        c[base + _PA + 1] += nbytes
-        c[_WRITE_INDEX_WORD] = seq  # publish last: readers trust every seq <= write_index
+            self._write_record(seq, marks, tuple(map(_u32, spans)), flags)
+        self._count_times(marks, spans, flags)
+        self.count(marks)
+        self._words[_WRITE_INDEX_WORD] = seq  # publish last: readers trust every seq <= write_index
 
     # -- split recording: count at call time, time later (gatherwise.engine_hooks.cuda_timing) -------------------
-    def count(self, *marks: int) -> None:
+    def count(self, marks: CallMarks, /) -> None:
         """A call's calls and bytes counters, at the time of the call (before its timings are known: only
-        whether its clock marks are 0 counts here)."""
-        (_call_index, mode, rows, _epoch, nbytes, _t_start, _coll_start, _coll_end, second_start, _second_end,
-         _sample_start, _sample_end, _t_end, resolve_nbytes, topp_rows, fallback_rows, _tag) = marks  # MARKS order
+        whether its clock marks are 0 counts here). Counters are aligned u64 stores straight into the header
+        (one store each, never torn; never pack_into, which zero-fills its span before writing it)."""
         c = self._words
+        mode, nbytes = marks.mode, marks.nbytes
         base = _ROW0 + _ROW_WORDS * mode
         c[base] += 1
         c[base + _FIRST_OP[mode] + 1] += nbytes
-        second_flag = _SECOND_FLAG[mode] if second_start else 0
+        second_flag = _SECOND_FLAG[mode] if marks.second_start else 0
         if second_flag & fmt.FLAG_RESOLVE:
-            c[base + _SR + 1] += resolve_nbytes
-            nbytes += resolve_nbytes
+            c[base + _SR + 1] += marks.resolve_nbytes
+            nbytes += marks.resolve_nbytes
         elif second_flag:
-            bcast_bytes = fmt.broadcast_bytes(rows)
+            bcast_bytes = fmt.broadcast_bytes(marks.rows)
             c[base + _BC + 1] += bcast_bytes
             nbytes += bcast_bytes
-        if topp_rows:
-            c[_TOPP_ROWS_WORD] += topp_rows
-            c[_TOPP_FALLBACK_WORD] += fallback_rows
+        if marks.topp_rows:
+            c[_TOPP_ROWS_WORD] += marks.topp_rows
+            c[_TOPP_FALLBACK_WORD] += marks.fallback_rows
         c[base + _PA + 1] += nbytes
 
-    def record_timed(self, *marks: int) -> None:
+    def record_timed(self, marks: CallMarks, /) -> None:
         """The record and the time counters of a call already count()ed (its clock marks now in ns)."""
-        (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end, second_start, second_end,
-         sample_start, sample_end, t_end, _resolve_nbytes, _topp_rows, fallback_rows, tag) = marks  # MARKS order
         seq = self._words[_WRITE_INDEX_WORD] + 1  # the header is the one source (shared with the C writer)
-        coll_ns = max(0, coll_end - coll_start)
-        sample_ns = max(0, sample_end - sample_start)
-        path_ns = max(0, t_end - t_start)
-        flags = _flags(mode, second_start, fallback_rows, tag)
-        if second_start:
-            second_off, second_ns = second_start - t_start, max(0, second_end - second_start)
-        else:
-            second_off = second_ns = 0
-        self._pack_saturated(seq, call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_ns, flags,
-                             second_off, second_ns, sample_start, sample_ns, path_ns)
+        spans = _spans(marks)
+        flags = _flags(marks)
+        self._write_record(seq, marks, tuple(map(_u32, spans)), flags)
+        self._count_times(marks, spans, flags)
+        self._words[_WRITE_INDEX_WORD] = seq
+
+    def _write_record(self, seq: int, m: CallMarks, spans: tuple[int, ...], flags: int) -> None:
+        self._pack_record(self._mm, fmt.slot_offset(seq, self.capacity), seq, m.t_start, m.call_index, m.nbytes,
+                          m.epoch, m.rows, self.vocab, self.rank, m.mode, self.dtype_code, *spans, flags, seq)
+
+    def _count_times(self, m: CallMarks, spans: tuple[int, ...], flags: int) -> None:
+        """The time counters of a call: its collective, second operation, sampling and path (negative spans,
+        a clock running backwards, count as 0)."""
         c = self._words
-        base = _ROW0 + _ROW_WORDS * mode
-        c[base + _FIRST_OP[mode]] += coll_ns
+        base = _ROW0 + _ROW_WORDS * m.mode
+        c[base + _FIRST_OP[m.mode]] += max(0, spans[1])
         if flags & fmt.FLAG_BROADCAST:
-            c[base + _BC] += second_ns
+            c[base + _BC] += max(0, spans[3])
         elif flags & fmt.FLAG_RESOLVE:
-            c[base + _SR] += second_ns
-        c[base + _SA] += sample_ns
-        c[base + _PA] += path_ns
-        c[_WRITE_INDEX_WORD] = seq
+            c[base + _SR] += max(0, spans[3])
+        c[base + _SA] += max(0, spans[5])
+        c[base + _PA] += max(0, spans[6])
 
     def drop(self, reason: int, calls: int = 1) -> None:
         """Count calls whose timings will never be recorded (fmt.DROP_REASONS); they were count()ed."""
         self._words[_DROP0 + reason] += calls
 
     @staticmethod
-    def _closed_record(*marks: int) -> None:
+    def _closed_record(marks: CallMarks, /) -> None:
         raise ValueError("record() on a closed ring")
-
-    def _pack_saturated(self, seq: int, call_index: int, mode: int, rows: int, epoch: int, nbytes: int,
-                        t_start: int, coll_start: int, coll_ns: int, flags: int, second_off: int, second_ns: int,
-                        sample_start: int, sample_ns: int, path_ns: int) -> None:
-        self._pack_record(self._mm, fmt.slot_offset(seq, self.capacity), seq, t_start, call_index, nbytes, epoch,
-                          rows, self.vocab, self.rank, mode, self.dtype_code,
-                          *map(_u32, (coll_start - t_start, coll_ns, second_off, second_ns, sample_start - t_start,
-                                      sample_ns, path_ns)), flags, seq)
 
     def close(self, unlink: bool = False) -> None:
         """Mark the ring closed and unmap it; unlink=True also removes the file. Idempotent."""

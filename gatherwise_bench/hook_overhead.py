@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from gatherwise.bench.figures import pyplot, save
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.shm_format.ring import engine_dir_name
 
 SHAPES = ((1, 32000), (16, 152064))  # (rows, vocab)
@@ -114,15 +115,15 @@ def record_cost_us(calls: int = 200_000, repeats: int = 7, pure_python: bool = F
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as d:
         rec = _ring_recorder(os.path.join(d, "rank-0"), pure_python=pure_python, engine_id=1, rank=0, tp_size=2,
                              vocab=32000, dtype="float32", capacity=8192)
-        record = rec.record
+        record, new_marks = rec.record, tuple.__new__
         out = []
         for r in range(repeats):
             gathering = r % 2  # alternate modes: gather mode also fills the broadcast counters
             b0, b1 = (1_300, 1_900) if gathering else (0, 0)
             t = time.thread_time_ns()
-            for i in range(calls):
-                # every mark positional (call_marks.MARKS), as the path passes them
-                record(i, gathering, 16, 0, 9_732_608, 1_000, 1_100, 1_200, b0, b1, 1_200, 1_300, 2_000, 0, 0, 0, 0)
+            for i in range(calls):  # built as the path builds them (engine_hooks.logits_path._end_call)
+                record(new_marks(CallMarks, (i, gathering, 16, 0, 9_732_608, 1_000, 1_100, 1_200, b0, b1, 1_200, 1_300,
+                                             2_000, 0, 0, 0, 0)))
             loop = time.thread_time_ns() - t
             t = time.thread_time_ns()
             for _ in range(calls):
@@ -134,7 +135,7 @@ def record_cost_us(calls: int = 200_000, repeats: int = 7, pure_python: bool = F
 
 
 class _NoopRecorder:
-    def record(self, *marks: int) -> None:
+    def record(self, marks: CallMarks, /) -> None:
         pass
 
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from gatherwise.bench.figures import pyplot, save
-from gatherwise.engine_hooks.call_marks import call_marks
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.shm_format.liveness import LivenessLock, is_engine_dir_name
 from gatherwise.shm_format.ring import engine_dir, ring_path
@@ -42,7 +42,7 @@ def _peak_rss_kib() -> int:
 def _fill(rec: RingRecorder, n: int) -> None:
     t = time.perf_counter_ns()
     for i in range(n):
-        rec.record(*call_marks(i, i % 2, 1 + i % 64, 0, 4096, t, t + 5, t + 400, 0, 0, t + 400, t + 500, t + 510))
+        rec.record(CallMarks(i, i % 2, 1 + i % 64, 0, 4096, t, t + 5, t + 400, 0, 0, t + 400, t + 500, t + 510))
 
 
 def _attach_once(shm: str, cap: int, out: mp.Queue) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gatherwise.bench.figures import pyplot, save
-from gatherwise.engine_hooks.call_marks import call_marks
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.sidecar.ingest.ring_reader import RingReader
 
@@ -36,10 +36,10 @@ def _fill(rec: RingRecorder, n: int, first_call: int = 0) -> None:
     for i in range(first_call, first_call + n):
         t0 = 1_000_000 + 1000 * i
         if i % 2:
-            rec.record(*call_marks(i, 1, 1 + i % 64, 0, 4 * 32000, t0, t0 + 5, t0 + 400, t0 + 500, t0 + 600, t0 + 400,
+            rec.record(CallMarks(i, 1, 1 + i % 64, 0, 4 * 32000, t0, t0 + 5, t0 + 400, t0 + 500, t0 + 600, t0 + 400,
                                    t0 + 500, t0 + 610))
         else:
-            rec.record(*call_marks(i, 0, 1 + i % 64, 0, 8 * 32000, t0, t0 + 5, t0 + 400, 0, 0, t0 + 400, t0 + 500,
+            rec.record(CallMarks(i, 0, 1 + i % 64, 0, 8 * 32000, t0, t0 + 5, t0 + 400, 0, 0, t0 + 400, t0 + 500,
                                    t0 + 510))
 
 

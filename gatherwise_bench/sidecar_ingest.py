@@ -20,7 +20,7 @@ from pathlib import Path
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gatherwise.engine_hooks.call_marks import call_marks
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.shm_format.ring import engine_dir, ring_path
 from gatherwise.sidecar.ingest.hooks_off import HooksOffWatch
@@ -39,11 +39,11 @@ def fill(shm: Path, engine_id: int, tp: int, calls: int) -> None:
         for i in range(calls):
             t0 = 1_000_000 + 20_000 * i + 300 * rank
             if i % 3:
-                rec.record(*call_marks(i, 0, 1 + i % 64, 0, 4096, t0, t0 + 5, t0 + 400, 0, 0, t0 + 400, t0 + 500,
+                rec.record(CallMarks(i, 0, 1 + i % 64, 0, 4096, t0, t0 + 5, t0 + 400, 0, 0, t0 + 400, t0 + 500,
                                        t0 + 510))
             else:
                 s_end = t0 + 500 if rank == 0 else t0 + 400
-                rec.record(*call_marks(i, 1, 1 + i % 64, 0, 2048, t0, t0 + 5, t0 + 400, s_end, s_end + 100, t0 + 400,
+                rec.record(CallMarks(i, 1, 1 + i % 64, 0, 2048, t0, t0 + 5, t0 + 400, s_end, s_end + 100, t0 + 400,
                                        s_end, s_end + 110))
         rec.close()
 

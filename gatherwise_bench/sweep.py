@@ -21,20 +21,7 @@ import torch
 import torch.distributed as dist
 
 from gatherwise.bench.sampling_spec import parse_sampling
-from gatherwise.engine_hooks.call_marks import (
-    COLL_END,
-    COLL_START,
-    FALLBACK_ROWS,
-    MODE,
-    NBYTES,
-    RESOLVE_NBYTES,
-    ROWS,
-    SAMPLE_END,
-    SAMPLE_START,
-    SECOND_END,
-    SECOND_START,
-    TOPP_ROWS,
-)
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.comm import default_communicator
 from gatherwise.engine_hooks.logits_path import LogitsPath
 from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
@@ -85,14 +72,11 @@ class _PhaseRecorder:
     def __init__(self) -> None:
         self.last = (0, 0, 0, 0, 0, 0)
 
-    def record(self, *marks: int) -> None:
-        second = marks[SECOND_END] - marks[SECOND_START]
-        if marks[MODE] == Mode.SHARDED:
-            second_bytes = marks[RESOLVE_NBYTES]
-        else:
-            second_bytes = broadcast_bytes(marks[ROWS]) if second else 0
-        self.last = (marks[COLL_END] - marks[COLL_START], marks[SAMPLE_END] - marks[SAMPLE_START], second,
-                     marks[NBYTES] + second_bytes, marks[TOPP_ROWS], marks[FALLBACK_ROWS])
+    def record(self, m: CallMarks, /) -> None:
+        second = m.second_end - m.second_start
+        second_bytes = m.resolve_nbytes if m.mode == Mode.SHARDED else broadcast_bytes(m.rows) if second else 0
+        self.last = (m.coll_end - m.coll_start, m.sample_end - m.sample_start, second, m.nbytes + second_bytes,
+                     m.topp_rows, m.fallback_rows)
 
 
 def sweep_rank(rank: int, world: int, cfg: SweepConfig) -> dict[ShapeKey, CallTimes]:

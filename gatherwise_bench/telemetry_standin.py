@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from gatherwise.engine_hooks.call_marks import call_marks
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.control_block import ControlBlockSource
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.engine_hooks.table_source import AppliedStatus
@@ -74,15 +74,15 @@ class TelemetryStandIn:
             s_end = coll_end + (cost // 4 if samples_here else 0)
             if mode == Mode.GATHER:  # rank 0 samples, then the token broadcast
                 b0, b1 = s_end, s_end + cost // 8
-                ring.record(*call_marks(ci, mode, rows, self.epoch, nbytes, t0, t0 + 500, coll_end, b0, b1,
+                ring.record(CallMarks(ci, mode, rows, self.epoch, nbytes, t0, t0 + 500, coll_end, b0, b1,
                                         coll_end, s_end, b1 + 500))
             elif mode == Mode.SHARDED and resolve:  # sharded with temperature/top-p rows: the second collective
                 r0, r1 = s_end, s_end + cost // 16
-                ring.record(*call_marks(ci, mode, rows, self.epoch, rows * 16, t0, t0 + 500, coll_end, r0, r1,
+                ring.record(CallMarks(ci, mode, rows, self.epoch, rows * 16, t0, t0 + 500, coll_end, r0, r1,
                                         coll_end, s_end, r1 + 500, resolve_nbytes=rows * 8, topp_rows=rows,
                                         fallback_rows=int(ci % 7 == 1)))
             else:
-                ring.record(*call_marks(ci, mode, rows, self.epoch, nbytes, t0, t0 + 500, coll_end, 0, 0, coll_end,
+                ring.record(CallMarks(ci, mode, rows, self.epoch, nbytes, t0, t0 + 500, coll_end, 0, 0, coll_end,
                                         s_end, s_end + 500))
         self.call_index += 1
         return mode

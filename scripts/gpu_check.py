@@ -490,8 +490,9 @@ def check_event_costs(ctx: dict) -> dict:
 
     if ctx["cpu"]:
         raise Skip("needs CUDA (the CPU path records with perf_counter_ns; gatherwise.bench.hook_overhead)")
-    from gatherwise.engine_hooks.call_marks import call_marks
+    from gatherwise.engine_hooks.call_marks import CallMarks
     from gatherwise.engine_hooks.cuda_timing import CurrentStream, EventClock, EventResolver
+    from gatherwise.engine_hooks.logits_path import _new_marks
     from gatherwise.engine_hooks.recorder import RingRecorder
 
     device = torch.device(ctx["device"])
@@ -503,7 +504,7 @@ def check_event_costs(ctx: dict) -> dict:
     stream, cached = torch.cuda.current_stream(), CurrentStream()
     ring = RingRecorder(os.path.join(ctx["tmp"], "event-costs"), engine_id=1, rank=0, tp_size=1, vocab=32000,
                         dtype="bfloat16", capacity=4096)
-    marks = call_marks(1, 0, 1, 0, 64, 10, 20, 30, 0, 0, 30, 40, 50)
+    marks = CallMarks(1, 0, 1, 0, 64, 10, 20, 30, 0, 0, 30, 40, 50)
     costs = {
         "perf_counter_ns": _host_us(time.perf_counter_ns),
         "tiny_kernel_launch": _host_us(lambda: x.add_(1)),
@@ -513,9 +514,9 @@ def check_event_costs(ctx: dict) -> dict:
         "Event.record(stream)": _host_us(lambda: ev[0].record(stream)),
         "Event.query() (completed)": _host_us(ev[1].query),
         "Event.elapsed_time()": _host_us(lambda: ev[0].elapsed_time(ev[1])),
-        "RingRecorder.record (ring writer)": _host_us(lambda: ring.record(*marks)),
-        "RingRecorder.count": _host_us(lambda: ring.count(*marks)),
-        "RingRecorder.record_timed": _host_us(lambda: ring.record_timed(*marks)),
+        "RingRecorder.record (ring writer)": _host_us(lambda: ring.record(marks)),
+        "RingRecorder.count": _host_us(lambda: ring.count(marks)),
+        "RingRecorder.record_timed": _host_us(lambda: ring.record_timed(marks)),
     }
     torch.cuda.synchronize(device)
     clock = EventClock(current_stream=CurrentStream())
@@ -524,7 +525,8 @@ def check_event_costs(ctx: dict) -> dict:
     def one_call() -> None:  # an all_gather call's five marks and its record; resolved on later calls
         t0, c0 = clock(), clock()
         c1, s1, t1 = clock(), clock(), clock()
-        resolver.record(1, 0, 1, 0, 64, t0, c0, c1, 0, 0, c1, s1, t1, 0, 0, 0, 0)  # as the path passes marks
+        # built as the path builds them (engine_hooks.logits_path._end_call)
+        resolver.record(_new_marks(CallMarks, (1, 0, 1, 0, 64, t0, c0, c1, 0, 0, c1, s1, t1, 0, 0, 0, 0)))
 
     costs["EventClock() mark"] = _host_us(clock, 500)
     clock.release_through(clock._next)  # the marks above were never recorded as calls

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gatherwise.engine_hooks.call_marks import SECOND_END, SECOND_START, CallMarks, call_marks
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.cuda_timing import EventClock, EventResolver
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
@@ -20,10 +20,10 @@ class ListRecorder:
         self.drops: dict[int, int] = {}
         self.closed = False
 
-    def count(self, *marks: int) -> None:
+    def count(self, marks: CallMarks, /) -> None:
         self.counted.append(marks)
 
-    def record_timed(self, *marks: int) -> None:
+    def record_timed(self, marks: CallMarks, /) -> None:
         self.calls.append(marks)
 
     def drop(self, reason: int, calls: int = 1) -> None:
@@ -59,8 +59,8 @@ def run_call(clock, resolver, i, mode):
         sample_end = bcast_start = clock()
         bcast_end = clock()
     t_end = clock()
-    resolver.record(*call_marks(i, mode, 4, 0, 1000, t_start, coll_start, coll_end, bcast_start, bcast_end,
-                     sample_start, sample_end, t_end))
+    resolver.record(CallMarks(i, mode, 4, 0, 1000, t_start, coll_start, coll_end, bcast_start, bcast_end,
+                              sample_start, sample_end, t_end))
 
 
 def test_calls_resolve_only_after_their_events_complete_and_in_order():
@@ -76,7 +76,7 @@ def test_calls_resolve_only_after_their_events_complete_and_in_order():
     assert [c[0] for c in sink.calls] == [0, 1, 2] and resolver.pending == 0
 
 
-def one_resolved_call(mode: Mode) -> tuple[int, ...]:
+def one_resolved_call(mode: Mode) -> CallMarks:
     """What the resolver hands the recorder for one call in `mode` once the fake GPU ran it."""
     stream, _, clock, resolver, sink = make()
     run_call(clock, resolver, 0, mode)
@@ -98,7 +98,7 @@ def test_marks_become_ns_from_gpu_time_anchored_at_host_start():
 
 def test_absent_marks_stay_zero():
     call = one_resolved_call(Mode.ALL_GATHER)
-    assert (call[SECOND_START], call[SECOND_END]) == (0, 0)  # no broadcast in all_gather mode
+    assert (call.second_start, call.second_end) == (0, 0)  # no broadcast in all_gather mode
 
 
 def test_never_synchronizes_and_reuses_events():

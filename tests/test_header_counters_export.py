@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gatherwise.engine_hooks.call_marks import call_marks
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
@@ -29,16 +29,16 @@ def _write_calls(recorders: list[RingRecorder], first: int, n: int) -> None:
         for rec in recorders:
             t = 10**9 + i * 100_000 + rec.rank * 1_000
             bcast = (t + 7_000, t + 9_000) if mode == Mode.GATHER else (0, 0)
-            marks = call_marks(i, mode, 4, 0, 4_096, t, t + 1_000, t + 5_000 + i, *bcast, t + 5_000 + i, t + 6_000,
+            marks = CallMarks(i, mode, 4, 0, 4_096, t, t + 1_000, t + 5_000 + i, *bcast, t + 5_000 + i, t + 6_000,
                                t + 9_500)
             if i % 4 == 3:  # the device fell behind: counted now, timings given up
-                rec.count(*marks)
+                rec.count(marks)
                 rec.drop(fmt.DROP_TIMING_BACKLOG)
             elif i % 4 == 2:  # resolved later
-                rec.count(*marks)
-                rec.record_timed(*marks)
+                rec.count(marks)
+                rec.record_timed(marks)
             else:
-                rec.record(*marks)
+                rec.record(marks)
 
 
 def _expected(shm: Path) -> dict[tuple[str, ...], float]:

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from gatherwise.engine_hooks import recorder as recorder_module
-from gatherwise.engine_hooks.call_marks import MARKS, call_marks
+from gatherwise.engine_hooks.call_marks import MARKS, CallMarks
 from gatherwise.engine_hooks.recorder import PURE_PYTHON_ENV, RingRecorder
 from gatherwise.modes import Mode
 from gatherwise.shm_format import ring as fmt
@@ -13,8 +13,8 @@ from gatherwise.shm_format import ring as fmt
 native = pytest.importorskip("gatherwise.engine_hooks._ring_writer",
                              reason="the compiled record writer was not built (no C compiler at install)")
 
-CALLS = [call_marks(*call) for call in (  # (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end,
-           #  second_start, second_end, sample_start, sample_end, t_end): call_marks.MARKS order
+CALLS = [CallMarks(*call) for call in (  # (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end,
+           #  second_start, second_end, sample_start, sample_end, t_end): CallMarks' field order
     (0, 0, 1, 0, 128_008, 1_000, 1_100, 1_500, 0, 0, 1_500, 1_900, 2_000),
     (1, 1, 16, 3, 9_732_608, 5_000, 5_010, 6_000, 6_500, 6_900, 6_000, 6_400, 7_000),
     (2, 1, 3, 3, 3_000, 8_000, 8_010, 8_020, 8_030, 8_040, 8_020, 8_020, 8_050),  # a rank that did not sample
@@ -33,7 +33,7 @@ def _write(path: str, pure: bool, monkeypatch) -> bytes:
     rec = RingRecorder(path, engine_id=9, rank=1, tp_size=2, vocab=32000, dtype="bfloat16", capacity=4)
     assert rec.native is not pure
     for call in CALLS:  # 6 calls into 4 slots: the ring wraps
-        rec.record(*call)
+        rec.record(call)
     assert rec.write_index == len(CALLS)
     with open(path, "rb") as f:
         data = f.read()
@@ -65,7 +65,7 @@ def test_closed_ring_refuses_records(tmp_path, monkeypatch):
     rec = RingRecorder(tmp_path / "r", engine_id=9, rank=0, tp_size=1, vocab=10, dtype="float32", capacity=2)
     rec.close()
     with pytest.raises(ValueError, match="closed"):
-        rec.record(*CALLS[0])
+        rec.record(CALLS[0])
 
 
 def test_the_python_fallback_runs_without_the_compiled_module(tmp_path, monkeypatch):
@@ -74,38 +74,54 @@ def test_the_python_fallback_runs_without_the_compiled_module(tmp_path, monkeypa
     rec = RingRecorder(os.fspath(tmp_path / "r"), engine_id=9, rank=0, tp_size=1, vocab=10, dtype="float32",
                        capacity=2)
     assert not rec.native
-    rec.record(*CALLS[0])
+    rec.record(CALLS[0])
     assert rec.write_index == 1
     rec.close()
 
 
 def test_marks_built_by_name_are_written_like_the_python_writer(tmp_path, monkeypatch):
-    """Marks built by name (call_marks) reach both writers as the same positional marks; the compiled one
-    refuses any other number of marks, and names."""
+    """Marks built by name reach both writers alike; CallMarks refuses unknown, missing and repeated marks, and
+    the compiled writer anything but one CallMarks (a plain tuple, loose marks, names)."""
     files = []
     for pure in (True, False):
         monkeypatch.setenv(PURE_PYTHON_ENV, "1" if pure else "0")
         path = str(tmp_path / f"kw-{pure}")
         rec = RingRecorder(path, engine_id=9, rank=0, tp_size=2, vocab=32000, dtype="float32", capacity=4)
-        rec.record(*call_marks(0, 2, 4, 1, 96, 1_000, 1_100, 2_000, 3_000, 3_500, 2_000, 2_900, 4_000,
-                               resolve_nbytes=512, topp_rows=4, fallback_rows=1))
-        rec.record(*call_marks(1, 0, 1, 1, 128, t_start=5_000, coll_start=5_100, coll_end=5_500, second_start=0,
-                               second_end=0, sample_start=5_500, sample_end=5_900, t_end=6_000))
+        rec.record(CallMarks(0, 2, 4, 1, 96, 1_000, 1_100, 2_000, 3_000, 3_500, 2_000, 2_900, 4_000,
+                             resolve_nbytes=512, topp_rows=4, fallback_rows=1))
+        rec.record(CallMarks(1, 0, 1, 1, 128, t_start=5_000, coll_start=5_100, coll_end=5_500, second_start=0,
+                             second_end=0, sample_start=5_500, sample_end=5_900, t_end=6_000))
         with open(path, "rb") as f:
             files.append(f.read()[fmt.HEADER_SIZE:])  # the records (headers differ in creation times)
         if not pure:
-            with pytest.raises(TypeError, match="unexpected mark 'bogus'"):
-                call_marks(*CALLS[0][:13], bogus=1)
-            with pytest.raises(TypeError, match="missing required mark 't_end'"):
-                call_marks(*CALLS[0][:12])
-            with pytest.raises(TypeError, match="record\\(\\) takes the 17 call marks"):
-                rec.record(*CALLS[0][:12])
-            with pytest.raises(TypeError, match="record\\(\\) takes the 17 call marks"):
-                rec.record(CALLS[0])  # type: ignore[arg-type]  # the marks go positional, not as one tuple
-            with pytest.raises(TypeError, match="record\\(\\) takes no keyword arguments"):
-                rec.record(*CALLS[0][:16], tag=1)  # type: ignore[call-arg]  # the wrong call under test
+            with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+                CallMarks(*CALLS[0][:13], bogus=1)  # type: ignore[call-arg]  # the wrong call under test
+            with pytest.raises(TypeError, match="missing 1 required positional argument: 't_end'"):
+                CallMarks(*CALLS[0][:12])  # type: ignore[call-arg]  # as above
+            with pytest.raises(TypeError, match="multiple values for argument 'tag'"):
+                CallMarks(*CALLS[0], tag=1)  # type: ignore[misc]  # as above
+            with pytest.raises(TypeError, match="record\\(\\) takes one call's CallMarks \\(17 fields\\), got tuple"):
+                rec.record(tuple(CALLS[0]))  # type: ignore[arg-type]  # as above
+            with pytest.raises(TypeError, match="takes exactly one argument"):
+                rec.record(*CALLS[0])  # type: ignore[arg-type, call-arg]  # as above
+            with pytest.raises(TypeError, match="takes no keyword arguments"):
+                rec.record(marks=CALLS[0])  # type: ignore[call-arg]  # as above
         rec.close(unlink=True)
     assert files[0] == files[1]
+
+
+def test_clock_marks_are_replaced_in_place():
+    """The CUDA resolver's conversion: the eight clock marks replaced, the rest kept, a CallMarks again."""
+    call = CALLS[6]
+    ns = list(range(1, 9))
+    timed = call.with_clock_marks(ns)
+    assert isinstance(timed, CallMarks)
+    assert timed._replace(t_start=call.t_start, coll_start=call.coll_start, coll_end=call.coll_end,
+                          second_start=call.second_start, second_end=call.second_end,
+                          sample_start=call.sample_start, sample_end=call.sample_end, t_end=call.t_end) == call
+    assert (timed.t_start, timed.t_end) == (1, 8)
+    with pytest.raises(ValueError, match="8 clock marks, got 7"):
+        call.with_clock_marks(ns[:7])
 
 
 def test_the_compiled_writer_is_used_only_for_the_ring_layout_it_was_built_for():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gatherwise.engine_hooks.call_marks import call_marks
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.logits_dtypes import dtype_code, dtype_name
 from gatherwise.modes import Mode
@@ -28,10 +28,10 @@ def write_call(rec, i, mode=Mode.ALL_GATHER, rows=3, base=1_000_000):
     """A call i with distinct, checkable marks; gather-mode calls broadcast."""
     t0 = base + 1000 * i
     if mode == Mode.ALL_GATHER:
-        rec.record(*call_marks(i, mode, rows, i // 4, 100 + i, t0, t0 + 10, t0 + 110, 0, 0, t0 + 110, t0 + 140,
+        rec.record(CallMarks(i, mode, rows, i // 4, 100 + i, t0, t0 + 10, t0 + 110, 0, 0, t0 + 110, t0 + 140,
                                t0 + 150))
     else:
-        rec.record(*call_marks(i, mode, rows, i // 4, 100 + i, t0, t0 + 10, t0 + 60, t0 + 80, t0 + 130, t0 + 60,
+        rec.record(CallMarks(i, mode, rows, i // 4, 100 + i, t0, t0 + 10, t0 + 60, t0 + 80, t0 + 130, t0 + 60,
                                t0 + 80, t0 + 150))
 
 
@@ -216,7 +216,7 @@ def _writer(path: str, n: int, ready) -> None:
     for i in range(n):
         rows = 1 + i % 16
         t0 = 10_000 + 1000 * i
-        rec.record(*call_marks(i, i % 2, rows, i, rows * 4 * 32000, t0, t0 + i % 7, t0 + 100 + i % 13, 0, 0,
+        rec.record(CallMarks(i, i % 2, rows, i, rows * 4 * 32000, t0, t0 + i % 7, t0 + 100 + i % 13, 0, 0,
                     t0 + 100 + i % 13, t0 + 200, t0 + 300))
     rec.close()
 
@@ -268,9 +268,9 @@ def test_sharded_calls_have_their_own_ops_and_fallback_counts(tmp_path):
     reader = RingReader(rec.path)
     t0 = 1_000_000
     # one collective only (greedy rows), then two (shard_resolve) with 3 of 5 top-p rows falling back
-    rec.record(*call_marks(0, Mode.SHARDED, 4, 0, 64, t0, t0 + 10, t0 + 30, 0, 0, t0, t0 + 40, t0 + 50))
+    rec.record(CallMarks(0, Mode.SHARDED, 4, 0, 64, t0, t0 + 10, t0 + 30, 0, 0, t0, t0 + 40, t0 + 50))
     # + (resolve_nbytes, topp_rows, fallback_rows), positional in MARKS order
-    rec.record(*call_marks(1, Mode.SHARDED, 8, 0, 96, t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100,
+    rec.record(CallMarks(1, Mode.SHARDED, 8, 0, 96, t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100,
                            500, 5, 3))
     (a, b), missed = reader.read_new()
     assert missed == 0
@@ -292,11 +292,11 @@ def test_split_recording_of_a_sharded_call_matches_the_one_pass_record(tmp_path)
     """CUDA path (count at call time, record_timed later) and CPU path (record) give the same counters."""
     one, split = make_recorder(tmp_path, name="one"), make_recorder(tmp_path, name="split")
     t0 = 1_000_000
-    marks = call_marks(1, Mode.SHARDED, 8, 0, 96, t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100,
+    marks = CallMarks(1, Mode.SHARDED, 8, 0, 96, t0, t0 + 10, t0 + 30, t0 + 40, t0 + 90, t0, t0 + 35, t0 + 100,
                        resolve_nbytes=500, topp_rows=5, fallback_rows=3)
-    one.record(*marks)
-    split.count(*marks)
-    split.record_timed(*marks)
+    one.record(marks)
+    split.count(marks)
+    split.record_timed(marks)
     a, b = RingReader(one.path), RingReader(split.path)
     assert a.header().counters == b.header().counters
     assert (b.header().topp_rows, b.header().topp_fallback_rows) == (5, 3)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from gatherwise.engine_hooks.call_marks import marks_by_name
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
 from gatherwise.engine_hooks.logits_path import shard_width
 from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow, sample
@@ -68,11 +68,10 @@ class ListRecorder:
     def __init__(self) -> None:
         self.calls: list[dict] = []
 
-    def record(self, *marks: int) -> None:
-        m = marks_by_name(marks)
-        self.calls.append(dict(mode=int(m["mode"]), rows=m["rows"], nbytes=m["nbytes"], second=bool(m["second_start"]),
-                               resolve_nbytes=m["resolve_nbytes"], topp_rows=m["topp_rows"],
-                               fallback_rows=m["fallback_rows"], tag=m["tag"]))
+    def record(self, m: CallMarks, /) -> None:
+        self.calls.append(dict(mode=int(m.mode), rows=m.rows, nbytes=m.nbytes, second=bool(m.second_start),
+                               resolve_nbytes=m.resolve_nbytes, topp_rows=m.topp_rows,
+                               fallback_rows=m.fallback_rows, tag=m.tag))
 
 
 def run_cases(rank: int, world: int, cases: list[Case]) -> list[dict]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gatherwise.engine_hooks.call_marks import call_marks
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import engine_dir, ring_path
@@ -37,15 +37,15 @@ def write_call(rec: RingRecorder, call_index: int, mode: Mode, rows: int, t0: in
     Sharded: shard_exchange 5 µs, every rank computes 3 µs, shard_resolve 1 µs (512 bytes), `fallback_rows`."""
     s = t0 + rec.rank * 1000
     if mode == Mode.ALL_GATHER:
-        rec.record(*call_marks(call_index, mode, rows, 0, 4096, s, s + 100, s + 5100, 0, 0, s + 5100, s + 8100,
+        rec.record(CallMarks(call_index, mode, rows, 0, 4096, s, s + 100, s + 5100, 0, 0, s + 5100, s + 8100,
                                s + 9000))
     elif mode == Mode.SHARDED:
-        rec.record(*call_marks(call_index, mode, rows, 2, 96, s, s + 100, s + 5100, s + 8100, s + 9100, s + 5100,
+        rec.record(CallMarks(call_index, mode, rows, 2, 96, s, s + 100, s + 5100, s + 8100, s + 9100, s + 5100,
                                s + 8100, s + 9500, resolve_nbytes=512, topp_rows=rows, fallback_rows=fallback_rows))
     else:
         ss = s + 5100
         se = ss + 3000 if rec.rank == 0 else ss
-        rec.record(*call_marks(call_index, mode, rows, 1, 2048, s, s + 100, s + 5100, se, se + 2000, ss, se, se + 2500))
+        rec.record(CallMarks(call_index, mode, rows, 1, 2048, s, s + 100, s + 5100, se, se + 2000, ss, se, se + 2500))
 
 
 def ingest_with_metrics(shm: Path, **options: Any) -> tuple[SidecarMetrics, Ingest]:

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from gatherwise.engine_hooks.call_marks import call_marks
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.shm_format.liveness import LivenessLock
 from gatherwise.shm_format.private_files import ensure_private_dir
@@ -31,7 +31,7 @@ def make_engine(shm: str, engine_id: int, capacity: int) -> tuple[LivenessLock, 
 def fill(ring: RingRecorder, n: int) -> None:
     t = time.perf_counter_ns()
     for i in range(n):
-        ring.record(*call_marks(i, 0, 1, 0, 4096, t, t + 1, t + 2, 0, 0, t + 2, t + 3, t + 4))
+        ring.record(CallMarks(i, 0, 1, 0, 4096, t, t + 1, t + 2, 0, 0, t + 2, t + 3, t + 4))
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import time
 import pytest
 import yaml
 
-from gatherwise.engine_hooks.call_marks import call_marks
+from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.control_block import ControlBlockSource
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.engine_hooks.table_source import AppliedStatus
@@ -137,7 +137,7 @@ def engine_of(uid: int, gid: int, shm: str, stop_file: str) -> int:
                 applied, table = request.seq, request.table
                 block.report(AppliedStatus(applied, call, table, applied))
             t = time.perf_counter_ns()
-            ring.record(*call_marks(call, int(table.mode_for_rows(1)), 1, 0, 4096, t, t + 1, t + 2, 0, 0, t + 2, t + 3,
+            ring.record(CallMarks(call, int(table.mode_for_rows(1)), 1, 0, 4096, t, t + 1, t + 2, 0, 0, t + 2, t + 3,
                                     t + 4))
             call += 1
             time.sleep(0.005)
