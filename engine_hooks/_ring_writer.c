@@ -11,6 +11,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -64,6 +65,8 @@ typedef struct {
     PyObject_HEAD
     Py_buffer view;
     int has_view;
+    PyTypeObject *marks_type;         /* CallMarks: record() reads its slots in place */
+    Py_ssize_t mark_offset[NUM_MARKS]; /* where each slot lives in a CallMarks instance, in MARK_NAMES order */
     uint64_t capacity;
     uint32_t vocab;
     uint16_t rank;
@@ -79,11 +82,36 @@ static inline void store64(char *p, uint64_t v) { memcpy(p, &v, 8); }
 /* Header counters are single aligned 8-byte stores (readers may look at any time). */
 static inline void add_word(uint64_t *w, uint64_t v) { __atomic_store_n(w, *w + v, __ATOMIC_RELAXED); }
 
+/* The offset of each CallMarks slot, in MARK_NAMES order: every mark must be a plain object slot (a member
+ * descriptor of T_OBJECT_EX), as `@dataclass(slots=True)` makes them. */
+static int find_mark_offsets(Writer *self, PyObject *marks_type) {
+    if (!PyType_Check(marks_type)) {
+        PyErr_SetString(PyExc_TypeError, "Writer(): marks_type must be the CallMarks class");
+        return -1;
+    }
+    for (int k = 0; k < NUM_MARKS; k++) {
+        PyObject *descr = PyObject_GetAttrString(marks_type, MARK_NAMES[k]);
+        if (descr == NULL) return -1;
+        int is_slot = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+                      ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+        if (is_slot) self->mark_offset[k] = ((PyMemberDescrObject *)descr)->d_member->offset;
+        Py_DECREF(descr);
+        if (!is_slot) {
+            PyErr_Format(PyExc_TypeError, "Writer(): CallMarks.%s is not a slot", MARK_NAMES[k]);
+            return -1;
+        }
+    }
+    Py_INCREF(marks_type);
+    Py_XSETREF(self->marks_type, (PyTypeObject *)marks_type);
+    return 0;
+}
+
 static int Writer_init(Writer *self, PyObject *args, PyObject *kwds) {
-    PyObject *buffer;
+    PyObject *buffer, *marks_type;
     unsigned long long capacity;
     unsigned int vocab, rank, dtype;
-    if (!PyArg_ParseTuple(args, "OKIII", &buffer, &capacity, &vocab, &rank, &dtype)) return -1;
+    if (!PyArg_ParseTuple(args, "OKIIIO", &buffer, &capacity, &vocab, &rank, &dtype, &marks_type)) return -1;
+    if (find_mark_offsets(self, marks_type) < 0) return -1;
     if (PyObject_GetBuffer(buffer, &self->view, PyBUF_WRITABLE) < 0) return -1;
     self->has_view = 1;
     if (capacity < 1 || (unsigned long long)self->view.len < HEADER_SIZE + capacity * RECORD_SIZE) {
@@ -107,16 +135,15 @@ static PyObject *Writer_release(Writer *self, PyObject *unused) {
 
 static void Writer_dealloc(Writer *self) {
     Writer_release(self, NULL);
+    Py_CLEAR(self->marks_type);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* record(marks): exactly RingRecorder.record(marks): one call's CallMarks, a tuple subclass, its NUM_MARKS items read
- * straight from the tuple in field order. */
+/* record(marks): exactly RingRecorder.record(marks): one call's CallMarks, its slots read in place. */
 static PyObject *Writer_record(Writer *self, PyObject *marks) {
     long long a[NUM_MARKS];
-    if (!PyTuple_Check(marks) || PyTuple_CheckExact(marks) || PyTuple_GET_SIZE(marks) != NUM_MARKS) {
-        PyErr_Format(PyExc_TypeError, "record() takes one call's CallMarks (%d fields), got %.100s",
-                     NUM_MARKS, Py_TYPE(marks)->tp_name);
+    if (Py_TYPE(marks) != self->marks_type) {
+        PyErr_Format(PyExc_TypeError, "record() takes one call's CallMarks, got %.100s", Py_TYPE(marks)->tp_name);
         return NULL;
     }
     if (!self->has_view) {
@@ -124,7 +151,12 @@ static PyObject *Writer_record(Writer *self, PyObject *marks) {
         return NULL;
     }
     for (int k = 0; k < NUM_MARKS; k++) {
-        a[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(marks, k));
+        PyObject *value = *(PyObject **)((char *)marks + self->mark_offset[k]);
+        if (value == NULL) {
+            PyErr_Format(PyExc_AttributeError, "record(): CallMarks.%s is not set", MARK_NAMES[k]);
+            return NULL;
+        }
+        a[k] = PyLong_AsLongLong(value);
         if (a[k] == -1 && PyErr_Occurred()) return NULL;
     }
     long long call_index = a[CALL_INDEX], mode = a[MODE], rows = a[ROWS], epoch = a[EPOCH], nbytes = a[NBYTES];
@@ -214,7 +246,7 @@ static PyTypeObject WriterType = {
     .tp_name = "gatherwise.engine_hooks._ring_writer.Writer",
     .tp_basicsize = sizeof(Writer),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Writer(buffer, capacity, vocab, rank, dtype_code): record() into a telemetry ring.",
+    .tp_doc = "Writer(buffer, capacity, vocab, rank, dtype_code, CallMarks): record() into a telemetry ring.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Writer_init,
     .tp_dealloc = (destructor)Writer_dealloc,

@@ -19,7 +19,8 @@ MODE_FIRST_OPS: tuple[int, ...]
 MODE_SECOND_FLAGS: tuple[int, ...]
 
 class Writer:
-    def __init__(self, buffer: Buffer, capacity: int, vocab: int, rank: int, dtype: int, /) -> None: ...
+    def __init__(self, buffer: Buffer, capacity: int, vocab: int, rank: int, dtype: int,
+                 marks_type: type[CallMarks], /) -> None: ...
     def record(self, marks: CallMarks, /) -> None:
         """One call's marks (as RingRecorder.record)."""
     def release(self) -> None:

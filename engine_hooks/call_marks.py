@@ -1,15 +1,16 @@
 """One logits call's marks: CallMarks, the one record every CallRecorder receives, `record(marks)`.
 
-The path (gatherwise.engine_hooks.logits_path) builds one per call, the ring writers (RingRecorder and the
+The path (gatherwise.engine_hooks.logits_path) fills one per call, the ring writers (RingRecorder and the
 compiled engine_hooks/_ring_writer.c) turn it into a record and counters, the CUDA resolver
-(gatherwise.engine_hooks.cuda_timing) keeps it until its events completed, the sweep reads its phases.
+(gatherwise.engine_hooks.cuda_timing) keeps copies until their events completed, the sweep reads its phases.
 
-Why a NamedTuple: it is a tuple, so the compiled writer reads its items straight from the tuple's array (no
-attribute lookups), and a tuple is immutable, so a recorder may keep it (the CUDA resolver does). It is built
-once per call on the engine's hot path, where the generated keyword constructor would cost more than the
-whole compiled record() it feeds: the path builds it with `tuple.__new__(CallMarks, values)` (one C call,
-positional in field order), everything off the hot path by name, `CallMarks(call_index=..., ...)`. The compiled
-writer's own list of field names is checked against MARKS at import (gatherwise.engine_hooks.recorder).
+Why a mutable record with slots, refilled by every call: it is filled on the engine's hot path, once per call,
+where allocating a record per call (a NamedTuple, a dataclass instance) costs more than the whole compiled
+record() it feeds (measured: a NamedTuple per call made recording 40 % dearer). So each path owns one CallMarks
+and refills its fields (plain slot stores), and the compiled writer reads the slots in place, at offsets it
+takes from the class once (the class and the order of MARKS are checked when a writer is built, and the
+compiled writer's own list of names against MARKS at import: gatherwise.engine_hooks.recorder). A recorder
+reads the marks during record() only; one that keeps them keeps `marks.copy()`.
 
 Clock marks (t_start .. t_end) are the path's clock values: ns, or event tokens under a CUDA EventClock; 0
 means "no such mark". The second_* marks time a call's second operation: gather mode's token broadcast, or
@@ -18,10 +19,11 @@ sharded mode's second collective (shard_resolve); 0 when the call ran none.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass, fields, replace
 
 
-class CallMarks(NamedTuple):
+@dataclass(slots=True)
+class CallMarks:
     call_index: int  # the path's call index (the same on every rank)
     mode: int  # the mode the call ran (gatherwise.modes.Mode)
     rows: int
@@ -40,16 +42,21 @@ class CallMarks(NamedTuple):
     fallback_rows: int = 0  # of those, rows that took the full-row fallback
     tag: int = 0  # what the call sampled and the mode its table named (gatherwise.call_kind.call_tag)
 
+    def copy(self) -> CallMarks:
+        """A copy to keep beyond record() (the path refills its own record at the next call)."""
+        return replace(self)
+
     def clock_marks(self) -> tuple[int, ...]:
         """t_start .. t_end: the marks read from the path's clock."""
-        return self[_T_START:_T_END + 1]
+        return tuple(getattr(self, name) for name in CLOCK_MARKS)
 
     def with_clock_marks(self, clock_marks: list[int]) -> CallMarks:
-        """The same call with its clock marks (t_start .. t_end) replaced, e.g. event tokens converted to ns."""
-        if len(clock_marks) != _T_END + 1 - _T_START:
-            raise ValueError(f"a call has {_T_END + 1 - _T_START} clock marks, got {len(clock_marks)}")
-        return tuple.__new__(CallMarks, (*self[:_T_START], *clock_marks, *self[_T_END + 1:]))
+        """A copy with its clock marks (t_start .. t_end) replaced, e.g. event tokens converted to ns."""
+        if len(clock_marks) != len(CLOCK_MARKS):
+            raise ValueError(f"a call has {len(CLOCK_MARKS)} clock marks, got {len(clock_marks)}")
+        return replace(self, **dict(zip(CLOCK_MARKS, clock_marks, strict=True)))
 
 
-MARKS: tuple[str, ...] = CallMarks._fields
+MARKS: tuple[str, ...] = tuple(f.name for f in fields(CallMarks))
 _T_START, _T_END = MARKS.index("t_start"), MARKS.index("t_end")
+CLOCK_MARKS = MARKS[_T_START:_T_END + 1]

@@ -137,7 +137,7 @@ class EventResolver:
 
     def record(self, marks: CallMarks, /) -> None:
         self.recorder.count(marks)  # counted now, whatever the device does
-        self._pending.append(marks)
+        self._pending.append(marks.copy())  # the path refills `marks` at its next call
         self.poll()
         while len(self._pending) > self.max_pending:  # the GPU is far behind: never wait, drop the oldest
             self.clock.release_through(self._pending.popleft().t_end)

@@ -36,12 +36,10 @@ _ALIGN = 4  # shard widths are padded to a multiple of 4 so the control word slo
 
 
 class CallRecorder(Protocol):
-    """Receives the marks of every call (e.g. engine_hooks.recorder's RingRecorder). Must not block."""
+    """Receives the marks of every call (e.g. engine_hooks.recorder's RingRecorder). Must not block. The path
+    refills the same CallMarks at its next call: a recorder that keeps marks keeps `marks.copy()`."""
 
     def record(self, marks: CallMarks, /) -> None: ...
-
-
-_new_marks = tuple.__new__  # CallMarks from its values in field order, in one C call (why: engine_hooks.call_marks)
 
 
 class OpenCall:
@@ -104,6 +102,7 @@ class LogitsPath:
         self._rows = 0
         self._call: OpenCall | None = None  # the call in flight between exchange() and complete()
         self._open_call = OpenCall()
+        self._marks = CallMarks(*[0] * 13)  # the record of every call, refilled by _end_call
         self._table_mode = Mode.ALL_GATHER  # the mode the table names for the call begin_call() last ran for
         self._sharded = ShardedSampler(comm, self.width, dtype=dtype, device=self.device, clock=clock)
         self._begun = -1  # the call index begin_call() last ran for
@@ -297,10 +296,25 @@ class LogitsPath:
                 senders = self.world_size if mode == Mode.ALL_GATHER or self.rank == 0 else 1
                 nbytes = senders * (batch * self.width + self._word_elems) * self._elem_size
                 resolve_nbytes = topp_rows = fallback_rows = 0
-            self.recorder.record(_new_marks(CallMarks, (
-                self.call_index, mode, batch, self.epoch, nbytes, call.t_start, call.coll_start, call.coll_end,
-                second_start, second_end, sample_start, sample_end, t_end, resolve_nbytes, topp_rows, fallback_rows,
-                tag)))
+            m = self._marks  # refilled in place: no allocation per call (engine_hooks.call_marks)
+            m.call_index = self.call_index
+            m.mode = mode
+            m.rows = batch
+            m.epoch = self.epoch
+            m.nbytes = nbytes
+            m.t_start = call.t_start
+            m.coll_start = call.coll_start
+            m.coll_end = call.coll_end
+            m.second_start = second_start
+            m.second_end = second_end
+            m.sample_start = sample_start
+            m.sample_end = sample_end
+            m.t_end = t_end
+            m.resolve_nbytes = resolve_nbytes
+            m.topp_rows = topp_rows
+            m.fallback_rows = fallback_rows
+            m.tag = tag
+            self.recorder.record(m)
         self.call_index += 1
         self._rows = 0
 

@@ -128,7 +128,7 @@ class RingRecorder:
         self._words = memoryview(self._mm)[: fmt.HEADER_SIZE].cast("Q")  # header as native u64 words
         self._native = None
         if _ring_writer is not None and os.environ.get(PURE_PYTHON_ENV, "") in ("", "0"):
-            self._native = _ring_writer.Writer(self._mm, capacity, vocab, rank, self.dtype_code)
+            self._native = _ring_writer.Writer(self._mm, capacity, vocab, rank, self.dtype_code, CallMarks)
             # the same bytes as the Python record() below, in one C call; an instance attribute on purpose, so the
             # hot path calls the C function directly (mypy flags any assignment to a method)
             self.record = self._native.record  # type: ignore[method-assign]

@@ -492,7 +492,6 @@ def check_event_costs(ctx: dict) -> dict:
         raise Skip("needs CUDA (the CPU path records with perf_counter_ns; gatherwise.bench.hook_overhead)")
     from gatherwise.engine_hooks.call_marks import CallMarks
     from gatherwise.engine_hooks.cuda_timing import CurrentStream, EventClock, EventResolver
-    from gatherwise.engine_hooks.logits_path import _new_marks
     from gatherwise.engine_hooks.recorder import RingRecorder
 
     device = torch.device(ctx["device"])
@@ -525,8 +524,7 @@ def check_event_costs(ctx: dict) -> dict:
     def one_call() -> None:  # an all_gather call's five marks and its record; resolved on later calls
         t0, c0 = clock(), clock()
         c1, s1, t1 = clock(), clock(), clock()
-        # built as the path builds them (engine_hooks.logits_path._end_call)
-        resolver.record(_new_marks(CallMarks, (1, 0, 1, 0, 64, t0, c0, c1, 0, 0, c1, s1, t1, 0, 0, 0, 0)))
+        resolver.record(CallMarks(1, 0, 1, 0, 64, t0, c0, c1, 0, 0, c1, s1, t1))
 
     costs["EventClock() mark"] = _host_us(clock, 500)
     clock.release_through(clock._next)  # the marks above were never recorded as calls

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import pytest
 
 from gatherwise.engine_hooks.call_marks import CallMarks
@@ -70,10 +72,10 @@ def test_calls_resolve_only_after_their_events_complete_and_in_order():
     assert sink.calls == [] and resolver.pending == 2  # the fake GPU has done nothing yet
     stream.advance(5)  # exactly call 0's five events
     run_call(clock, resolver, 2, Mode.ALL_GATHER)
-    assert [c[0] for c in sink.calls] == [0] and resolver.pending == 2
+    assert [c.call_index for c in sink.calls] == [0] and resolver.pending == 2
     stream.advance()
     assert resolver.poll() == 2
-    assert [c[0] for c in sink.calls] == [0, 1, 2] and resolver.pending == 0
+    assert [c.call_index for c in sink.calls] == [0, 1, 2] and resolver.pending == 0
 
 
 def one_resolved_call(mode: Mode) -> CallMarks:
@@ -88,7 +90,7 @@ def one_resolved_call(mode: Mode) -> CallMarks:
 
 def test_marks_become_ns_from_gpu_time_anchored_at_host_start():
     call = one_resolved_call(Mode.GATHER)
-    call_index, mode, rows, epoch, nbytes, t_start, cs, ce, bs, be, ss, se, t_end, *optional = call
+    call_index, mode, rows, epoch, nbytes, t_start, cs, ce, bs, be, ss, se, t_end, *optional = astuple(call)
     assert optional == [0, 0, 0, 0]
     assert (call_index, mode, rows, epoch, nbytes) == (0, Mode.GATHER, 4, 0, 1000)
     assert t_start == 1_000_000  # host time when the first event was enqueued
@@ -123,7 +125,7 @@ def test_a_far_behind_gpu_drops_the_oldest_calls_instead_of_waiting():
     assert all(e.synchronize_calls == 0 for e in created)
     stream.advance()
     resolver.poll()
-    assert [c[0] for c in sink.calls] == list(range(12, 20))
+    assert [c.call_index for c in sink.calls] == list(range(12, 20))
     assert clock.outstanding == 0
 
 

@@ -1,6 +1,7 @@
 """The compiled record() writes exactly the bytes of the pure-Python one (ring format unchanged)."""
 
 import os
+from dataclasses import astuple, replace
 
 import pytest
 
@@ -13,7 +14,7 @@ from gatherwise.shm_format import ring as fmt
 native = pytest.importorskip("gatherwise.engine_hooks._ring_writer",
                              reason="the compiled record writer was not built (no C compiler at install)")
 
-CALLS = [CallMarks(*call) for call in (  # (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end,
+VALUES = (  # (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_end,
            #  second_start, second_end, sample_start, sample_end, t_end): CallMarks' field order
     (0, 0, 1, 0, 128_008, 1_000, 1_100, 1_500, 0, 0, 1_500, 1_900, 2_000),
     (1, 1, 16, 3, 9_732_608, 5_000, 5_010, 6_000, 6_500, 6_900, 6_000, 6_400, 7_000),
@@ -25,7 +26,8 @@ CALLS = [CallMarks(*call) for call in (  # (call_index, mode, rows, epoch, nbyte
     (6, 2, 8, 5, 96, 40_000, 40_010, 40_030, 40_040, 40_090, 40_000, 40_035, 40_100, 500, 5, 3),
     # + the call's tag (top-p with logprobs, its table said sharded; bits beyond the tag's 6 are dropped)
     (7, 0, 8, 5, 96, 50_000, 50_010, 50_030, 0, 0, 50_030, 50_035, 50_100, 0, 0, 0, 12 | 2 << 4 | 1 << 9),
-)]
+)
+CALLS = [CallMarks(*values) for values in VALUES]
 
 
 def _write(path: str, pure: bool, monkeypatch) -> bytes:
@@ -95,28 +97,65 @@ def test_marks_built_by_name_are_written_like_the_python_writer(tmp_path, monkey
             files.append(f.read()[fmt.HEADER_SIZE:])  # the records (headers differ in creation times)
         if not pure:
             with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
-                CallMarks(*CALLS[0][:13], bogus=1)  # type: ignore[call-arg]  # the wrong call under test
+                CallMarks(*VALUES[0], bogus=1)  # type: ignore[call-arg]  # the wrong call under test
             with pytest.raises(TypeError, match="missing 1 required positional argument: 't_end'"):
-                CallMarks(*CALLS[0][:12])  # type: ignore[call-arg]  # as above
+                CallMarks(*VALUES[0][:12])  # type: ignore[call-arg]  # as above
             with pytest.raises(TypeError, match="multiple values for argument 'tag'"):
-                CallMarks(*CALLS[0], tag=1)  # type: ignore[misc]  # as above
-            with pytest.raises(TypeError, match="record\\(\\) takes one call's CallMarks \\(17 fields\\), got tuple"):
-                rec.record(tuple(CALLS[0]))  # type: ignore[arg-type]  # as above
+                CallMarks(*VALUES[7], tag=1)  # type: ignore[misc]  # as above
+            with pytest.raises(TypeError, match="record\\(\\) takes one call's CallMarks, got tuple"):
+                rec.record(VALUES[0])  # type: ignore[arg-type]  # as above
             with pytest.raises(TypeError, match="takes exactly one argument"):
-                rec.record(*CALLS[0])  # type: ignore[arg-type, call-arg]  # as above
+                rec.record(*VALUES[0])  # type: ignore[arg-type, call-arg]  # as above
             with pytest.raises(TypeError, match="takes no keyword arguments"):
                 rec.record(marks=CALLS[0])  # type: ignore[call-arg]  # as above
+            unset = CallMarks.__new__(CallMarks)  # no __init__: every slot empty
+            with pytest.raises(AttributeError, match=r"CallMarks\.call_index is not set"):
+                rec.record(unset)
         rec.close(unlink=True)
     assert files[0] == files[1]
 
 
-def test_clock_marks_are_replaced_in_place():
-    """The CUDA resolver's conversion: the eight clock marks replaced, the rest kept, a CallMarks again."""
+def test_one_record_refilled_per_call_writes_what_a_new_record_per_call_writes(tmp_path, monkeypatch):
+    """The path refills one CallMarks per call: the compiled writer reads the values of the moment."""
+    files = []
+    for refill in (False, True):
+        monkeypatch.setenv(PURE_PYTHON_ENV, "0")
+        path = str(tmp_path / f"refill-{refill}")
+        rec = RingRecorder(path, engine_id=9, rank=1, tp_size=2, vocab=32000, dtype="bfloat16", capacity=8)
+        marks = CallMarks(*[0] * 13)
+        for values in VALUES:
+            if refill:
+                for name, value in zip(MARKS, astuple(CallMarks(*values)), strict=True):
+                    setattr(marks, name, value)
+                rec.record(marks)
+            else:
+                rec.record(CallMarks(*values))
+        with open(path, "rb") as f:
+            files.append(f.read()[fmt.HEADER_SIZE:])
+        rec.close(unlink=True)
+    assert files[0] == files[1]
+
+
+def test_the_compiled_writer_needs_the_marks_as_slots():
+    """It reads CallMarks' slots in place, so it refuses a class whose marks are not plain slots."""
+
+    class NotSlots:
+        pass
+
+    for name in MARKS:
+        setattr(NotSlots, name, 0)
+    with pytest.raises(TypeError, match=r"CallMarks\.call_index is not a slot"):
+        native.Writer(bytearray(fmt.ring_file_size(2)), 2, 10, 0, 0, NotSlots)
+
+
+def test_clock_marks_are_replaced_in_a_copy():
+    """The CUDA resolver's conversion: the eight clock marks replaced, the rest kept, the original untouched."""
     call = CALLS[6]
+    before = call.copy()
     ns = list(range(1, 9))
     timed = call.with_clock_marks(ns)
-    assert isinstance(timed, CallMarks)
-    assert timed._replace(t_start=call.t_start, coll_start=call.coll_start, coll_end=call.coll_end,
+    assert isinstance(timed, CallMarks) and call == before
+    assert replace(timed, t_start=call.t_start, coll_start=call.coll_start, coll_end=call.coll_end,
                           second_start=call.second_start, second_end=call.second_end,
                           sample_start=call.sample_start, sample_end=call.sample_end, t_end=call.t_end) == call
     assert (timed.t_start, timed.t_end) == (1, 8)
