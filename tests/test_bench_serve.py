@@ -57,6 +57,9 @@ def test_the_gatherwise_sampler_variant_is_opt_in_and_reaches_the_engine_through
     # its tokens are gatherwise's, not the engine's: only asked for by name
     defaults = DEFAULTS["configurations"]
     assert isinstance(defaults, tuple) and "sharded+gw-sampler" not in defaults and "sharded" in defaults
+    auto = CONFIGURATIONS["auto+gw-sampler"]
+    assert auto.auto and auto.environment("/d")["GATHERWISE_ENGINE_SAMPLER"] == "gatherwise"
+    assert auto.environment("/d")["GATHERWISE_ENGINE_INITIAL_MODE"] == "all_gather" and auto.name not in defaults
 
 
 def test_configurations_run_forward_then_backward():

@@ -25,8 +25,9 @@ class Configuration:
     def about(self) -> str:
         if not self.plugin:
             return "the engine without gatherwise (plugin off)"
+        drawn_by = " (sampled batches drawn by gatherwise's sampler)" if self.sampler == "gatherwise" else ""
         if self.auto:
-            return "gatherwise, the sidecar's auto policy (on from the warm-up rounds, which it learns in)"
+            return f"gatherwise, the sidecar's auto policy (on from the warm-up rounds, which it learns in){drawn_by}"
         if self.sampler == "gatherwise":
             return (f"gatherwise pinned to {self.initial_mode}, sampled batches drawn by gatherwise's sampler "
                     "(engine.sampler: gatherwise) in that mode")
@@ -43,6 +44,7 @@ CONFIGURATIONS = {c.name: c for c in (
     Configuration("auto", plugin=True, auto=True),
     # opt-in: sampled batches run sharded too, their tokens from gatherwise's sampler (docs/sglang.md, docs/vllm.md)
     Configuration("sharded+gw-sampler", plugin=True, initial_mode="sharded", sampler="gatherwise"),
+    Configuration("auto+gw-sampler", plugin=True, auto=True, sampler="gatherwise"),
 )}
 # What a configuration list left out means: every configuration whose tokens are the engine's own.
 DEFAULT_CONFIGURATIONS = tuple(name for name, c in CONFIGURATIONS.items() if c.sampler == "engine")
