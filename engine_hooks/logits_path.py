@@ -44,14 +44,23 @@ class CallRecorder(Protocol):
 
 class OpenCall:
     """A call between its collective and its end: what complete() (or a sharded call, or a graph replay) needs
-    to finish it. One per path, refilled by every call, so the hot path allocates nothing for it."""
+    to finish it, its marks filled as it goes into the record the path hands its recorder. One per path,
+    refilled by every call, so the hot path allocates nothing for it (engine_hooks.call_marks)."""
 
-    __slots__ = ("coll_end", "coll_start", "kind", "mode", "rows", "t_start", "word_in")
+    __slots__ = ("kind", "marks", "mode", "word_in")
+
+    def __init__(self) -> None:
+        self.marks = CallMarks(*[0] * 13)
 
     def fill(self, mode: Mode, rows: int, t_start: int, coll_start: int, coll_end: int,
              word_in: torch.Tensor | None, kind: int) -> OpenCall:
-        self.mode, self.rows, self.kind, self.word_in = mode, rows, kind, word_in
-        self.t_start, self.coll_start, self.coll_end = t_start, coll_start, coll_end
+        m = self.marks
+        m.mode = mode
+        m.rows = rows
+        m.t_start = t_start
+        m.coll_start = coll_start
+        m.coll_end = coll_end
+        self.mode, self.kind, self.word_in = mode, kind, word_in  # the Mode itself: marks.mode is its code
         return self
 
 
@@ -102,7 +111,6 @@ class LogitsPath:
         self._rows = 0
         self._call: OpenCall | None = None  # the call in flight between exchange() and complete()
         self._open_call = OpenCall()
-        self._marks = CallMarks(*[0] * 13)  # the record of every call, refilled by _end_call
         self._table_mode = Mode.ALL_GATHER  # the mode the table names for the call begin_call() last ran for
         self._sharded = ShardedSampler(comm, self.width, dtype=dtype, device=self.device, clock=clock)
         self._begun = -1  # the call index begin_call() last ran for
@@ -146,7 +154,7 @@ class LogitsPath:
             return self._run_sharded(rows, t_start, kind)
         mode, shards = self.exchange(t_start=t_start, kind=kind)
         # sampling starts as the collective ends: one clock read for both (exchange() just filled _open_call)
-        return self.draw(mode, shards, rows, sample_start=self._open_call.coll_end)
+        return self.draw(mode, shards, rows, sample_start=self._open_call.marks.coll_end)
 
     def draw(self, mode: Mode, shards: torch.Tensor, rows: list[SamplingRow], *,
              sample_start: int | None = None) -> torch.Tensor:
@@ -253,9 +261,9 @@ class LogitsPath:
         clock = self.clock
         call = self._call
         self._call = None
-        mode, batch, word_in = call.mode, call.rows, call.word_in
+        mode, batch, word_in = call.mode, call.marks.rows, call.word_in
         if sample_start is None or sample_end is None:
-            sample_start = sample_end = call.coll_end  # this rank did not sample
+            sample_start = sample_end = call.marks.coll_end  # this rank did not sample
         second_start = second_end = 0
         if mode != Mode.ALL_GATHER:
             tokens_buf = self._tokens[: batch + 1]
@@ -287,33 +295,24 @@ class LogitsPath:
         self._deferred.stash(self.call_index, call.word_in)
         t_end = self.clock()
         if self.recorder is not None:
-            mode, batch = call.mode, call.rows
-            tag = call_tag(call.kind, self._table_mode) if call.kind else 0
-            if sharded is not None:
-                nbytes, resolve_nbytes = sharded.exchange_bytes, sharded.resolve_bytes
-                topp_rows, fallback_rows = sharded.topp_rows, sharded.fallback_rows
-            else:
-                senders = self.world_size if mode == Mode.ALL_GATHER or self.rank == 0 else 1
-                nbytes = senders * (batch * self.width + self._word_elems) * self._elem_size
-                resolve_nbytes = topp_rows = fallback_rows = 0
-            m = self._marks  # refilled in place: no allocation per call (engine_hooks.call_marks)
+            m = call.marks  # mode, rows, t_start and the collective's marks are in it already
             m.call_index = self.call_index
-            m.mode = mode
-            m.rows = batch
             m.epoch = self.epoch
-            m.nbytes = nbytes
-            m.t_start = call.t_start
-            m.coll_start = call.coll_start
-            m.coll_end = call.coll_end
             m.second_start = second_start
             m.second_end = second_end
             m.sample_start = sample_start
             m.sample_end = sample_end
             m.t_end = t_end
-            m.resolve_nbytes = resolve_nbytes
-            m.topp_rows = topp_rows
-            m.fallback_rows = fallback_rows
-            m.tag = tag
+            m.tag = call_tag(call.kind, self._table_mode) if call.kind else 0
+            if sharded is not None:
+                m.nbytes = sharded.exchange_bytes
+                m.resolve_nbytes = sharded.resolve_bytes
+                m.topp_rows = sharded.topp_rows
+                m.fallback_rows = sharded.fallback_rows
+            else:
+                senders = self.world_size if m.mode == Mode.ALL_GATHER or self.rank == 0 else 1
+                m.nbytes = senders * (m.rows * self.width + self._word_elems) * self._elem_size
+                m.resolve_nbytes = m.topp_rows = m.fallback_rows = 0
             self.recorder.record(m)
         self.call_index += 1
         self._rows = 0
@@ -346,7 +345,7 @@ class LogitsPath:
         finally:
             self._capture, self.clock = None, clock
             if self._call is not None:  # only exchange() was captured: complete() runs after each replay
-                self._captured_open.add((mode, self._call.rows))
+                self._captured_open.add((mode, self._call.marks.rows))
                 self._call = None
 
     def finish_replay(self, mode: Mode, rows: int, t_start: int, t_end: int, kind: int = 0) -> None:
