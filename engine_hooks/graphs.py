@@ -78,8 +78,8 @@ class CudaGraphBackend:
 class ModeGraphs:
     """Captured variants of the logits path keyed by (mode, rows); the host picks one per call before replay."""
 
-    def __init__(self, path: LogitsPath, backend: GraphBackend | None = None) -> None:
-        self.path = path
+    def __init__(self, logits_path: LogitsPath, backend: GraphBackend | None = None) -> None:
+        self.logits_path = logits_path
         self._backend = backend
         self._variants: dict[tuple[Mode, int], tuple[Graph, Any]] = {}
         self._open: tuple[Mode, int, int] | None = None  # (mode, rows, t_start) between begin() and end()
@@ -103,10 +103,10 @@ class ModeGraphs:
                              "decisions; run its calls eagerly with path.run()")
         if self._open is not None:
             raise RuntimeError("capture() between begin() and end()")
-        path = self.path
+        logits_path = self.logits_path
 
         def device_part() -> T:
-            with path.capturing(mode):
+            with logits_path.capturing(mode):
                 return fn()
 
         self._variants[(mode, rows)] = self.backend.capture(device_part)
@@ -120,8 +120,8 @@ class ModeGraphs:
         whose variant to replay (the same on every rank)."""
         if self._open is not None:
             raise RuntimeError("begin() twice without end()")
-        t_start = self.path.clock()
-        mode = self.path.begin_call(rows)
+        t_start = self.logits_path.clock()
+        mode = self.logits_path.begin_call(rows)
         self._open = (mode, rows, t_start)
         return mode
 
@@ -132,7 +132,7 @@ class ModeGraphs:
             raise RuntimeError("end() without begin()")
         mode, rows, t_start = self._open
         self._open = None
-        self.path.finish_replay(mode, rows, t_start, self.path.clock())
+        self.logits_path.finish_replay(mode, rows, t_start, self.logits_path.clock())
 
     def replay(self, rows: int) -> tuple[Mode, Any]:
         """One call: choose the variant on the host, replay it, finish the host part; returns (mode, outputs)."""

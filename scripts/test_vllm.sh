@@ -16,6 +16,15 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ engine_hooks/_ring_
   "$VENV/bin/pip" install --quiet -e ".[sidecar,bench]" pytest pytest-timeout openai
   touch "$STAMP"
 fi
+# Model Runner V2 on this CPU (tests/vllm/test_vllm_model_runner_v2.py): PyPI's triton, kept out of .venv-vllm (where
+# vLLM would see it) in a folder that only the V2 tests put on PYTHONPATH; its interpreter runs V2's kernels.
+TRITON_DIR=.venv-vllm-triton
+if [ ! -f "$TRITON_DIR/.installed" ]; then
+  rm -rf "$TRITON_DIR"
+  "$VENV/bin/pip" install --quiet --no-deps --target "$TRITON_DIR" triton==3.9.0
+  touch "$TRITON_DIR/.installed"
+fi
+export GATHERWISE_VLLM_V2_TRITON=$PWD/$TRITON_DIR
 [ "${GATHERWISE_VLLM_INSTALL_ONLY:-0}" = 1 ] && exit 0
 MODEL_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gatherwise-tiny-llama.XXXXXX")
 TOKENIZER_MODEL_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gatherwise-tiny-llama-tok.XXXXXX")

@@ -35,11 +35,11 @@ def shard_shape_problem(logits: torch.Tensor) -> str | None:
     return None
 
 
-def mask_padding(path: LogitsPath, buf: torch.Tensor, real_vocab: int | None) -> None:
+def mask_padding(logits_path: LogitsPath, buf: torch.Tensor, real_vocab: int | None) -> None:
     """Columns past `real_vocab` are the engine's LM-head padding, which it trims after its own gather:
     gatherwise's sampler must never draw them."""
     if real_vocab is not None:
-        buf[:, max(0, min(path.width, real_vocab - path.rank * path.width)):] = float("-inf")
+        buf[:, max(0, min(logits_path.width, real_vocab - logits_path.rank * logits_path.width)):] = float("-inf")
 
 
 class RankHooks:
@@ -88,30 +88,31 @@ class RankHooks:
             self.installed.close()
             self.installed = None
 
-    def _placeholder_logits(self, path: LogitsPath, logits: torch.Tensor) -> torch.Tensor:
+    def _placeholder_logits(self, logits_path: LogitsPath, logits: torch.Tensor) -> torch.Tensor:
         """Full-vocab logits for a rank that does not sample this call."""
-        return self._placeholder.get(logits.shape[0], path.world_size * path.width, logits.dtype, logits.device)
+        return self._placeholder.get(logits.shape[0], logits_path.world_size * logits_path.width, logits.dtype,
+                                     logits.device)
 
-    def _engine_logits(self, path: LogitsPath, mode: Mode, shards: torch.Tensor,
+    def _engine_logits(self, logits_path: LogitsPath, mode: Mode, shards: torch.Tensor,
                        logits: torch.Tensor) -> torch.Tensor:
         """What the hooked collective returns to the engine: on a rank that samples, [B, P*Vs] as the engine's
         own all_gather lays it out; elsewhere placeholder logits."""
-        if mode == Mode.ALL_GATHER or path.rank == 0:
+        if mode == Mode.ALL_GATHER or logits_path.rank == 0:
             return shards.permute(1, 0, 2).reshape(logits.shape[0], -1)
-        return self._placeholder_logits(path, logits)
+        return self._placeholder_logits(logits_path, logits)
 
-    def _sharded_argmax(self, path: LogitsPath, buf: torch.Tensor, real_vocab: int | None,
+    def _sharded_argmax(self, logits_path: LogitsPath, buf: torch.Tensor, real_vocab: int | None,
                         logits: torch.Tensor) -> torch.Tensor:
         """A sharded greedy call now (see _path_samples)."""
         rows = logits.shape[0]
         if len(self._greedy_rows) < rows:
             self._greedy_rows = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
-        return self._path_samples(path, buf, real_vocab, logits, self._greedy_rows[:rows], GREEDY)
+        return self._path_samples(logits_path, buf, real_vocab, logits, self._greedy_rows[:rows], GREEDY)
 
-    def _path_samples(self, path: LogitsPath, buf: torch.Tensor, real_vocab: int | None, logits: torch.Tensor,
+    def _path_samples(self, logits_path: LogitsPath, buf: torch.Tensor, real_vocab: int | None, logits: torch.Tensor,
                       rows: list[SamplingRow], kind: int | None) -> torch.Tensor:
         """gatherwise's sampler samples this call now, in the mode the table gives: every rank gets the tokens
         (kept for the sampler hook), the engine gets placeholder logits to pass along (mask_padding)."""
-        mask_padding(path, buf, real_vocab)
-        self._sharded_tokens = path.run(rows, kind)
-        return self._placeholder_logits(path, logits)
+        mask_padding(logits_path, buf, real_vocab)
+        self._sharded_tokens = logits_path.run(rows, kind)
+        return self._placeholder_logits(logits_path, logits)

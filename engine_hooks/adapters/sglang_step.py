@@ -260,22 +260,22 @@ class SglangStepHooks(RankHooks):
                         "per-mode capture here; those steps keep SGLang's captured all_gather and are not recorded "
                         "(eager steps are hooked). Start SGLang with --disable-cuda-graph to hook every step")
         comm = SglangGroupCommunicator(group)
-        path = self._install(comm, logits)
+        logits_path = self._install(comm, logits)
         self.resync = RandomStateResync(comm, logits.device)
-        return path
+        return logits_path
 
     # -- LogitsProcessor._logits_gatherer ---------------------------------------------------------------------
     def gather(self, processor: Any, original: Callable, logits: torch.Tensor) -> torch.Tensor:
         forward_batch, self._forward_batch = self._forward_batch, None
-        path = self._path(processor, logits) if forward_batch is not None else None
-        if path is None:
+        logits_path = self._path(processor, logits) if forward_batch is not None else None
+        if logits_path is None:
             return original(logits)
         if self.graphs.capturing is not None:
-            return self._gather_captured(path, self.graphs.capturing, logits)
+            return self._gather_captured(logits_path, self.graphs.capturing, logits)
         if self._pending is not None:
-            self._close_unsampled(path)
+            self._close_unsampled(logits_path)
         rows = logits.shape[0]
-        buf = path.logits_buffer(rows)
+        buf = logits_path.logits_buffer(rows)
         buf.copy_(logits)  # the one copy SGLang's own all_gather does not make
         info = forward_batch.sampling_info
         # Sampling-mask capture needs the full logits on every rank: such batches run all_gather. Every rank
@@ -285,18 +285,18 @@ class SglangStepHooks(RankHooks):
         vocab = int(processor.vocab_size)  # SGLang pads the LM head; it trims the padding after the gather
         if override is None and self._gatherwise_takes(forward_batch, rows):  # gatherwise's sampler, table's mode
             sampler_rows = batch_rows(info, self._schedule_batch, vocab, self.config.engine.sampler_seed)
-            self._pending = _Pending(path.begin_call(rows), rows, draws=False, path_sampled=True)
+            self._pending = _Pending(logits_path.begin_call(rows), rows, draws=False, path_sampled=True)
             # what SGLang does to the logits between the gather and its sampler, on the shard (elementwise)
             _soft_cap(processor, buf)
             if self._sanitize_nan:
                 torch.nan_to_num_(buf, nan=-1e30, posinf=1e30, neginf=-1e30)  # SGLang's sanitize_nan_logits
-            return self._path_samples(path, buf, vocab, logits, sampler_rows, call_kind_of(forward_batch))
-        if override is None and path.begin_call(rows) == Mode.SHARDED and sharded_greedy_ok(forward_batch):
+            return self._path_samples(logits_path, buf, vocab, logits, sampler_rows, call_kind_of(forward_batch))
+        if override is None and logits_path.begin_call(rows) == Mode.SHARDED and sharded_greedy_ok(forward_batch):
             self._pending = _Pending(Mode.SHARDED, rows, draws=False, path_sampled=True)
-            return self._sharded_argmax(path, buf, vocab, logits)
-        mode, shards = path.exchange(mode=override, kind=call_kind_of(forward_batch))  # sharded: all_gather
+            return self._sharded_argmax(logits_path, buf, vocab, logits)
+        mode, shards = logits_path.exchange(mode=override, kind=call_kind_of(forward_batch))  # sharded: all_gather
         self._pending = _Pending(mode, rows, draws=not info.is_all_greedy)
-        return self._engine_logits(path, mode, shards, logits)
+        return self._engine_logits(logits_path, mode, shards, logits)
 
     def _gatherwise_takes(self, forward_batch: Any, rows: int) -> bool:
         """Whether gatherwise's sampler draws this call's tokens: not with `engine.sampler: engine`, not for
@@ -313,21 +313,21 @@ class SglangStepHooks(RankHooks):
                      "the others)", why)
         return False
 
-    def _gather_captured(self, path: Any, mode: Mode, logits: torch.Tensor) -> torch.Tensor:
+    def _gather_captured(self, logits_path: Any, mode: Mode, logits: torch.Tensor) -> torch.Tensor:
         """A decode forward SGLang runs while capturing `mode`'s graphs (its warm-ups, then the capture):
         only the device work of `mode`'s exchange; the host part runs around each replay (replay_decode)."""
         if self._graph_reserve:  # captured graphs pin the path's buffers: size them for every later call now
-            path.reserve(self._graph_reserve)
+            logits_path.reserve(self._graph_reserve)
             self._graph_reserve = 0
         rows = logits.shape[0]
-        path.logits_buffer(rows).copy_(logits)
-        with path.capturing(mode):
-            mode, shards = path.exchange()
+        logits_path.logits_buffer(rows).copy_(logits)
+        with logits_path.capturing(mode):
+            mode, shards = logits_path.exchange()
         self.graphs.note_captured(mode, rows)
-        if mode == Mode.ALL_GATHER or path.rank == 0:
+        if mode == Mode.ALL_GATHER or logits_path.rank == 0:
             return shards.permute(1, 0, 2).reshape(rows, -1)
         # Fresh, not the cached placeholder: this one lives in the graph's memory pool.
-        return torch.zeros(rows, path.world_size * path.width, dtype=logits.dtype, device=logits.device)
+        return torch.zeros(rows, logits_path.world_size * logits_path.width, dtype=logits.dtype, device=logits.device)
 
     # -- DecodeCudaGraphRunner: capture one graph per mode, pick one per step ---------------------------------
     def _active(self) -> bool:
@@ -385,20 +385,20 @@ class SglangStepHooks(RankHooks):
             plain = self.graphs.plain_mode() if self.graphs.passes and not self._active() else None
             with self.graphs.keyed(plain):
                 return original(runner, forward_batch, *args, **kwargs)
-        path = self.logits_path
+        logits_path = self.logits_path
         self._in_step = False  # this step's logits call is the replayed one
         if self._pending is not None:
-            self._close_unsampled(path)
-        t_start = path.clock()
+            self._close_unsampled(logits_path)
+        t_start = logits_path.clock()
         with self.graphs.keyed(mode):
             out = original(runner, forward_batch, *args, **kwargs)
         rows = int(runner.bs)  # the captured size SGLang padded the batch to
-        path.finish_replay(mode, rows, t_start, path.clock(), call_kind_of(forward_batch))
+        logits_path.finish_replay(mode, rows, t_start, logits_path.clock(), call_kind_of(forward_batch))
         self._pending = _Pending(mode, rows, draws=not forward_batch.sampling_info.is_all_greedy,
                                  real_rows=int(forward_batch.batch_size))
         return out
 
-    def _close_unsampled(self, path: Any) -> None:
+    def _close_unsampled(self, logits_path: Any) -> None:
         """A hooked call that SGLang never sampled from (not expected): finish it the same way on every rank so
         the next call starts clean."""
         pending, self._pending = self._pending, None
@@ -407,8 +407,8 @@ class SglangStepHooks(RankHooks):
         if pending.path_sampled:  # finished inside the path already
             self._sharded_tokens = None
             return
-        zeros = torch.zeros(pending.rows, dtype=torch.int64, device=path.device)
-        path.complete(zeros if pending.mode != Mode.ALL_GATHER and path.rank == 0 else None)
+        zeros = torch.zeros(pending.rows, dtype=torch.int64, device=logits_path.device)
+        logits_path.complete(zeros if pending.mode != Mode.ALL_GATHER and logits_path.rank == 0 else None)
         log.warning("gatherwise: a hooked logits call was not followed by sampling; closed it")
 
     # -- Sampler.forward --------------------------------------------------------------------------------------
@@ -423,10 +423,10 @@ class SglangStepHooks(RankHooks):
             ids, self._sharded_tokens = self._sharded_tokens, None
             assert ids is not None, "the path sampled this call at the gather"
             return ids.to(sampled_ids_dtype(sampling_info))
-        path = self.logits_path
+        logits_path = self.logits_path
         self.resync.before_call(pending.mode == Mode.ALL_GATHER, pending.draws)
-        clock = getattr(path, "clock", time.perf_counter_ns)
-        if pending.mode == Mode.ALL_GATHER or path.rank == 0:
+        clock = getattr(logits_path, "clock", time.perf_counter_ns)
+        if pending.mode == Mode.ALL_GATHER or logits_path.rank == 0:
             self.root_samples_alone = pending.mode != Mode.ALL_GATHER
             try:
                 start = clock()
@@ -434,10 +434,10 @@ class SglangStepHooks(RankHooks):
                 end = clock()
             finally:
                 self.root_samples_alone = False
-            path.complete(_padded(ids.view(-1), pending) if pending.mode != Mode.ALL_GATHER else None,
+            logits_path.complete(_padded(ids.view(-1), pending) if pending.mode != Mode.ALL_GATHER else None,
                           sample_start=start, sample_end=end)
             return ids
-        tokens = path.complete(None)
+        tokens = logits_path.complete(None)
         assert tokens is not None, "a rank that did not sample gets the tokens from the path"
         ids = tokens[: pending.real_rows or pending.rows].to(sampled_ids_dtype(sampling_info))
         return_logprob = kwargs.get("return_logprob", args[0] if args else False)

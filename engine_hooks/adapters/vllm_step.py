@@ -150,11 +150,11 @@ class VllmStepHooks(RankHooks):
         from gatherwise.engine_hooks.rng_resync import RandomStateResync
 
         comm = VllmGroupCommunicator(get_tp_group())
-        path = self._install(comm, logits)
+        logits_path = self._install(comm, logits)
         self._resync = RandomStateResync(comm, logits.device)
         # a forked vLLM worker ends through multiprocessing, which skips atexit but runs its finalizers
         multiprocessing.util.Finalize(None, self.close, exitpriority=_FINALIZE_PRIORITY)
-        return path
+        return logits_path
 
     # -- LogitsProcessor._gather_logits ---------------------------------------------------------------------
     def gather_logits(self, processor: Any, logits: torch.Tensor, original: Callable) -> torch.Tensor:
@@ -163,43 +163,43 @@ class VllmStepHooks(RankHooks):
             if self._unhooked_depth == 0 and self.disabled is None and not self._unhooked_reported:
                 self._report_unhooked_call()
             return original(processor, logits)
-        path = self._path(runner, logits)
-        if path is None:
+        logits_path = self._path(runner, logits)
+        if logits_path is None:
             return original(processor, logits)
         rows = logits.shape[0]
-        buf = path.logits_buffer(rows)
+        buf = logits_path.logits_buffer(rows)
         buf.copy_(logits)  # the one copy vLLM's own all_gather does not make
         metadata = runner.input_batch.sampling_metadata
         # Every rank decides from the same table, the same (broadcast) sampling metadata and scheduler output.
         # begin_call adopts what is due for this call and returns its mode; exchange()/run() do not repeat it.
-        mode = path.begin_call(rows)
+        mode = logits_path.begin_call(rows)
         real_vocab = getattr(processor, "org_vocab_size", None)  # vLLM pads the LM head; it trims after the gather
         if self._gatherwise_samples and not metadata.all_greedy:
             sampled = self._gatherwise_rows(runner, processor, metadata, rows)
             if sampled is not None:
                 self._pending = mode
                 if mode == Mode.SHARDED:
-                    return self._path_samples(path, buf, real_vocab, logits, sampled, None)
+                    return self._path_samples(logits_path, buf, real_vocab, logits, sampled, None)
                 # all_gather and gather: the collective now, the draw at vLLM's sampler call (sample())
-                mask_padding(path, buf, real_vocab)
-                _, shards = path.exchange(kind=kind_of_rows(sampled))
+                mask_padding(logits_path, buf, real_vocab)
+                _, shards = logits_path.exchange(kind=kind_of_rows(sampled))
                 self._gatherwise_call = (shards, sampled)
-                return self._placeholder_logits(path, logits)
+                return self._placeholder_logits(logits_path, logits)
         if mode == Mode.SHARDED:
             if not self._structured and raw_argmax_is_kept(processor) and sharded_greedy_ok(metadata):
                 self._pending = Mode.SHARDED
-                return self._sharded_argmax(path, buf, real_vocab, logits)
+                return self._sharded_argmax(logits_path, buf, real_vocab, logits)
             allowed = False  # the token is not the raw argmax here: all_gather, as vLLM does
         else:
             allowed = mode != Mode.GATHER or gather_ok(metadata)
-        mode, shards = path.exchange(mode=None if allowed else Mode.ALL_GATHER, kind=call_kind_of(metadata))
+        mode, shards = logits_path.exchange(mode=None if allowed else Mode.ALL_GATHER, kind=call_kind_of(metadata))
         self._pending = mode
         if not metadata.all_greedy:
             all_ranks_sample = mode == Mode.ALL_GATHER
             # per-request generators matter where a rank skips them now, or where one was skipped before
             seeded = metadata.generators and (not all_ranks_sample or self._resync.stale_requests)
             self._resync.before_call(all_ranks_sample, True, _request_generators(runner, metadata) if seeded else None)
-        return self._engine_logits(path, mode, shards, logits)
+        return self._engine_logits(logits_path, mode, shards, logits)
 
     def _gatherwise_rows(self, runner: Any, processor: Any, metadata: Any, rows: int) -> list[SamplingRow] | None:
         """The rows of gatherwise's sampler for this sampled batch, or None when it steps aside to vLLM's sampler
@@ -224,11 +224,11 @@ class VllmStepHooks(RankHooks):
                 metadata = args[0] if args else kwargs.get("sampling_metadata")
                 self._resync.before_call(True, not getattr(metadata, "all_greedy", False))
             return original(sampler, logits, *args, **kwargs)
-        path = self.logits_path
+        logits_path = self.logits_path
         tokens: torch.Tensor | None
         if self._gatherwise_call is not None:
             (shards, rows), self._gatherwise_call = self._gatherwise_call, None
-            tokens = path.draw(mode, shards, rows)
+            tokens = logits_path.draw(mode, shards, rows)
         else:
             tokens, self._sharded_tokens = self._sharded_tokens, None
         if tokens is not None:  # gatherwise's sampler drew them (_path_samples, LogitsPath.draw), on every rank
@@ -236,15 +236,15 @@ class VllmStepHooks(RankHooks):
 
             return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1), logprobs_tensors=None)
         assert mode != Mode.SHARDED, "a sharded call samples in gather_logits"
-        clock = getattr(path, "clock", time.perf_counter_ns)
-        if mode == Mode.ALL_GATHER or path.rank == 0:
+        clock = getattr(logits_path, "clock", time.perf_counter_ns)
+        if mode == Mode.ALL_GATHER or logits_path.rank == 0:
             start = clock()
             out = original(sampler, logits, *args, **kwargs)
             end = clock()
             tokens = out.sampled_token_ids.view(-1) if mode != Mode.ALL_GATHER else None
-            path.complete(tokens, sample_start=start, sample_end=end)
+            logits_path.complete(tokens, sample_start=start, sample_end=end)
             return out
-        tokens = path.complete(None)
+        tokens = logits_path.complete(None)
         assert tokens is not None, "a rank that did not sample gets the tokens from the path"
         from vllm.v1.outputs import SamplerOutput
 

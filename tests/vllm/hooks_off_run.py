@@ -8,8 +8,9 @@ GATHERWISE_ENGINE_SHM_DIR set by the test)
    know would call it. Without vLLM's TP group the collective itself then fails; that is vLLM's part, and the
    guard has spoken before it.
 2. Model Runner V2: vLLM's V2 CPU runner class is built with a real VllmConfig of the tiny checkpoint (built by
-   vLLM's EngineArgs). V2 cannot run here (it needs Triton's CPU backend), so its own __init__ may fail after
-   the refusal; the refusal is what is checked. A logits call after it stays silent: the hooks are off already.
+   vLLM's EngineArgs). This process has no Triton (test_vllm_model_runner_v2.py runs V2 whole, under Triton's
+   interpreter), so its own __init__ may fail after the refusal; the refusal is what is checked. A logits call
+   after it stays silent: the hooks are off already.
 3. While this process still runs, the real sidecar on the same shm_dir is asked what it sees (GET /v1/engine,
    /readyz, /metrics).
 """
