@@ -51,13 +51,15 @@ class InstalledHooks:
     config: GatherwiseConfig
     _closables: list[Closable] = field(default_factory=list)
     liveness: LivenessLock | None = None  # this rank's, released last
+    removes_dir: bool = False  # this rank removes engine_dir at close: its node's lowest rank
 
     def close(self) -> None:
-        """Close the ring and control block; rank 0 removes the engine's shared-memory directory."""
+        """Close the ring and control block; the node's lowest rank (rank 0 on a single node) removes the engine's
+        shared-memory directory on its node."""
         for item in self._closables:
             item.close()
         self._closables.clear()
-        if self.logits_path.rank == 0 and self.engine_dir is not None:
+        if self.removes_dir and self.engine_dir is not None:
             shutil.rmtree(self.engine_dir, ignore_errors=True)
         if self.liveness is not None:
             self.liveness.close()
@@ -136,6 +138,7 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
             _runs_without("telemetry", comm.rank, f"cannot reserve the "
                           f"{ring_file_size(cfg.telemetry.ring_capacity)} bytes of its ring in {engine_dir}: "
                           f"{exc.strerror or exc}")
+    local = publish_node_ranks(comm, engine_dir, device)  # every file of this rank exists by now
     clock = time.perf_counter_ns
     path_recorder: CallRecorder | None = recorder
     if recorder is not None and torch.device(device).type == "cuda":
@@ -151,7 +154,35 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
     path_class = LoggedLogitsPath if keep_log else LogitsPath
     path = path_class(comm, vocab, dtype=dtype, device=device, initial_table=table, table_source=source,
                       recorder=path_recorder, clock=clock)
-    return InstalledHooks(path, engine_id, engine_dir, cfg, closables, liveness)
+    removes_dir = comm.rank == (local[0] if local else 0)
+    return InstalledHooks(path, engine_id, engine_dir, cfg, closables, liveness, removes_dir)
+
+
+def publish_node_ranks(comm: Communicator, engine_dir: Path | None, device: torch.device | str) -> tuple[int, ...]:
+    """After every rank made its files: which ranks share this rank's engine directory (its node's ranks), and,
+    from the node's lowest rank, the node file that says so (gatherwise/shm_format/node_ranks.py). Returns this
+    node's ranks (empty without a directory). Two small all_gathers, once per engine start; every rank runs
+    them, with or without a directory, so none is left waiting."""
+    from gatherwise.shm_format.node_ranks import ranks_in_dir, write_node_ranks
+
+    world = comm.world_size
+    barrier = torch.zeros(world, 1, dtype=torch.int64, device=device)
+    comm.all_gather(barrier, torch.zeros(1, dtype=torch.int64, device=device))  # every rank's files exist now
+    local: tuple[int, ...] = ()
+    if engine_dir is not None:
+        try:
+            local = ranks_in_dir(engine_dir)
+        except OSError as exc:
+            log.warning("gatherwise: TP rank %d cannot list %s: %s", comm.rank, engine_dir, exc)
+    lowest = torch.zeros(world, 1, dtype=torch.int64, device=device)
+    comm.all_gather(lowest, torch.tensor([local[0] if local else -1], dtype=torch.int64, device=device))
+    leaders = sorted({r for r in lowest.view(-1).cpu().tolist() if r >= 0})  # one per node: its lowest rank
+    if engine_dir is not None and local and local[0] == comm.rank:
+        try:
+            write_node_ranks(engine_dir, world, local, leaders.index(comm.rank), len(leaders))
+        except OSError as exc:  # the node's sidecar then attaches only if this node holds every rank
+            log.warning("gatherwise: TP rank %d could not write the node file in %s: %s", comm.rank, engine_dir, exc)
+    return local
 
 
 def _runs_without(what: str, rank: int, why: str) -> None:
