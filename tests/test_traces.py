@@ -102,13 +102,20 @@ def test_sampling_every_nth_and_ratio() -> None:
     assert 0 < sum(some.should_sample(i) for i in range(400)) < 400
 
 
-def test_trace_ids_are_random_even_under_a_seeded_global_rng() -> None:
-    ids = []
-    for _ in range(2):
-        random.seed(1234)  # TP ranks share seeds; the sidecar's ids must not follow them
+def test_trace_ids_follow_the_engine_and_call_never_a_seeded_global_rng() -> None:
+    """Two sidecars (here two tracers, under different global seeds) give one call the same trace id; another call
+    or another engine instance gets another. Spans of no call (mode switches) stay random per process even when
+    the global RNG is seeded alike (TP ranks and tests seed it)."""
+    ids, switches = [], []
+    for seed in (1234, 99):
+        random.seed(seed)
         tracer, _ = in_memory_tracer()
-        ids.append(tracer.trace_call("00000000000000aa", 1, 0, {0: record(0, Mode.ALL_GATHER, 0)}))
-    assert ids[0] != ids[1]
+        ids.append([tracer.trace_call(engine, 1, call, {0: record(0, Mode.ALL_GATHER, 0)})
+                    for engine, call in (("00000000000000aa", 0), ("00000000000000aa", 1), ("00000000000000ab", 0))])
+        random.seed(1234)
+        switches.append(tracer.mode_switch_event("00000000000000aa", reason="manual", from_table={}, to_table={}))
+    assert ids[0] == ids[1] and len(set(ids[0])) == 3
+    assert switches[0] != switches[1]
 
 
 def test_mode_switch_event_carries_the_reason() -> None:

@@ -2,7 +2,10 @@
 
 A trace is a root span `logits.call` (earliest rank start to latest rank end) with one child span per rank and
 operation, timed exactly from the records: the mode's collectives (`all_gather`; `gather` + `broadcast`;
-`shard_exchange` + `shard_resolve`: gatherwise.shm_format.ring.MODE_OPS), `sample`, `logits_path`.
+`shard_exchange` + `shard_resolve`: gatherwise.shm_format.ring.MODE_OPS), `sample`, `logits_path`. Which calls
+are traced and every id of their traces follow from (engine id, call index) (call_sampling, call_ids), so on a
+multi-node group each node's sidecar traces the same calls into the same traces: the sidecar that reads rank 0
+emits the root span, every other node's sidecar only its ranks' spans, under that root.
 Records carry CLOCK_MONOTONIC ns (perf_counter_ns on Linux); spans need epoch ns, so one offset measured at
 sidecar start converts them. Spans go through a BatchSpanProcessor: a slow or failing exporter never blocks
 ingestion (the queue drops instead). The provider is passed in, never installed globally.
@@ -11,7 +14,6 @@ ingestion (the queue drops instead). The provider is passed in, never installed 
 from __future__ import annotations
 
 import os
-import random
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -20,11 +22,13 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanProcessor
-from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import MODE_OPS
+from gatherwise.sidecar.traces.call_ids import CallIdGenerator, call_root_span_id, call_span_id, call_trace_id
+from gatherwise.sidecar.traces.call_sampling import is_sampled
 
 if TYPE_CHECKING:  # the GPU check imports this module without pydantic, which the config needs
     from gatherwise.config import TracesSection
@@ -40,70 +44,70 @@ def monotonic_to_epoch_offset_ns() -> int:
     return time.time_ns() - time.monotonic_ns()
 
 
-class ProcessRandomIdGenerator(IdGenerator):
-    """Trace and span ids from a private RNG seeded from os.urandom: random per process even when someone
-    seeds the global `random` module (TP ranks and tests do; the SDK default draws from it)."""
-
-    def __init__(self) -> None:
-        self._rng = random.Random(os.urandom(32))
-
-    def generate_span_id(self) -> int:
-        return self._rng.getrandbits(64) or 1
-
-    def generate_trace_id(self) -> int:
-        return self._rng.getrandbits(128) or 1
-
-
 def new_provider(service_name: str, processor: SpanProcessor) -> TracerProvider:
-    """A tracer provider of our own (never installed globally) sending every span to `processor`."""
+    """A tracer provider of our own (never installed globally) sending every span to `processor`; its ids come
+    from a CallIdGenerator (CallTracer hands it the ids of a call's spans)."""
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service_name}),
-                              id_generator=ProcessRandomIdGenerator(), shutdown_on_exit=False)
+                              id_generator=CallIdGenerator(), shutdown_on_exit=False)
     provider.add_span_processor(processor)
     return provider
 
 
 class CallTracer:
-    """Turns the records of one call (all ranks) into a trace, when the call is sampled."""
+    """Turns the records of one call (the ranks read here) into a trace, when the call is sampled."""
 
     def __init__(self, provider: TracerProvider, *, sample_ratio: float = 0.01, every_nth: int = 0,
                  offset_ns: int | None = None) -> None:
+        if not isinstance(provider.id_generator, CallIdGenerator):
+            raise TypeError("a CallTracer needs a provider whose id generator is a CallIdGenerator (new_provider)")
         self.provider = provider
+        self.ids: CallIdGenerator = provider.id_generator
         self.tracer = provider.get_tracer("gatherwise.sidecar")
         self.sample_ratio, self.every_nth = sample_ratio, every_nth
         self.offset_ns = monotonic_to_epoch_offset_ns() if offset_ns is None else offset_ns
-        self._rng = random.Random(os.urandom(16))  # sampling only; trace ids come from the SDK's id generator
         self.traces_started = 0
 
     def should_sample(self, call_index: int) -> bool:
-        if self.every_nth > 0 and call_index % self.every_nth == 0:
-            return True
-        return self.sample_ratio > 0 and self._rng.random() < self.sample_ratio
+        """The same answer for a call index in every sidecar (call_sampling)."""
+        return is_sampled(call_index, self.sample_ratio, self.every_nth)
 
     def trace_call(self, engine: str, tp_size: int, call_index: int, records: Mapping[int, CallRecord],
-                   complete: bool = True) -> str:
-        """Emit the spans of one call; returns its trace id (32 hex digits) for exemplars."""
+                   complete: bool = True, *, root: bool = True) -> str:
+        """Emit the spans of one call; returns its trace id (32 hex digits) for exemplars. `engine`: the engine
+        id as 16 hex digits. `root`: whether this sidecar emits the root span (it reads rank 0); without it the
+        ranks' spans name the root that rank 0's sidecar emits as their parent."""
+        engine_id = int(engine, 16)
+        trace_id, root_id = call_trace_id(engine_id, call_index), call_root_span_id(engine_id, call_index)
         off = self.offset_ns
         first = next(iter(records.values()))
         mode = Mode(first.mode)
-        root = self.tracer.start_span(
-            ROOT_SPAN, start_time=min(r.start_ns for r in records.values()) + off,
-            attributes={"gatherwise.engine": engine, "gatherwise.call_index": call_index, "tp.size": tp_size,
-                        "gatherwise.mode": mode.label, "gatherwise.rows": first.rows,
-                        "gatherwise.epoch": first.epoch, "gatherwise.complete": complete,
-                        "gatherwise.ranks": len(records),
-                        "gatherwise.topp_fallback_rows": max(r.fallback_rows for r in records.values())})
-        ctx = trace.set_span_in_context(root)
+        root_span = None
+        if root:
+            self.ids.next_ids(root_id, trace_id)
+            root_span = self.tracer.start_span(
+                ROOT_SPAN, start_time=min(r.start_ns for r in records.values()) + off,
+                attributes={"gatherwise.engine": engine, "gatherwise.call_index": call_index, "tp.size": tp_size,
+                            "gatherwise.mode": mode.label, "gatherwise.rows": first.rows,
+                            "gatherwise.epoch": first.epoch, "gatherwise.complete": complete,
+                            "gatherwise.ranks": len(records),
+                            "gatherwise.topp_fallback_rows": max(r.fallback_rows for r in records.values())})
+            ctx = trace.set_span_in_context(root_span)
+        else:  # the root lives in rank 0's sidecar: name it as a remote parent
+            parent = SpanContext(trace_id, root_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+            ctx = trace.set_span_in_context(NonRecordingSpan(parent))
         for rank in sorted(records):
             rec = records[rank]
             attrs: dict[str, AttributeValue] = {
                 "tp.rank": rank, "tp.size": tp_size, "gatherwise.mode": mode.label, "gatherwise.rows": rec.rows,
                 "gatherwise.bytes": rec.nbytes, "gatherwise.epoch": rec.epoch}
             for name, start, duration in _operations(rec, mode):
+                self.ids.next_ids(call_span_id(engine_id, call_index, rank, name))
                 span = self.tracer.start_span(name, context=ctx, start_time=start + off, attributes=attrs)
                 span.end(end_time=start + duration + off)
-        root.end(end_time=max(r.end_ns for r in records.values()) + off)
+        if root_span is not None:
+            root_span.end(end_time=max(r.end_ns for r in records.values()) + off)
         self.traces_started += 1
-        return format(root.get_span_context().trace_id, "032x")
+        return format(trace_id, "032x")
 
     def mode_switch_event(self, engine: str, *, reason: str, from_table: Mapping[str, str],
                           to_table: Mapping[str, str], call_index: int | None = None,
