@@ -91,7 +91,7 @@ class SidecarSchedule:
         """Seconds until the next poll of the attached engine, after one that read `read` records."""
         elapsed, self._polled_at = now - self._polled_at, now
         base = self.poll_interval
-        per_rank = read / eng.tp_size
+        per_rank = read / len(eng.readers)
         if per_rank <= 0:  # quiet rings
             return max(base, MAX_POLL_WAIT_S)
         batch = min(BATCH_RECORDS, max(1, eng.readers[0].capacity // 4))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gatherwise.shm_format.hooks_off import HooksOffNotice
 from gatherwise.shm_format.liveness import Liveness, liveness
+from gatherwise.shm_format.node_ranks import NodeRanks
 from gatherwise.shm_format.ring import CallRecord, RingHeader
 from gatherwise.sidecar.ingest.ring_reader import RingReader
 from gatherwise.sidecar.metrics.histogram_family import Series
@@ -33,10 +34,12 @@ class AttachedEngine:
     tp_size: int
     vocab: int
     dtype: str
-    readers: list[RingReader]
+    ranks: tuple[int, ...]  # the TP ranks read here, ascending: every rank, or those of this node
+    readers: list[RingReader]  # one per rank of `ranks`, in its order (so are `headers`)
     attached_ns: int
     headers: list[RingHeader] = field(default_factory=list)  # latest per rank
-    dropped: list[int] = field(default_factory=list)
+    node: NodeRanks | None = None  # the directory's node file, where the engine wrote one
+    dropped: dict[int, int] = field(default_factory=dict)  # rank -> records this sidecar lost
     unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why its ring is no longer read
     exited: bool = False  # its liveness locks were found free: every rank's process has ended
     replaced: bool = False  # a newer engine instance is read instead
@@ -47,6 +50,18 @@ class AttachedEngine:
     records: int = 0
     calls_joined: int = 0
     calls_incomplete: int = 0
+
+    @property
+    def partial(self) -> bool:
+        """Only some of the group's ranks are read: a node of a multi-node group. Cross-rank figures then cover
+        this node's ranks only (their clocks are unrelated to other nodes')."""
+        return len(self.ranks) < self.tp_size
+
+    @property
+    def tp_node(self) -> str:
+        """The node's index in the group, the `tp_node` label of the node-local families ("0" without a node
+        file: then every rank is read)."""
+        return str(self.node.node_index) if self.node is not None else "0"
 
     def stopped_reason(self) -> str | None:
         """Why this engine is not running any more, or None while it may be (a command still reaches it): the
@@ -75,6 +90,9 @@ class EngineInfo:
     shm_dir: str
     engine_id: str | None = None
     tp_size: int | None = None
+    ranks: tuple[int, ...] = ()  # the TP ranks this sidecar reads: every rank, or those of its node
+    node_index: int | None = None  # the node among the group's (rank 0's is 0), from the engine's node file
+    nodes: int | None = None  # how many nodes the group spans, from the same file
     vocab: int | None = None
     dtype: str | None = None
     up: bool = False

@@ -1,4 +1,5 @@
-"""A call every rank's record arrived for: what ingest hands the policy (gatherwise.sidecar.ingest.poll joins it)."""
+"""A call the record of every rank read here arrived for: what ingest hands the policy (gatherwise.sidecar.ingest.poll
+joins it)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ from gatherwise.sidecar.ingest.attached_engine import AttachedEngine
 
 
 class JoinedCall(NamedTuple):
-    """A call every rank's record arrived for: what the policy learns from."""
+    """A call the record of every rank read here arrived for: what the policy learns from."""
 
     engine: AttachedEngine
     call_index: int
     mode: int  # mode code
     bucket: int
-    seconds: float  # critical path: last rank in to last rank holding its tokens
+    # What the call cost the logits path: the critical path (last rank in to last rank holding its tokens) when
+    # every rank is read; on one node of a multi-node group, rank 0's path where that node holds it (it includes
+    # waiting for the other nodes' shards; their clocks are not comparable), else the node-local critical path.
+    seconds: float
     tag: int  # call kind (gatherwise.call_kind)
-    start_ns: int  # rank 0's start (its clock): the next call's start minus this one is the call's step
+    # Start of the lowest rank read (rank 0 wherever the policy runs), on its clock: the next call's start minus
+    # this one is the call's step.
+    start_ns: int

@@ -92,18 +92,19 @@ class LiveHistory:
         return eng.label, list(self.points)[-limit:]
 
     def rank_infos(self, eng: AttachedEngine) -> list[RankInfo]:
-        """The engine's rank info files; kept once every rank's was read (each is written once, at install)."""
+        """The rank info files of the ranks read here (every rank's, or its node's: the others' are on their own
+        node); kept once each was read (each is written once, at install)."""
         if self._rank_infos is not None and self._rank_infos[0] == eng.label:
             return self._rank_infos[1]
-        found = [info for rank in range(eng.tp_size) if (info := read_rank_info(eng.dir, rank)) is not None]
-        if len(found) == eng.tp_size:
+        found = [info for rank in eng.ranks if (info := read_rank_info(eng.dir, rank)) is not None]
+        if len(found) == len(eng.ranks):
             self._rank_infos = (eng.label, found)
         return found
 
     def _read(self, eng: AttachedEngine) -> _Reading:
         counts = {key: list(series.critical_path.counts) for key, series in list(eng.call_series.items())}
         path_ns = None
-        if eng.readers and 0 not in eng.unreadable:
+        if eng.readers and eng.ranks[0] not in eng.unreadable:  # rank 0, or this node's lowest rank
             try:
                 header = eng.readers[0].header()
                 path_ns = sum(row.ops["path"].ns for row in header.counters.values())

@@ -4,8 +4,11 @@ The sidecar's schedule (gatherwise.sidecar.control.schedule) calls `poll_once()`
 while an engine is attached, and at each discovery deadline (`Poll.seconds_to_discovery`) while none is. Each poll reads
 the new records of every rank (read-only mmaps: the engine never waits for it), joins them across ranks by call
 index, and turns each call into histogram observations and, when sampled, a trace; the poll returns every
-joined call (the policy's input: the schedule hands them on). A call is joined when every rank's record has
-arrived, or after a bounded delay (then it counts as incomplete and only its per-rank parts are observed). A new
+joined call (the policy's input: the schedule hands them on). A call is joined when the record of every rank read
+here has arrived, or after a bounded delay (then it counts as incomplete and only its per-rank parts are
+observed). The ranks read here are every rank of the group, or, on a node of a multi-node group, the ranks the
+engine's node file names (gatherwise/shm_format/node_ranks.py); then the cross-rank figures are node-local and go
+into families of their own, labelled with the node (gatherwise.sidecar.metrics.record_histograms). A new
 engine instance id in shm_dir is an engine restart: ingest switches to it and drops the old instance's series, so
 series never mix.
 
@@ -30,6 +33,7 @@ from pathlib import Path
 
 from gatherwise.modes import LABEL_OF_CODE, bucket_label, bucket_of
 from gatherwise.shm_format.liveness import Liveness, is_removable, liveness
+from gatherwise.shm_format.node_ranks import NodeRanks, read_node_ranks
 from gatherwise.shm_format.private_files import check_shm_dir_for_reading
 from gatherwise.shm_format.ring import CallRecord
 from gatherwise.sidecar.ingest.attached_engine import AttachedEngine, EngineInfo, PendingCall
@@ -98,8 +102,8 @@ class Ingest:
     def _read(self, eng: AttachedEngine, now: int, calls: list[JoinedCall]) -> int:
         """Every rank's new records, joined into `calls`; returns the records read."""
         read = 0
-        pending, tp = eng.pending, eng.tp_size
-        for rank, reader in enumerate(eng.readers):
+        pending, held = eng.pending, len(eng.ranks)
+        for rank, reader in zip(eng.ranks, eng.readers, strict=True):
             if rank in eng.unreadable:
                 continue
             try:
@@ -109,14 +113,14 @@ class Ingest:
                 log.warning("engine %s rank %d: ring no longer readable, its telemetry stops here: %s", eng.label,
                             rank, exc)
                 continue
-            eng.dropped[rank] += missed
+            eng.dropped[rank] = eng.dropped.get(rank, 0) + missed
             read += len(records)
             for rec in records:
                 slot = pending.get(rec.call_index)
                 if slot is None:
                     slot = pending[rec.call_index] = PendingCall(now)
                 slot.by_rank[rank] = rec
-                if len(slot.by_rank) == tp:
+                if len(slot.by_rank) == held:  # every rank read here reported it
                     del pending[rec.call_index]
                     self._emit(eng, rec.call_index, slot.by_rank, True, calls)
         eng.records += read
@@ -137,11 +141,12 @@ class Ingest:
         exemplar = None
         tracer = self.tracer
         if tracer is not None and tracer.should_sample(call_index):
-            exemplar = {"trace_id": tracer.trace_call(eng.label, eng.tp_size, call_index, by_rank, complete)}
+            exemplar = {"trace_id": tracer.trace_call(eng.label, eng.tp_size, call_index, by_rank, complete,
+                                                      root=0 in eng.ranks)}
         calls = eng.call_series.get((mode, bucket))
         if calls is None:
-            calls = eng.call_series[(mode, bucket)] = self.histograms.call_series(eng.label, mode,
-                                                                                  bucket_label(bucket))
+            calls = eng.call_series[(mode, bucket)] = self.histograms.call_series(
+                eng.label, mode, bucket_label(bucket), eng.tp_node if eng.partial else None)
         rank_paths = eng.rank_path_series
         max_start = max_end = 0
         min_start = first.start_ns  # first is one of by_rank: the loop takes the minimum over every rank
@@ -173,7 +178,11 @@ class Ingest:
         critical = (max_end - max_start) * 1e-9
         calls.critical_path.observe(critical, exemplar)
         calls.skew.observe((max_start - min_start) * 1e-9, exemplar)
-        joined.append(JoinedCall(eng, call_index, mode, bucket, critical, first.tag, by_rank[0].start_ns))
+        seconds = critical
+        root = by_rank.get(0)
+        if eng.partial and root is not None:  # rank 0's path includes waiting for the other nodes' shards
+            seconds = (root.end_ns - root.start_ns) * 1e-9
+        joined.append(JoinedCall(eng, call_index, mode, bucket, seconds, first.tag, by_rank[eng.ranks[0]].start_ns))
 
     # -- discovery and engine restarts ------------------------------------------------------------------
     def _discover(self, now: int) -> None:
@@ -206,6 +215,10 @@ class Ingest:
                 continue
             if self._attach_or_keep(files, current, now):
                 return
+            # A running engine's directory that does not attach yet is being built: list it again next time, for
+            # a file added within the same tick of the (coarse) clock that dates directories leaves their mtime
+            # as it was, and the cached listing would miss it for as long as nothing else changes there.
+            self._dir_cache.pop(files.dir.name, None)
         for files in without_locks:
             if self._attach_or_keep(files, current, now):
                 return
@@ -213,6 +226,8 @@ class Ingest:
     def _attach_or_keep(self, files: EngineFiles, current: AttachedEngine | None, now: int) -> bool:
         """True when `files` is the attached engine (kept) or attaches now (switched to)."""
         if current is not None and files.engine_id == current.engine_id:
+            if current.node is None and files.node_file is not None:  # attached before its node file was written
+                current.node = self._node_ranks(files)
             return True  # the attached engine is still the newest one running
         attached = self._try_open_rings(files, now)
         if attached is not None:
@@ -281,29 +296,49 @@ class Ingest:
             self._warned_dirs.add(key)
             log.warning(message)
 
-    def _open_rings(self, files: EngineFiles, now: int) -> AttachedEngine | None:
-        if 0 not in files.rings:
+    @staticmethod
+    def _node_ranks(files: EngineFiles) -> NodeRanks | None:
+        """The directory's node file; None without one, or for one that does not parse (never raises)."""
+        try:
+            return read_node_ranks(files.dir) if files.node_file is not None else None
+        except (OSError, ValueError) as exc:
+            log.debug("engine %016x: node file not used: %s", files.engine_id, exc)
             return None
-        with RingReader(files.rings[0]) as probe:
-            tp = probe.header().tp_size
-        if sorted(files.rings) != list(range(tp)):
+
+    def _open_rings(self, files: EngineFiles, now: int) -> AttachedEngine | None:
+        """Attach once every rank of the group has its ring here (whatever the engine wrote), or, once the engine
+        wrote the directory's node file, every rank that file names: a node of a multi-node group. Rings alone
+        never attach a subset, so a single-node engine's directory is never read while still being built."""
+        if not files.rings:
+            return None
+        node = self._node_ranks(files)
+        if node is not None:
+            tp, ranks = node.tp_size, node.ranks
+        else:
+            if 0 not in files.rings:
+                return None
+            with RingReader(files.rings[0]) as probe:
+                tp = probe.header().tp_size
+            ranks = tuple(range(tp))
+        if tuple(files.rings) != ranks:
             return None  # not every rank has created its ring yet
         readers: list[RingReader] = []
         try:
-            for rank in range(tp):
+            for rank in ranks:
                 readers.append(RingReader(files.rings[rank], max_backlog=self.max_records_per_poll))
         except BaseException:
             for reader in readers:
                 reader.close()
             raise
         headers = [r.header() for r in readers]
-        if any(h.rank != i or h.engine_id != files.engine_id for i, h in enumerate(headers)):
-            for r in readers:
-                r.close()
-            raise RingFormatError(f"rings in {files.dir} disagree on engine id or rank")
+        if any(h.rank != r or h.engine_id != files.engine_id or h.tp_size != tp
+               for r, h in zip(ranks, headers, strict=True)):
+            for reader in readers:
+                reader.close()
+            raise RingFormatError(f"rings in {files.dir} disagree on engine id, rank or TP size")
         h0 = headers[0]
-        return AttachedEngine(files.engine_id, files.dir.name, Path(files.dir), tp, h0.vocab, h0.dtype,
-                              readers, now, headers, [0] * tp)
+        return AttachedEngine(files.engine_id, files.dir.name, Path(files.dir), tp, h0.vocab, h0.dtype, ranks,
+                              readers, now, headers, node)
 
     # -- views for the header collector, /readyz and GET /v1/engine (handed to the loop thread; read-only) ---
     def newest_record_age_seconds(self, eng: AttachedEngine) -> float:
@@ -322,11 +357,11 @@ class Ingest:
         """Read every rank's header now (scrapes and API calls; the poll loop does not parse headers it does not
         need). A reader closed by an engine switch meanwhile, or a ring no longer readable, keeps the previous
         snapshot."""
-        for rank, reader in enumerate(eng.readers):
+        for i, (rank, reader) in enumerate(zip(eng.ranks, eng.readers, strict=True)):
             if rank in eng.unreadable:
                 continue
             try:
-                eng.headers[rank] = reader.header()
+                eng.headers[i] = reader.header()
             except (ValueError, OSError):
                 pass
 
@@ -337,7 +372,7 @@ class Ingest:
         self._refresh_headers(eng)
         age = self.newest_record_age_seconds(eng)
         ranks = [rank_counters(h, rank, {"overwritten": r.overwritten, "torn": r.torn, "invalid": r.invalid})
-                 for rank, (h, r) in enumerate(zip(eng.headers, eng.readers, strict=True))]
+                 for rank, h, r in zip(eng.ranks, eng.headers, eng.readers, strict=True)]
         return EngineCounters(eng.label, self.is_up(eng, age), age, ranks)
 
     def info(self) -> EngineInfo:
@@ -347,8 +382,10 @@ class Ingest:
                               hooks_off=self.hooks_off.notices)
         self._refresh_headers(eng)
         age = self.newest_record_age_seconds(eng)
-        return EngineInfo(True, str(self.shm_dir), eng.label, eng.tp_size, eng.vocab, eng.dtype, self.is_up(eng, age),
-                          age, eng.records, sum(eng.dropped), eng.calls_joined, eng.calls_incomplete,
-                          len(eng.pending), self.tracer.traces_started if self.tracer else 0, self.engines_seen,
-                          self.hooks_off.notices)
+        node = eng.node
+        return EngineInfo(True, str(self.shm_dir), eng.label, eng.tp_size, eng.ranks,
+                          node.node_index if node else None, node.nodes if node else None, eng.vocab, eng.dtype,
+                          self.is_up(eng, age), age, eng.records, sum(eng.dropped.values()), eng.calls_joined,
+                          eng.calls_incomplete, len(eng.pending), self.tracer.traces_started if self.tracer else 0,
+                          self.engines_seen, self.hooks_off.notices)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gatherwise.shm_format import ring as fmt
 from gatherwise.shm_format.liveness import is_engine_dir_name
+from gatherwise.shm_format.node_ranks import NODE_NAME
 from gatherwise.shm_format.private_files import open_regular_file
 from gatherwise.shm_format.ring import CallRecord, RingHeader
 
@@ -253,6 +254,7 @@ class EngineFiles:
     rings: dict[int, Path] = field(default_factory=dict)  # rank -> ring file, in rank order
     control: Path | None = None
     created_ns: int = 0  # from the lowest rank's ring header, else the directory's mtime
+    node_file: Path | None = None  # which ranks the directory holds, once it is complete (shm_format/node_ranks.py)
 
 
 def discover_engines(shm_dir: str | os.PathLike[str],
@@ -301,17 +303,19 @@ def discover_engines(shm_dir: str | os.PathLike[str],
 
 def _engine_files(directory: Path, engine_id: int, mtime_ns: int) -> EngineFiles:
     rings = {}
-    control = None
+    control = node_file = None
     with os.scandir(directory) as it:
         for f in it:
             if not f.is_file(follow_symlinks=False):  # regular files only: no links, FIFOs, devices
                 continue
             if f.name == fmt.CONTROL_NAME:
                 control = Path(f.path)
+            elif f.name == NODE_NAME:
+                node_file = Path(f.path)
             elif f.name.startswith(fmt.RING_PREFIX) and f.name[len(fmt.RING_PREFIX):].isdigit():
                 rings[int(f.name[len(fmt.RING_PREFIX):])] = Path(f.path)
     rings = dict(sorted(rings.items()))
-    return EngineFiles(engine_id, directory, rings, control, _created_ns(rings) or mtime_ns)
+    return EngineFiles(engine_id, directory, rings, control, _created_ns(rings) or mtime_ns, node_file)
 
 
 def _created_ns(rings: dict[int, Path]) -> int:

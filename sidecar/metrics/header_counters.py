@@ -126,7 +126,9 @@ class HeaderCountersCollector(Collector):
                     logits_path_bytes.add_metric([snap.engine, rank, mode], value)
                 for reason, value in sorted(rc.dropped.items()):
                     dropped.add_metric([snap.engine, rank, reason], value)
-            if snap.ranks:  # every rank decides the fallback identically and counts the same rows: rank 0 speaks
+            # every rank decides the fallback identically and counts the same rows: rank 0 speaks, so the sidecar of
+            # every other node of a multi-node group leaves them out (a sum over the sidecars counts them once)
+            if snap.ranks and snap.ranks[0].rank == 0:
                 topp.add_metric([snap.engine], snap.ranks[0].topp_rows)
                 fallback.add_metric([snap.engine], snap.ranks[0].topp_fallback_rows)
             up.add_metric([snap.engine], 1.0 if snap.up else 0.0)

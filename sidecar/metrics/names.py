@@ -2,8 +2,8 @@
 
 The dashboards, alerts and checks use exactly these. Which module builds each family (under gatherwise.sidecar):
 record histograms in metrics.record_histograms, header counters and engine gauges in metrics.header_counters, the
-hooks-off gauge in metrics.hooks_off_gauge, the switch counter in control.decision_events, the control gauges in
-metrics.control_gauges; metrics.exposition renders them all.
+hooks-off gauge in metrics.hooks_off_gauge, the role gauge in metrics.role_gauge, the switch counter in
+control.decision_events, the control gauges in metrics.control_gauges; metrics.exposition renders them all.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ SAMPLE_SECONDS = "gatherwise_sample_seconds"
 LOGITS_PATH_SECONDS = "gatherwise_logits_path_seconds"
 STEP_CRITICAL_PATH_SECONDS = "gatherwise_step_critical_path_seconds"
 RANK_SKEW_SECONDS = "gatherwise_rank_skew_seconds"
+# their node-local forms, for a sidecar that reads one node of a multi-node group (label tp_node)
+NODE_STEP_CRITICAL_PATH_SECONDS = "gatherwise_node_step_critical_path_seconds"
+NODE_RANK_SKEW_SECONDS = "gatherwise_node_rank_skew_seconds"
 # -- ring-header counters and engine gauges (read at scrape time) --------------------------------------------
 COLLECTIVE_BYTES = "gatherwise_collective_bytes"  # exposed as ..._total
 CALLS = "gatherwise_calls"  # exposed as ..._total
@@ -25,6 +28,7 @@ LOGITS_PATH_BYTES = "gatherwise_logits_path_bytes"  # exposed as ..._total: the 
 ENGINE_UP = "gatherwise_engine_up"
 ENGINE_HEARTBEAT_AGE_SECONDS = "gatherwise_engine_heartbeat_age_seconds"
 ENGINE_HOOKS_OFF = "gatherwise_engine_hooks_off"  # engine processes whose hooks are off (their notices)
+SIDECAR_ROLE = "gatherwise_sidecar_role"  # controller (its node holds the control block) or observer
 # -- control families --------------------------------------------------------------------------------------
 MODE_SWITCHES = "gatherwise_mode_switches"  # exposed as ..._total
 ACTIVE_MODE = "gatherwise_active_mode"

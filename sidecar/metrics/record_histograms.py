@@ -14,6 +14,8 @@ from gatherwise.sidecar.metrics.histogram_family import HistogramFamily, Series
 from gatherwise.sidecar.metrics.names import (
     COLLECTIVE_SECONDS,
     LOGITS_PATH_SECONDS,
+    NODE_RANK_SKEW_SECONDS,
+    NODE_STEP_CRITICAL_PATH_SECONDS,
     RANK_SKEW_SECONDS,
     SAMPLE_SECONDS,
     STEP_CRITICAL_PATH_SECONDS,
@@ -53,17 +55,32 @@ class RecordHistograms:
             ["engine", "mode", "bucket"], BUCKETS)
         self.skew = HistogramFamily(RANK_SKEW_SECONDS, "Per call: latest minus earliest rank arrival.",
                                     ["engine", "mode"], BUCKETS)
-        self.families = (self.collective, self.sample, self.logits_path, self.critical_path, self.skew)
+        # A sidecar on one node of a multi-node group sees that node's ranks only, on that node's clock: its
+        # cross-rank figures go into families of their own, so that no sum over the group-wide ones (recording
+        # rules, dashboards) ever adds up the nodes' partial views; tp_node tells the nodes apart.
+        self.node_critical_path = HistogramFamily(
+            NODE_STEP_CRITICAL_PATH_SECONDS, "Per call, this node's ranks only: last rank to arrive to last rank "
+            "holding its tokens.", ["engine", "tp_node", "mode", "bucket"], BUCKETS)
+        self.node_skew = HistogramFamily(NODE_RANK_SKEW_SECONDS, "Per call, this node's ranks only: latest minus "
+                                         "earliest rank arrival.", ["engine", "tp_node", "mode"], BUCKETS)
+        self.families = (self.collective, self.sample, self.logits_path, self.critical_path, self.skew,
+                         self.node_critical_path, self.node_skew)
 
     def rank_path_series(self, engine: str, rank: str, mode: str) -> Series:
         """Logits path of one rank in one mode (every bucket)."""
         return self.logits_path.series(engine, rank, mode)
 
-    def call_series(self, engine: str, mode_code: int, bucket: str) -> CallSeries:
+    def call_series(self, engine: str, mode_code: int, bucket: str, tp_node: str | None = None) -> CallSeries:
+        """`tp_node`: the node whose ranks alone are read (its cross-rank figures are node-local), None when every
+        rank of the group is."""
         code = Mode(mode_code)
         mode = code.label
-        return CallSeries(self.critical_path.series(engine, mode, bucket), self.skew.series(engine, mode),
-                          self.sample.series(engine, mode, bucket),
+        if tp_node is None:
+            critical, skew = self.critical_path.series(engine, mode, bucket), self.skew.series(engine, mode)
+        else:
+            critical = self.node_critical_path.series(engine, tp_node, mode, bucket)
+            skew = self.node_skew.series(engine, tp_node, mode)
+        return CallSeries(critical, skew, self.sample.series(engine, mode, bucket),
                           self.collective.series(engine, MODE_OPS[code][0], mode, bucket), {})
 
     def second_op_series(self, engine: str, calls: CallSeries, op: str, mode: str, bucket: str) -> Series:
