@@ -13,6 +13,7 @@ from gatherwise.sidecar.control.control_api import ControlApi, api_token
 from gatherwise.sidecar.control.decision_events import DecisionEvents
 from gatherwise.sidecar.control.decision_publisher import DecisionPublisher
 from gatherwise.sidecar.control.loop import Loop
+from gatherwise.sidecar.control.role import ROLES
 from gatherwise.sidecar.control.schedule import SidecarSchedule
 from gatherwise.sidecar.control.session_lifecycle import SessionLifecycle
 from gatherwise.sidecar.control.session_store import SessionStore
@@ -24,6 +25,7 @@ from gatherwise.sidecar.metrics.exposition import SidecarMetrics
 from gatherwise.sidecar.metrics.header_counters import HeaderCountersCollector
 from gatherwise.sidecar.metrics.hooks_off_gauge import HooksOffCollector
 from gatherwise.sidecar.metrics.record_histograms import RecordHistograms
+from gatherwise.sidecar.metrics.role_gauge import RoleCollector
 from gatherwise.sidecar.traces.tracer import CallTracer, build_tracer
 
 
@@ -61,8 +63,9 @@ def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = Non
     sessions = SessionLifecycle(config, events, store, publisher)
     schedule = SidecarSchedule(ingest, sessions, publisher, store, poll_interval=poll)
     control = ControlApi(sessions, publisher, store, schedule.loop, api_token=api_token(config.sidecar.api_token, env),
-                         shm_dir=str(config.engine.shm_dir))
+                         shm_dir=str(config.engine.shm_dir), attached=lambda: ingest.engine)
     metrics = SidecarMetrics(histograms, [HeaderCountersCollector(ingest.counters),
                                           HooksOffCollector(lambda: hooks_off.notices), events.mode_switches,
-                                          ControlGaugesCollector(control.control_view)])
+                                          ControlGaugesCollector(control.control_view),
+                                          RoleCollector(control.attached_role, ROLES)])
     return SidecarState(config, metrics, ingest, schedule, control, LiveHistory(ingest), tracer)

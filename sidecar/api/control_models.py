@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from gatherwise.config import ModeLabel, ModeOrAuto, PolicyParams
 from gatherwise.modes import NUM_BUCKETS, bucket_from_upper_bound
+from gatherwise.sidecar.control.role import Role
 from gatherwise.sidecar.policy.decision_log import Decision
 from gatherwise.table_file import TableDocument
 
@@ -39,6 +40,8 @@ class ModeState(BaseModel):
     pending: bool = Field(description="true while the last command is not applied yet")
     read_only: bool = Field(False, description="true when another sidecar holds this engine's control lock: this "
                                                "one shows the engine and refuses mutations (409)")
+    role: Role = Field("controller", description="controller: this sidecar may change the mode; observer: it "
+                                                 "holds no control lock (read_only), and refuses mutations")
 
 
 # Request bodies are strict: JSON true or 8.0 is not the integer 1 or 8, and "8" is not a number.
@@ -136,3 +139,5 @@ class LearnedTable(TableDocument):
 
 class ErrorResponse(BaseModel):
     detail: str
+    role: Role | None = Field(None, description="GET /v1/mode on a sidecar that observes the attached engine: "
+                                                "observer (its node has no control block)")

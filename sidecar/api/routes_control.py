@@ -38,7 +38,7 @@ from gatherwise.sidecar.api.control_models import (
 from gatherwise.sidecar.api.deps import StateDep
 from gatherwise.sidecar.api.strict_json import StrictJSONRoute
 from gatherwise.sidecar.control.block_client import ControlSnapshot, InvalidTableWordError
-from gatherwise.sidecar.control.control_api import ControlApi, NotAttached, PolicyView
+from gatherwise.sidecar.control.control_api import ControlApi, NotAttached, Observing, PolicyView
 from gatherwise.sidecar.policy.decision_log import DECISION_LOG
 from gatherwise.validation_errors import request_error_details
 
@@ -46,7 +46,8 @@ router = APIRouter(tags=["control"], route_class=StrictJSONRoute)  # a repeated 
 bearer = HTTPBearer(auto_error=False, description="the sidecar's API token (sidecar.api_token or "
                                                   "GATHERWISE_API_TOKEN)")
 ResponsesDoc = dict[int | str, dict[str, Any]]  # the `responses` of a route (FastAPI's type)
-NO_ENGINE: ResponsesDoc = {409: {"model": ErrorResponse, "description": "no engine with a control block is attached"}}
+NO_ENGINE: ResponsesDoc = {409: {"model": ErrorResponse, "description": "no engine with a control block is attached, "
+                                                                       "or this sidecar observes the engine"}}
 AUTH: ResponsesDoc = {401: {"model": ErrorResponse, "description": "missing or wrong bearer token"},
         403: {"model": ErrorResponse, "description": "no API token configured: mutations are disabled"}}
 
@@ -70,7 +71,16 @@ async def require_token(ctl: ControlApiDep,
                             headers={"WWW-Authenticate": "Bearer"})
 
 
+async def require_controller(ctl: ControlApiDep) -> None:
+    """A sidecar that observes the engine refuses every mutation, whatever the token: no token would make it
+    succeed there, and the reason says where the controller is."""
+    reason = await ctl.mutation_refusal()
+    if reason is not None:
+        raise HTTPException(409, reason)
+
+
 Authorized = Depends(require_token)
+MUTATION = [Depends(require_controller), Authorized]  # in this order: an observer's 409 before the token's 401/403
 
 
 def conflict(exc: Exception) -> HTTPException:
@@ -83,18 +93,20 @@ def mode_state(view: PolicyView, snap: ControlSnapshot) -> ModeState:
         requested=snap.requested_table.as_labels(), pinned=view.pinned, epoch=snap.status.epoch,
         call_index=snap.heartbeat.call_index, call_started_age_seconds=snap.rank0_heartbeat_age_seconds(),
         requested_seq=snap.command.seq, applied_seq=snap.status.applied_seq, apply_call=snap.status.apply_call,
-        pending=snap.pending, read_only=view.read_only)
+        pending=snap.pending, read_only=view.read_only, role="observer" if view.read_only else "controller")
 
 
 @router.get("/mode", response_model=ModeState, responses=NO_ENGINE, summary="Active and requested mode table")
-async def get_mode(ctl: ControlApiDep) -> ModeState:
+async def get_mode(ctl: ControlApiDep) -> ModeState | JSONResponse:
     try:
         return mode_state(*await ctl.snapshot())
+    except Observing as exc:
+        return JSONResponse(ErrorResponse(detail=str(exc), role="observer").model_dump(), status_code=409)
     except (NotAttached, ControlFormatError, InvalidTableWordError) as exc:
         raise conflict(exc) from None
 
 
-@router.put("/mode", response_model=SetModeResult, dependencies=[Authorized],
+@router.put("/mode", response_model=SetModeResult, dependencies=MUTATION,
             responses={202: {"model": SetModeResult, "description": "not applied when the wait ran out"},
                        **NO_ENGINE, **AUTH}, summary="Pin buckets to a mode, or release them to the auto policy")
 async def put_mode(body: SetModeRequest, ctl: ControlApiDep,
@@ -132,7 +144,7 @@ async def get_policy(ctl: ControlApiDep) -> PolicyResponse:
     return PolicyResponse(policy=view.policy, pinned=view.pinned, params=view.params)
 
 
-@router.put("/policy", response_model=PolicyResponse, dependencies=[Authorized],
+@router.put("/policy", response_model=PolicyResponse, dependencies=MUTATION,
             responses={409: {"model": ErrorResponse, "description": "another sidecar controls the engine"},
                        **AUTH}, summary="Change auto policy parameters (any subset)")
 async def put_policy(body: PolicyUpdate, ctl: ControlApiDep) -> PolicyResponse:

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from gatherwise.sidecar.api.deps import StateDep
+from gatherwise.sidecar.control.role import Role
 from gatherwise.sidecar.ingest.attached_engine import EngineInfo
 from gatherwise.sidecar.state import SidecarState
 
@@ -30,6 +31,7 @@ class Readiness(BaseModel):
     engine: str | None = None
     heartbeat_age_seconds: float | None = None
     reason: str | None = None
+    role: Role | None = None  # controller or observer of the attached engine (GET /v1/mode), null without one
 
 
 @router.get("/healthz", response_model=Health, tags=["health"])
@@ -45,6 +47,8 @@ async def readyz(state: StateDep) -> Readiness | JSONResponse:
 def readiness(state: SidecarState) -> Readiness | JSONResponse:
     """/readyz's answer (on the loop thread)."""
     info = state.ingest.info()
+    found = state.control.attached_role()
+    role = found[1] if found is not None else None
     if not info.attached:
         reason = f"no engine found in {info.shm_dir}"
         hooks_off = state.ingest.hooks_off.summary()
@@ -56,9 +60,10 @@ def readiness(state: SidecarState) -> Readiness | JSONResponse:
     elif (eng := state.ingest.engine) is not None and state.control.sessions.attaching(eng):
         reason = "engine attached; its control block is not attached yet"
     else:
-        return Readiness(ready=True, engine=info.engine_id, heartbeat_age_seconds=info.heartbeat_age_seconds)
+        return Readiness(ready=True, engine=info.engine_id, heartbeat_age_seconds=info.heartbeat_age_seconds,
+                         role=role)
     body = Readiness(ready=False, engine=info.engine_id, heartbeat_age_seconds=info.heartbeat_age_seconds,
-                     reason=reason)
+                     reason=reason, role=role)
     return JSONResponse(status_code=503, content=body.model_dump())
 
 

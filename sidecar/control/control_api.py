@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +21,11 @@ from gatherwise.shm_format.control import ControlFormatError, seq_reached
 from gatherwise.sidecar.control.block_client import AreaMidWriteError, ControlSnapshot, InvalidTableWordError
 from gatherwise.sidecar.control.decision_publisher import DecisionPublisher
 from gatherwise.sidecar.control.loop import Loop, on_loop
+from gatherwise.sidecar.control.role import Role, has_control_block, observer_reason
 from gatherwise.sidecar.control.session import ControlSession
 from gatherwise.sidecar.control.session_lifecycle import SessionLifecycle
 from gatherwise.sidecar.control.session_store import SessionStore
+from gatherwise.sidecar.ingest.attached_engine import AttachedEngine
 from gatherwise.sidecar.metrics.control_gauges import ControlView
 from gatherwise.sidecar.policy.decision_log import Decision
 from gatherwise.sidecar.policy.estimates import Estimate
@@ -40,6 +42,11 @@ class NotAttached(RuntimeError):
 
 class ReadOnly(NotAttached):
     """Another sidecar holds the attached engine's control lock: this one only shows the engine."""
+
+
+class Observing(NotAttached):
+    """The attached engine's control block is not in this sidecar's directory (another node's, or none): this
+    sidecar observes it (gatherwise.sidecar.control.role)."""
 
 
 @dataclass(frozen=True)
@@ -85,14 +92,53 @@ def api_token(configured: str | None, env: Mapping[str, str]) -> str | None:
 
 class ControlApi:
     def __init__(self, sessions: SessionLifecycle, publisher: DecisionPublisher, store: SessionStore, loop: Loop, *,
-                 api_token: str | None, shm_dir: str) -> None:
+                 api_token: str | None, shm_dir: str, attached: Callable[[], AttachedEngine | None]) -> None:
+        """`attached`: the engine ingest reads now (gatherwise.sidecar.ingest.poll.Ingest.engine), which an
+        observer has and controls no session of."""
         self.sessions, self.publisher, self.store, self.loop = sessions, publisher, store, loop
-        self.api_token, self.shm_dir = api_token, shm_dir
+        self.api_token, self.shm_dir, self.attached = api_token, shm_dir, attached
         self._unreadable_words: set[str] = set()  # messages of table words already warned about
+
+    def attached_role(self) -> tuple[str, Role] | None:
+        """(engine label, this sidecar's role for it), None while no engine is attached. On the loop thread (the
+        readiness route and the role gauge run there)."""
+        eng = self.attached()
+        if eng is None:
+            return None
+        session = self.sessions.current
+        if session is not None and session.engine is eng:
+            return eng.label, "observer" if session.read_only else "controller"
+        return eng.label, "controller" if has_control_block(eng) else "observer"
+
+    def _observed_only(self) -> AttachedEngine | None:
+        """The attached engine, when its control block is not in this sidecar's directory."""
+        eng = self.attached()
+        session = self.sessions.current
+        if eng is None or (session is not None and session.engine is eng) or has_control_block(eng):
+            return None
+        return eng
+
+    @on_loop
+    def mutation_refusal(self) -> str | None:
+        """Why no mutation can succeed on this sidecar whatever its token (it observes the engine), else None:
+        the mutating routes answer 409 with it before they look at the token."""
+        eng = self._observed_only()
+        if eng is not None:
+            return observer_reason(eng)
+        session = self.sessions.current
+        if session is not None and session.read_only:
+            try:
+                self._require_owner()
+            except ReadOnly as exc:
+                return str(exc)
+        return None
 
     def _require(self) -> ControlSession:
         session = self.sessions.current
         if session is None:
+            observed = self._observed_only()
+            if observed is not None:
+                raise Observing(observer_reason(observed))
             raise NotAttached("no engine with a control block is attached to this sidecar (is an engine running "
                               f"with control.enabled and engine.shm_dir={self.shm_dir}?)")
         return session
@@ -170,6 +216,10 @@ class ControlApi:
         session = self.sessions.current
         if session is not None:
             self._require_owner()
+        else:
+            observed = self._observed_only()
+            if observed is not None:  # its parameters would never apply: the controller's policy decides
+                raise Observing(observer_reason(observed))
         base = session.policy.params if session else self.sessions.params
         self.sessions.params = params = PolicyParams.model_validate({**base.model_dump(), **changes})
         if session is not None:
