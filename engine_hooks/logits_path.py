@@ -331,6 +331,20 @@ class LogitsPath:
                        sharded)
         return sharded.tokens
 
+    def run_winners(self, values: torch.Tensor, ids: torch.Tensor, kind: int, *, t_start: int, sample_start: int,
+                    sample_end: int) -> torch.Tensor:
+        """A sharded call (after begin_call) whose rows every rank scored on its own shard with the engine's own
+        keyed sampler: `values` [B] and global `ids` [B] of this shard's winners (ShardedSampler.exchange_winners);
+        int64 tokens [B] on every rank. The sample marks are the scoring's."""
+        if self._rows != values.numel() or self._rows == 0:
+            raise ValueError(f"logits_buffer({self._rows}) was filled but run_winners() got {values.numel()} rows")
+        sharded = self._sharded.exchange_winners(values, ids, self._word_dev, sample_start=sample_start,
+                                                 sample_end=sample_end)
+        call = self._open_call.fill(Mode.SHARDED, self._rows, t_start, sharded.coll_start, sharded.coll_end,
+                                    sharded.word_in, kind)
+        self._end_call(call, 0, 0, sample_start, sample_end, sharded)
+        return sharded.tokens
+
     # -- CUDA graphs (driven by gatherwise.engine_hooks.graphs) ---------------------------------------------------
     @contextmanager
     def capturing(self, mode: Mode) -> Iterator[None]:

@@ -176,6 +176,29 @@ class ShardedSampler:
         return ShardedCall(tokens, recv[0, :1].view(torch.int64), coll_start, coll_end, resolve_start, resolve_end,
                            t0, sample_end, recv.numel() * 8, resolve_bytes, collectives, topp_rows, fallback_rows)
 
+    def exchange_winners(self, values: torch.Tensor, ids: torch.Tensor, word: int | torch.Tensor, *,
+                         sample_start: int, sample_end: int) -> ShardedCall:
+        """A sharded call whose rows this rank has already decided on its shard (an engine's own keyed sampler
+        run on it): `values` [B] and global `ids` [B] of the shard's winners. One all_gather of the (value, id)
+        pairs, then every rank takes the largest value, the lowest id on ties (the full row's first argmax:
+        shards hold increasing ids)."""
+        n = values.numel()
+        send = torch.empty(1 + 2 * n, dtype=F64, device=self.device)
+        if isinstance(word, torch.Tensor):
+            send[:1].view(torch.int64).copy_(word)
+        else:
+            send[:1].view(torch.int64).fill_(word)
+        pairs = send[1:].view(n, 2)
+        pairs[:, 0] = values
+        pairs[:, 1] = ids
+        recv = torch.empty(self.world_size, send.numel(), dtype=F64, device=self.device)
+        coll_start = self.clock()
+        self.comm.all_gather(recv, send)
+        coll_end = self.clock()
+        tokens = combine_greedy(recv[:, 1:].view(self.world_size, n, 2))
+        return ShardedCall(tokens, recv[0, :1].view(torch.int64), coll_start, coll_end, 0, 0, sample_start,
+                           sample_end, recv.numel() * 8, 0, 1, 0, 0)
+
     def _resolve(self, logits: torch.Tensor, mine: list[torch.Tensor], fallback_rows: list[torch.Tensor]
                  ) -> tuple[torch.Tensor, int, int]:
         """The second all_gather, as bytes: a count word, the owned temperature tokens, the fallback rows."""

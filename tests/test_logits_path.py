@@ -148,3 +148,32 @@ def test_run_without_filled_buffer_is_a_clear_error():
     path.logits_buffer(2).zero_()
     with pytest.raises(ValueError, match="logits_buffer"):
         path.run(_rows(0, 3))
+
+
+def _run_winners(rank, world, vocab):
+    """Each rank scores its own shard (here: the argmax of values with planted ties) and run_winners picks the
+    row's winner; compared with the full row's first argmax."""
+    from gatherwise.call_kind import Sampling, call_kind
+    from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
+    from gatherwise.modes import Mode, ModeTable
+
+    path = LoggedLogitsPath(default_communicator(), vocab, initial_table=ModeTable.uniform(Mode.SHARDED))
+    full = torch.randint(0, 4, (6, vocab), generator=torch.Generator().manual_seed(3)).float()  # many exact ties
+    full[5] = float("-inf")
+    full[5, vocab - 1] = 0.0  # the only finite value, in the last shard
+    first = rank * path.width
+    shard = full[:, first:first + path.width]
+    path.logits_buffer(full.shape[0])
+    assert path.begin_call(full.shape[0]) == Mode.SHARDED
+    local = shard.argmax(dim=1)  # torch's argmax: the first maximum
+    values, ids = shard.gather(1, local[:, None]).squeeze(1), local + first
+    tokens = path.run_winners(values, ids, call_kind(Sampling.TEMPERATURE), t_start=0, sample_start=0, sample_end=0)
+    return tokens.tolist(), full.argmax(dim=1).tolist(), [m.label for m in path.mode_log]
+
+
+def test_run_winners_gives_the_full_rows_first_argmax_on_every_rank():
+    results = run_ranks(_run_winners, 2, 1001, timeout=120)
+    for tokens, expected, modes in results:
+        assert tokens == expected and modes == ["sharded"]
+    assert results[0][0] == results[1][0]

@@ -67,7 +67,7 @@ class RankHooks:
         hooked call); returns the path."""
         from gatherwise.engine_hooks.install import install_hooks
 
-        sampler = sampler_labels(self.ENGINE, gatherwise_samples(self.config))
+        sampler = self.sampler_labels()
         self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
                                        device=logits.device, config=self.config, engine_kind=self.ENGINE,
                                        engine_version=self.engine_version(), sampler=sampler)
@@ -76,6 +76,14 @@ class RankHooks:
                       comm.world_size, engine_dir_name(self.installed.engine_id),
                       self.installed.logits_path.table.as_labels())
         return self.installed.logits_path
+
+    def sampler_labels(self) -> dict[str, str]:
+        """Who samples in each mode (the rank info file, `/v1/live`, the page)."""
+        return sampler_labels(self.ENGINE, self.samples_with_gatherwise())
+
+    def samples_with_gatherwise(self) -> bool:
+        """Whether gatherwise's own sampler takes this engine's sampled batches (engine.sampler: gatherwise)."""
+        return gatherwise_samples(self.config)
 
     @property
     def logits_path(self) -> LogitsPath:

@@ -1,17 +1,23 @@
 """Every place gatherwise touches vLLM, in one list, with the check that they are what the adapter expects.
 
-Three functions carry the hooks:
+The logits collective, for both of vLLM's model runners:
 - `LogitsProcessor._gather_logits(self, logits)`: the TP logits collective -> engine_hooks' collective.
-- `GPUModelRunner.execute_model(self, scheduler_output, intermediate_tensors)` (V1 runner): marks the step's
-  logits call, and tells the hooks whether the step has structured-output requests.
+
+V1 runner (`vllm.v1.worker.gpu_model_runner`; gatherwise.engine_hooks.adapters.vllm_step):
+- `GPUModelRunner.execute_model(self, scheduler_output, ...)`: marks the step's logits call, and tells the
+  hooks whether the step has structured-output requests.
 - `Sampler.forward(self, logits, sampling_metadata, ...)`: in gather mode rank 0 samples, the others receive.
 
-Three more only watch, so that the hooks never go off silently:
-- V1 `GPUModelRunner._dummy_sampler_run` and `_get_prompt_logprobs_dict`: the logits calls vLLM makes outside
-  a step on purpose (warm-up, prompt logprobs); they keep vLLM's all_gather without a warning. Any other logits
-  call outside a hooked step is reported once (gatherwise.engine_hooks.adapters.vllm_step).
-- Model Runner V2's `GPUModelRunner.__init__` (`vllm.v1.worker.gpu.model_runner`, vLLM's default on GPUs): the
-  adapter does not hook V2, so building one refuses the hooks with one warning naming the way out.
+Model Runner V2 (`vllm.v1.worker.gpu`, vLLM's default on GPUs; gatherwise.engine_hooks.adapters.vllm_v2_step):
+- `GPUModelRunner.sample(self, hidden_states, input_batch, grammar_output)`: the step's logits call and its
+  sampling.
+- V2 `Sampler.sample(self, logits, expanded_idx_mapping, ...)`: where a call that the hooks sample (gather on the
+  ranks other than 0, sharded) returns its tokens instead of V2's sampling.
+
+More only watch, so that the hooks never go off silently: the logits calls vLLM makes outside a step on
+purpose (each runner's `_dummy_sampler_run` warm-up, V1's `_get_prompt_logprobs_dict`, V2's prompt-logprobs
+worker) keep vLLM's all_gather without a warning. Any other logits call outside a hooked step is reported once
+(gatherwise.engine_hooks.adapters.vllm_step).
 
 Before patching, the installed vLLM version must be one the adapter was written and tested against, and each
 target must exist with the expected parameters. Otherwise vLLM is left untouched and ONE warning says why.
@@ -39,10 +45,19 @@ DUMMY_SAMPLER_RUN = Target("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", 
                            ("self", "hidden_states"))
 PROMPT_LOGPROBS = Target("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_get_prompt_logprobs_dict",
                          ("self", "hidden_states"))
-V2_RUNNER_INIT = Target("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "__init__",
-                        ("self", "vllm_config"))
-UNHOOKED_SCOPES = (DUMMY_SAMPLER_RUN, PROMPT_LOGPROBS)  # vLLM's own logits calls outside a step
-TARGETS = (GATHER_LOGITS, EXECUTE_MODEL, SAMPLER_FORWARD, *UNHOOKED_SCOPES, V2_RUNNER_INIT)
+V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
+V2_SAMPLE = Target(V2_RUNNER, "GPUModelRunner", "sample", ("self", "hidden_states", "input_batch", "grammar_output"))
+V2_SAMPLER_SAMPLE = Target("vllm.v1.worker.gpu.sample.sampler", "Sampler", "sample",
+                           ("self", "logits", "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "pos",
+                            "input_ids", "expanded_local_pos", "seq_lens_upper_bound_np"))
+V2_DUMMY_SAMPLER_RUN = Target(V2_RUNNER, "GPUModelRunner", "_dummy_sampler_run", ("self", "hidden_states"))
+V2_PROMPT_LOGPROBS = Target("vllm.v1.worker.gpu.sample.prompt_logprob", "PromptLogprobsWorker",
+                            "compute_prompt_logprobs", ("self", "logits_fn"))
+V2_PROMPT_TOKEN_LOGPROBS = Target("vllm.v1.worker.gpu.sample.prompt_logprob", "PromptLogprobsWorker",
+                                  "compute_prompt_token_id_logprobs", ("self", "logits_fn"))
+UNHOOKED_SCOPES = (DUMMY_SAMPLER_RUN, PROMPT_LOGPROBS, V2_DUMMY_SAMPLER_RUN, V2_PROMPT_LOGPROBS,
+                   V2_PROMPT_TOKEN_LOGPROBS)  # vLLM's own logits calls outside a step
+TARGETS = (GATHER_LOGITS, EXECUTE_MODEL, SAMPLER_FORWARD, V2_SAMPLE, V2_SAMPLER_SAMPLE, *UNHOOKED_SCOPES)
 # Other vLLM names the hooks use at run time (checked here too, so a missing one also refuses up front).
 USED_NAMES = (("vllm.distributed.parallel_state", "get_tp_group"), ("vllm.distributed.parallel_state", "get_pp_group"),
               ("vllm.v1.outputs", "SamplerOutput"))
@@ -67,13 +82,13 @@ def applied() -> bool:
 
 def install(config: Any) -> None:
     """Wrap vLLM around the step hooks of `config` (engine_hooks.adapters.plugin calls this once per process)."""
-    from gatherwise.engine_hooks.adapters.vllm_step import VllmStepHooks
+    from gatherwise.engine_hooks.adapters.vllm_v2_step import VllmV2StepHooks
 
-    apply(VllmStepHooks(config))
+    apply(VllmV2StepHooks(config))
 
 
 def apply(hooks: Any) -> None:
-    """Wrap the targets so they call into `hooks` (a VllmStepHooks). Idempotent."""
+    """Wrap the targets so they call into `hooks` (a VllmV2StepHooks). Idempotent."""
     if _originals:
         return
     owners = {t: t.owner() for t in TARGETS}
@@ -98,15 +113,24 @@ def apply(hooks: Any) -> None:
     def forward(self, logits, *args, **kwargs):
         return hooks.sample(self, forward_orig, logits, *args, **kwargs)
 
-    v2_init_orig = originals[V2_RUNNER_INIT]
+    v2_sample_orig = originals[V2_SAMPLE]
 
-    @functools.wraps(v2_init_orig)
-    def v2_init(self, *args, **kwargs):
-        hooks.refuse_model_runner_v2(type(self))
-        return v2_init_orig(self, *args, **kwargs)
+    @functools.wraps(v2_sample_orig)
+    def v2_sample(self, hidden_states, input_batch, grammar_output, *args, **kwargs):
+        with hooks.v2_step(self, input_batch, grammar_output):
+            return v2_sample_orig(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
+
+    v2_sampler_orig = originals[V2_SAMPLER_SAMPLE]
+
+    @functools.wraps(v2_sampler_orig)
+    def v2_sampler_sample(self, logits, expanded_idx_mapping, idx_mapping, idx_mapping_np, pos, input_ids,
+                          expanded_local_pos, seq_lens_upper_bound_np, *args, **kwargs):
+        batch = (expanded_idx_mapping, idx_mapping, idx_mapping_np, pos, input_ids, expanded_local_pos,
+                 seq_lens_upper_bound_np)
+        return hooks.v2_sample(self, v2_sampler_orig, logits, batch, *args, **kwargs)
 
     wrappers = {GATHER_LOGITS: _gather_logits, EXECUTE_MODEL: execute_model, SAMPLER_FORWARD: forward,
-                V2_RUNNER_INIT: v2_init}
+                V2_SAMPLE: v2_sample, V2_SAMPLER_SAMPLE: v2_sampler_sample}
     wrappers.update({t: _unhooked_scope(hooks, originals[t]) for t in UNHOOKED_SCOPES})
     for target, wrapper in wrappers.items():
         setattr(owners[target], target.attr, wrapper)

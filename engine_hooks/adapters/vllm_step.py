@@ -112,12 +112,8 @@ class VllmStepHooks(RankHooks):
         report_hooks_off(log, "vLLM", reason, f"hooks stay off in this vLLM worker: {why}; vLLM's own logits path "
                          "runs", self.config, rank)
 
-    def refuse_model_runner_v2(self, runner_class: type) -> None:
-        """vLLM builds Model Runner V2 (its default where Triton is importable): its steps never reach the V1
-        functions the hooks wrap, so the hooks refuse it, saying how to run gatherwise on such a vLLM."""
-        self._disable("model_runner_v2", f"vLLM builds Model Runner V2 ({runner_class.__module__}."
-                      f"{runner_class.__qualname__}), which gatherwise does not hook; start vLLM with "
-                      "VLLM_USE_V2_MODEL_RUNNER=0 to run the V1 runner with gatherwise", _tp_rank())
+    def samples_with_gatherwise(self) -> bool:
+        return self._gatherwise_samples
 
     def _report_unhooked_call(self) -> None:
         self._unhooked_reported = True  # said once: later such calls cost nothing more than vLLM's own

@@ -7,11 +7,7 @@ GATHERWISE_ENGINE_SHM_DIR set by the test)
    `LogitsProcessor._gather_logits` is called twice outside any hooked step, as a runner the adapter does not
    know would call it. Without vLLM's TP group the collective itself then fails; that is vLLM's part, and the
    guard has spoken before it.
-2. Model Runner V2: vLLM's V2 CPU runner class is built with a real VllmConfig of the tiny checkpoint (built by
-   vLLM's EngineArgs). This process has no Triton (test_vllm_model_runner_v2.py runs V2 whole, under Triton's
-   interpreter), so its own __init__ may fail after the refusal; the refusal is what is checked. A logits call
-   after it stays silent: the hooks are off already.
-3. While this process still runs, the real sidecar on the same shm_dir is asked what it sees (GET /v1/engine,
+2. While this process still runs, the real sidecar on the same shm_dir is asked what it sees (GET /v1/engine,
    /readyz, /metrics).
 """
 
@@ -37,7 +33,6 @@ def main() -> None:
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
-    from vllm.v1.worker.cpu.model_runner import CPUModelRunner as CPUModelRunnerV2
 
     from gatherwise.engine_hooks.adapters.vllm_plugin import register
 
@@ -48,20 +43,11 @@ def main() -> None:
         processor = LogitsProcessor(vocab_size=320)
     shard = torch.zeros(2, 160)
     guard_errors = [call_gather_outside_a_step(processor, shard) for _ in range(2)]
-
-    runner = CPUModelRunnerV2.__new__(CPUModelRunnerV2)
-    try:
-        runner.__init__(config, torch.device("cpu"))
-        v2_error = None
-    except Exception as exc:
-        v2_error = repr(exc)[:300]
-    after_v2 = call_gather_outside_a_step(processor, shard)
-    result = {"installed": installed, "guard_errors": guard_errors, "v2_error": v2_error, "after_v2": after_v2,
-              "use_v2_model_runner": bool(config.use_v2_model_runner), "sidecar": sidecar_view(args.sidecar)}
+    result = {"installed": installed, "guard_errors": guard_errors, "sidecar": sidecar_view(args.sidecar)}
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def sidecar_view(url: str, reasons: int = 2, timeout_s: float = 30.0) -> dict:
+def sidecar_view(url: str, reasons: int = 1, timeout_s: float = 30.0) -> dict:
     """The sidecar's answers once it lists `reasons` notices of this process (or when the time is up)."""
     deadline = time.monotonic() + timeout_s
     while True:

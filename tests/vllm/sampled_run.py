@@ -11,10 +11,12 @@ random generator of both engines follows the same calls: each round's tokens mus
 Each round, in order:
 - structured: greedy requests constrained by a regex, a choice and a JSON schema (LLM.generate);
 - sampled (temperature 0.8, top-p 0.9, no seed: torch's default generator), seeded (a seed per request),
-  mixed (greedy and sampled rows in one batch), logprobs (sampled, 3 logprobs per token), prompt logprobs;
+  keyed (temperature only, half seeded), penalized (temperature with presence and repetition penalties), mixed
+  (greedy and sampled rows in one batch), logprobs (sampled, 3 logprobs per token), prompt logprobs;
 - stepped: greedy, sampled, seeded, top-k and logprob requests together, added to the in-process engine core
   and stepped one model step at a time (what a streaming server does), with the mode flipped mid-generation
-  (FLIPS); stepped_structured: the same with structured-output requests among greedy ones.
+  (FLIPS); stepped_keyed: greedy, temperature-only and penalized requests the same way; stepped_structured:
+  the same with structured-output requests among greedy ones.
 Phase boundaries are the control block's call index (rank 0's heartbeat), so the test can tell which calls
 served which phase.
 """
@@ -24,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from tests._engine_harness import engine_run_arguments, read_rings
+from tests._engine_harness import engine_run_arguments, http, read_rings
 
 if TYPE_CHECKING:
     from gatherwise.sidecar.control.block_client import ControlClient
@@ -58,6 +60,11 @@ def phase_params() -> dict[str, list]:
         "greedy": [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True) for _ in range(n)],
         "sampled": [SamplingParams(**sampled) for _ in range(n)],
         "seeded": [SamplingParams(**sampled, seed=100 + i) for i in range(n)],
+        # temperature only, half of them seeded: Model Runner V2 samples these on the shards
+        "keyed": [SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True, seed=200 + i if i % 2 else None)
+                  for i in range(n)],
+        "penalized": [SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True, seed=300 + i,
+                                     presence_penalty=0.5, repetition_penalty=1.2) for i in range(n)],
         "mixed": [SamplingParams(temperature=0.0 if i % 2 else 0.9, top_k=20, max_tokens=10, ignore_eos=True)
                   for i in range(n)],
         "logprobs": [SamplingParams(**sampled, logprobs=3) for _ in range(n)],
@@ -78,6 +85,11 @@ def stepped_params() -> dict[str, list]:
     return {"stepped": [SamplingParams(**greedy, ignore_eos=True), SamplingParams(**sampled),
                         SamplingParams(**sampled, seed=7), SamplingParams(**sampled, top_k=5, logprobs=2),
                         SamplingParams(**sampled, logprobs=2)],
+            # what Model Runner V2 samples on the shards: greedy, temperature (seeded or not), penalties
+            "stepped_keyed": [SamplingParams(**greedy, ignore_eos=True), SamplingParams(temperature=0.8, max_tokens=16,
+                              ignore_eos=True), SamplingParams(temperature=0.8, max_tokens=16, ignore_eos=True, seed=7),
+                              SamplingParams(temperature=0.8, max_tokens=16, ignore_eos=True, presence_penalty=0.5),
+                              SamplingParams(temperature=0.7, max_tokens=12, ignore_eos=True, seed=9)],
             "stepped_structured": [SamplingParams(**greedy, ignore_eos=True),
                                    *(SamplingParams(**greedy, structured_outputs=kind) for kind in (
                                        StructuredOutputsParams(regex=REGEX), StructuredOutputsParams(choice=CHOICE),
@@ -145,11 +157,27 @@ def run_stepped(llm, control: Control | None, name: str, params: list) -> tuple[
     return [outputs[f"{name}-{i}"] for i in range(len(PROMPTS))], flips
 
 
+def runner_class(worker) -> str:
+    """The model runner a worker built, and its base (LLM.collective_rpc; VLLM_ALLOW_INSECURE_SERIALIZATION=1
+    lets a function travel to the workers)."""
+    cls = type(worker.model_runner)
+    return f"{cls.__module__}.{cls.__qualname__} < {cls.__mro__[1].__module__}.{cls.__mro__[1].__qualname__}"
+
+
+def sidecar_answers(url: str) -> dict:
+    _, engine = http("GET", f"{url}/v1/engine")
+    ready_status, _ = http("GET", f"{url}/readyz")
+    _, live = http("GET", f"{url}/v1/live")
+    return {"engine": json.loads(engine), "readyz": ready_status, "live": json.loads(live)}
+
+
 def main() -> None:
     p = engine_run_arguments()
     p.add_argument("--switch", action="store_true")
     p.add_argument("--rounds", default=",".join(ROUNDS), help="the rounds' modes (all by default)")
     p.add_argument("--phases", help="only these offline phases, in this order (all by default)")
+    p.add_argument("--stepped", help="only these stepped phases (all by default)")
+    p.add_argument("--runners", action="store_true", help="report each worker's model runner class")
     args = p.parse_args()
 
     from vllm import LLM
@@ -169,13 +197,19 @@ def main() -> None:
             tokens[name] = [summary(o) for o in llm.generate(PROMPTS, params, use_tqdm=False)]
             phases.append({"round": mode, "phase": name, "after": first,
                            "last": control.call_index() if control else None})
-        for name, params in stepped_params().items():
+        stepped = stepped_params()
+        for name in args.stepped.split(",") if args.stepped else stepped:
+            params = stepped[name]
             first = control.call_index() if control else None
             tokens[name], flips = run_stepped(llm, control, f"{mode}-{name}", params)
             phases.append({"round": mode, "phase": name, "after": first,
                            "last": control.call_index() if control else None, "flips": flips})
         rounds.append(tokens)
     result: dict[str, object] = {"rounds": rounds, "phases": phases}
+    if args.runners:
+        result["runners"] = llm.collective_rpc(runner_class)
+    if args.sidecar:
+        result["sidecar"] = sidecar_answers(args.sidecar)
     if args.shm_dir:
         result["rings"] = read_rings(args.shm_dir)
     print("RESULT " + json.dumps(result), flush=True)

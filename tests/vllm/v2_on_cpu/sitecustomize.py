@@ -6,8 +6,11 @@ triton-cpu build, which the package index does not have; PyPI's triton has no CP
 (TRITON_INTERPRET=1) runs any Triton kernel on CPU tensors. So, on this path only for the V2 tests
 (tests/vllm/test_vllm_model_runner_v2.py puts this folder and a PyPI triton on PYTHONPATH), the one change is:
 HAS_TRITON is set True right after vLLM computed it, before any kernel module binds `triton`. Every kernel V2
-launches is then vLLM's own, run by Triton's interpreter; no kernel is replaced. Being sitecustomize, it runs in
-every process Python starts with this PYTHONPATH: the engine core and each worker.
+launches is then vLLM's own, run by Triton's interpreter; no kernel is replaced. One exception follows from the
+interpreter: vLLM's Triton top-k/top-p kernel does not run under it as shipped (a `tl.range` bound becomes a Python
+int), so `vllm.v1.sample.ops.topk_topp_sampler` is told it has no Triton right after it imports and takes vLLM's
+own torch top-k/top-p path (`apply_top_k_top_p_pytorch`, what vLLM runs where Triton is absent). Being
+sitecustomize, it runs in every process Python starts with this PYTHONPATH: the engine core and each worker.
 """
 
 from __future__ import annotations
@@ -17,18 +20,25 @@ import importlib.machinery
 import sys
 from types import ModuleType
 
-TARGET = "vllm.triton_utils.importing"
-
 
 def _force_triton(module: ModuleType) -> None:
     module.HAS_TRITON = True  # type: ignore[attr-defined]  # vLLM's module-level flag
 
 
+def _torch_top_k_top_p(module: ModuleType) -> None:
+    module.HAS_TRITON = False  # type: ignore[attr-defined]  # read by apply_top_k_top_p at each call
+
+
+AFTER_IMPORT = {"vllm.triton_utils.importing": _force_triton,
+                "vllm.v1.sample.ops.topk_topp_sampler": _torch_top_k_top_p}
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs _force_triton right after TARGET executes (its importers bind HAS_TRITON only afterwards)."""
+    """Runs AFTER_IMPORT's function right after its module executes (importers bind the flag only afterwards)."""
 
     def find_spec(self, name, path, target=None):  # MetaPathFinder's signature
-        if name != TARGET:
+        change = AFTER_IMPORT.get(name)
+        if change is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -37,7 +47,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            _force_triton(module)
+            change(module)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # this one spec's loader
         return spec

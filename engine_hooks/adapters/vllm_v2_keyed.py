@@ -1,0 +1,92 @@
+"""Model Runner V2's keyed sampling on one vocab shard: this rank's winner of each row, with V2's own code.
+
+V2 samples a row as the argmax over its columns of `processed logit + noise(seed, position, token id)`
+(`vllm.v1.worker.gpu.sample.gumbel`); the noise of a column is a hash of its own id, and for the batches
+gatherwise shards (gatherwise.engine_hooks.adapters.vllm_v2_batch) every step before it acts on each column by
+itself. So the rank builds the row V2 would see with only its own columns filled (-inf elsewhere: -inf stays
+-inf through every such step and never wins), runs V2's `Sampler.apply_sampling_params` on it — the very
+functions plain V2 runs, so the shard's columns get the same values bit for bit, on any backend — and then V2's
+own Gumbel kernel, `_gumbel_sample_kernel`, launched here instead of through `gumbel_sample` only because that
+function returns the winner's id but not its value, which the ranks must compare. The kernel writes each
+1024-column block's best (value, id); this rank's winner is the best block, the first on ties, as in
+`gumbel_sample`. Across ranks the largest value wins and the lowest id on ties
+(gatherwise.engine_hooks.sharded_exchange.ShardedSampler.exchange_winners): the full row's first argmax, which
+is what plain V2 samples.
+
+Only columns below the shard's end are launched (the kernel's keys are the column ids from 0, so the launch
+starts at column 0 and the columns before the shard cost hashes of -inf): the last rank's kernel covers the row
+and the others less. What sharding saves is the exchange: the [B, vocab] logits all_gather becomes B (value,
+id) pairs per rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+BLOCK_SIZE = 1024  # V2's gumbel_sample launches blocks of this many columns
+KERNEL = ("vllm.v1.worker.gpu.sample.gumbel", "_gumbel_sample_kernel")
+KERNEL_ARGS = ("local_argmax_ptr", "local_argmax_stride", "local_max_ptr", "local_max_stride", "logits_cache_ptr",
+               "logits_cache_stride_0", "logits_cache_stride_1", "logits_cache_col_ptr", "logits_cache_source_ptr",
+               "logits_cache_source_stride", "logits_ptr", "logits_stride", "expanded_idx_mapping_ptr", "seeds_ptr",
+               "pos_ptr", "temp_ptr", "vocab_size", "BLOCK_SIZE", "IS_DRAFTING", "APPLY_TEMPERATURE", "USE_FP64",
+               "PER_TOKEN_COL")
+
+
+def kernel_problem() -> str | None:
+    """Why V2's Gumbel kernel is not the one this module launches (None: it is)."""
+    import importlib
+
+    kernel = getattr(importlib.import_module(KERNEL[0]), KERNEL[1], None)
+    names = tuple(getattr(kernel, "arg_names", ()))
+    if names != KERNEL_ARGS:
+        return f"{'.'.join(KERNEL)} takes {names or 'unknown arguments'}, not the arguments this adapter launches"
+    return None
+
+
+class KeyedShard:
+    """One rank's reusable full-width row buffer."""
+
+    def __init__(self) -> None:
+        self._rows = torch.empty(0)
+
+    def winners(self, sampler: Any, shard: torch.Tensor, first: int, vocab: int, batch: tuple[Any, ...]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This shard's winner of every row: (values [B], global ids [B]).
+
+        `shard`: [B, width] logits of columns `first`... (padding past the vocab at -inf); `vocab`: the width of
+        the logits V2's sampler gets; `batch`: the arguments V2's `Sampler.sample` got after the logits
+        (expanded_idx_mapping, idx_mapping, idx_mapping_np, pos, input_ids, expanded_local_pos,
+        seq_lens_upper_bound_np).
+        """
+        from vllm.v1.worker.gpu.sample.gumbel import _gumbel_sample_kernel
+
+        rows = shard.shape[0]
+        end = min(vocab, first + shard.shape[1])
+        full = self._full(rows, vocab, shard)
+        full[:, first:end] = shard[:, : end - first]
+        expanded_idx_mapping, pos = batch[0], batch[3]
+        processed = sampler.apply_sampling_params(full, *batch, skip_top_k_top_p=True)
+        launched = processed[:, :end]
+        states = sampler.sampling_states
+        blocks = -(-end // BLOCK_SIZE)
+        local_ids = launched.new_empty(rows, blocks, dtype=torch.int64)
+        local_max = launched.new_empty(rows, blocks, dtype=torch.float64 if sampler.use_fp64_gumbel else torch.float32)
+        _gumbel_sample_kernel[(rows, blocks)](
+            local_ids, local_ids.stride(0), local_max, local_max.stride(0),
+            None, 0, 0, None, None, 0,  # no draft logits cache
+            launched, launched.stride(0), expanded_idx_mapping.contiguous(), states.seeds.gpu, pos.contiguous(),
+            states.temperature.gpu, end,
+            BLOCK_SIZE=BLOCK_SIZE, IS_DRAFTING=False, APPLY_TEMPERATURE=False,  # as V2's Sampler._sample_random
+            USE_FP64=sampler.use_fp64_gumbel, PER_TOKEN_COL=False)
+        best = local_max.argmax(dim=-1, keepdim=True)
+        return local_max.gather(-1, best).view(-1), local_ids.gather(-1, best).view(-1)
+
+    def _full(self, rows: int, vocab: int, shard: torch.Tensor) -> torch.Tensor:
+        b = self._rows
+        if b.shape[0] < rows or b.shape[1:] != (vocab,) or b.dtype != shard.dtype or b.device != shard.device:
+            self._rows = b = torch.empty(max(rows, 2 * b.shape[0]), vocab, dtype=shard.dtype, device=shard.device)
+        full = b[:rows]
+        full.fill_(float("-inf"))
+        return full
