@@ -120,18 +120,12 @@ class ControlApi:
 
     @on_loop
     def mutation_refusal(self) -> str | None:
-        """Why no mutation can succeed on this sidecar whatever its token (it observes the engine), else None:
-        the mutating routes answer 409 with it before they look at the token."""
+        """Why no mutation can succeed on this sidecar whatever its token, else None: its directory has no control
+        block of the attached engine (another node's sidecar controls it, or nobody can). The mutating routes
+        answer 409 with it before they look at the token. (A sidecar beside the controller on the same node is
+        refused after the token: it takes over, token and all, once that one is gone.)"""
         eng = self._observed_only()
-        if eng is not None:
-            return observer_reason(eng)
-        session = self.sessions.current
-        if session is not None and session.read_only:
-            try:
-                self._require_owner()
-            except ReadOnly as exc:
-                return str(exc)
-        return None
+        return observer_reason(eng) if eng is not None else None
 
     def _require(self) -> ControlSession:
         session = self.sessions.current
