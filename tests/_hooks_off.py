@@ -20,7 +20,7 @@ logging.basicConfig(level=logging.INFO)
 log = logging.getLogger("gatherwise.vllm")
 config = load_config(None)
 for _ in range(2):
-    report_hooks_off(log, "vLLM", "model_runner_v2", {DETAIL!r}, config, 0)
+    report_hooks_off(log, "vLLM", "unsupported_feature", {DETAIL!r}, config, 0)
 print("published", flush=True)
 sys.stdin.read()
 """

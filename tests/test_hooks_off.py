@@ -21,7 +21,8 @@ def test_a_notice_lives_as_long_as_its_process(tmp_path):
     proc = start_reporter(shm)
     try:
         (notice,) = read_notices(shm)
-        assert (notice.engine, notice.reason, notice.tp_rank, notice.pid) == ("vLLM", "model_runner_v2", 0, proc.pid)
+        assert (notice.engine, notice.reason, notice.tp_rank) == ("vLLM", "unsupported_feature", 0)
+        assert notice.pid == proc.pid
         assert notice.detail == DETAIL
         assert oct(os.stat(os.path.join(shm, os.listdir(shm)[0])).st_mode & 0o777) == "0o600"
     finally:
@@ -55,11 +56,11 @@ def test_sidecar_shows_an_engine_whose_hooks_are_off(tmp_path):
     try:
         metrics = wait_for(lambda: (t := httpx.get(f"{url}/metrics", timeout=5).text) and
                            total(t, "gatherwise_engine_hooks_off", engine_kind="vLLM",
-                                 reason="model_runner_v2") == 1 and t, 30, "the hooks-off series")
+                                 reason="unsupported_feature") == 1 and t, 30, "the hooks-off series")
         assert "gatherwise_engine_hooks_off" in metrics
         info = httpx.get(f"{url}/v1/engine", timeout=5).json()
         assert info["attached"] is False
-        assert [(n["engine"], n["reason"], n["pid"]) for n in info["hooks_off"]] == [("vLLM", "model_runner_v2",
+        assert [(n["engine"], n["reason"], n["pid"]) for n in info["hooks_off"]] == [("vLLM", "unsupported_feature",
                                                                                         proc.pid)]
         ready = httpx.get(f"{url}/readyz", timeout=5)
         assert ready.status_code == 503

@@ -36,7 +36,6 @@ ENGINES = ("vLLM", "SGLang")
 # Why the hooks are off; the sidecar's `reason` label takes these values (anything else reads as "other").
 REASONS = (
     "unsupported_version",  # the engine is not a version the adapter knows
-    "model_runner_v2",  # vLLM's Model Runner V2, which the adapter does not hook
     "unsupported_feature",  # speculative decoding, pipeline parallelism, DP attention, ...
     "single_rank",  # TP=1: the engine makes no logits collective
     "logits_shape",  # a logits shard the path cannot take
