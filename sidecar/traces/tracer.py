@@ -28,7 +28,7 @@ from opentelemetry.util.types import AttributeValue
 from gatherwise.modes import Mode
 from gatherwise.shm_format.ring import MODE_OPS
 from gatherwise.sidecar.traces.call_ids import CallIdGenerator, call_root_span_id, call_span_id, call_trace_id
-from gatherwise.sidecar.traces.call_sampling import is_sampled
+from gatherwise.sidecar.traces.call_sampling import CallSampling
 
 if TYPE_CHECKING:  # the GPU check imports this module without pydantic, which the config needs
     from gatherwise.config import TracesSection
@@ -64,12 +64,13 @@ class CallTracer:
         self.ids: CallIdGenerator = provider.id_generator
         self.tracer = provider.get_tracer("gatherwise.sidecar")
         self.sample_ratio, self.every_nth = sample_ratio, every_nth
+        self._sampled = CallSampling(sample_ratio, every_nth)
         self.offset_ns = monotonic_to_epoch_offset_ns() if offset_ns is None else offset_ns
         self.traces_started = 0
 
     def should_sample(self, call_index: int) -> bool:
         """The same answer for a call index in every sidecar (call_sampling)."""
-        return is_sampled(call_index, self.sample_ratio, self.every_nth)
+        return self._sampled(call_index)
 
     def trace_call(self, engine: str, tp_size: int, call_index: int, records: Mapping[int, CallRecord],
                    complete: bool = True, *, root: bool = True) -> str:
