@@ -2,7 +2,8 @@
 holding one engine instance's rings — ranks 0 and 1 with the control block on node 0, ranks 2 and 3 on node 1 —
 written with the engine's own ring writer, liveness locks, control block and node file. Each sidecar reads its
 node's ranks, joins a call when they all reported it, exports node-local cross-rank families, and traces the same
-calls into the same traces; only node 0's sidecar controls (ingest directly, the app through TestClient)."""
+calls into the same traces; only node 0's sidecar controls (ingest directly, the app through TestClient, and the
+real `gatherwise sidecar` process on node 1)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -29,6 +31,7 @@ from gatherwise.shm_format.ring import engine_dir, engine_dir_name, ring_path
 from gatherwise.sidecar.api.app import create_app
 from gatherwise.sidecar.state import build_state
 from gatherwise.sidecar.traces.tracer import CallTracer, new_provider
+from tests._sidecar import scrape, start_sidecar, total, wait_for
 from tests.test_sidecar_ingest import FakeClock, ingest_with_metrics, samples, value, write_call
 
 ENGINE_ID = 0x2A2A
@@ -260,3 +263,27 @@ def test_node_0_controls_and_node_1_observes(nodes: list[Node]) -> None:
         # the controller takes the same mutation
         pinned = controller.put("/v1/mode?wait=0", json={"mode": "gather", "buckets": [4]}, headers=auth)
         assert pinned.status_code == 202 and pinned.json()["state"]["role"] == "controller"
+
+
+@pytest.mark.timeout(180)
+def test_the_sidecar_process_on_node_1_observes(nodes: list[Node]) -> None:
+    for node in nodes:
+        node.complete()
+    write_calls(nodes, 3, time.monotonic_ns() - 10**6)
+    proc, url = start_sidecar(str(nodes[1].shm), env_extra={"GATHERWISE_API_TOKEN": TOKEN})
+    try:
+        def observing() -> httpx.Response | None:
+            found = httpx.get(f"{url}/v1/mode", timeout=10)
+            return found if found.status_code == 409 and found.json().get("role") == "observer" else None
+
+        assert "holds TP ranks 2, 3 of 4" in wait_for(observing, 60, "the sidecar to attach node 1").json()["detail"]
+        for headers in ({"Authorization": f"Bearer {TOKEN}"}, {}):
+            refused = httpx.put(f"{url}/v1/mode", json={"mode": "gather"}, headers=headers, timeout=10)
+            assert refused.status_code == 409 and "TP rank 0's node" in refused.json()["detail"]
+        assert httpx.get(f"{url}/readyz", timeout=10).json()["role"] == "observer"
+        text = scrape(url)
+        assert total(text, "gatherwise_sidecar_role", engine=ENGINE, role="observer") == 1
+        assert total(text, "gatherwise_sidecar_role", engine=ENGINE, role="controller") == 0
+        assert total(text, "gatherwise_calls_total", engine=ENGINE, rank="2") == 3
+    finally:
+        assert proc.stop() == 0
