@@ -237,8 +237,9 @@ def test_node_0_controls_and_node_1_observes(nodes: list[Node]) -> None:
         node.complete()
     write_calls(nodes, 3, time.monotonic_ns() - 10**6)
     auth = {"Authorization": f"Bearer {TOKEN}"}
+    observing = build_state(config_for(nodes[1].shm), env={})
     with TestClient(create_app(build_state(config_for(nodes[0].shm), env={}))) as controller, \
-            TestClient(create_app(build_state(config_for(nodes[1].shm), env={}))) as observer:
+            TestClient(create_app(observing)) as observer:
         assert ready(controller)["role"] == "controller" and ready(observer)["role"] == "observer"
         assert role_samples(controller) == {"controller": 1.0, "observer": 0.0}
         assert role_samples(observer) == {"controller": 0.0, "observer": 1.0}
@@ -259,6 +260,10 @@ def test_node_0_controls_and_node_1_observes(nodes: list[Node]) -> None:
         assert not [k for k in observer.get("/metrics").text.splitlines() if k.startswith("gatherwise_active_mode")]
         engine = observer.get("/v1/engine").json()
         assert (engine["ranks"], engine["node_index"], engine["nodes"]) == ([2, 3], 1, 2)
+        # no policy runs there: no control session, no decisions, no saved state in its directory
+        assert observing.loop.call(lambda: observing.control.sessions.current) is None
+        assert observer.get("/v1/decisions").json() == {"engine": None, "decisions": []}
+        assert not list(nodes[1].dir.glob("sidecar-state*"))
 
         # the controller takes the same mutation
         pinned = controller.put("/v1/mode?wait=0", json={"mode": "gather", "buckets": [4]}, headers=auth)
