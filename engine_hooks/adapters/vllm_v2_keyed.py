@@ -65,7 +65,9 @@ class KeyedShard:
         rows = shard.shape[0]
         end = min(vocab, first + shard.shape[1])
         full = self._full(rows, vocab, shard)
+        full[:, :first] = float("-inf")
         full[:, first:end] = shard[:, : end - first]
+        full[:, end:] = float("-inf")
         expanded_idx_mapping, pos = batch[0], batch[3]
         processed = sampler.apply_sampling_params(full, *batch, skip_top_k_top_p=True)
         launched = processed[:, :end]
@@ -87,6 +89,4 @@ class KeyedShard:
         b = self._rows
         if b.shape[0] < rows or b.shape[1:] != (vocab,) or b.dtype != shard.dtype or b.device != shard.device:
             self._rows = b = torch.empty(max(rows, 2 * b.shape[0]), vocab, dtype=shard.dtype, device=shard.device)
-        full = b[:rows]
-        full.fill_(float("-inf"))
-        return full
+        return b[:rows]

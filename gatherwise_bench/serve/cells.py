@@ -16,7 +16,7 @@ class Sampling:
         return self.temperature == 0.0
 
 
-SAMPLINGS = {s.name: s for s in (Sampling("greedy", 0.0), Sampling("sampled", 0.8, 0.9),
+SAMPLINGS = {s.name: s for s in (Sampling("greedy", 0.0), Sampling("temperature", 0.8), Sampling("sampled", 0.8, 0.9),
                                   Sampling("sampled-p95", 0.8, 0.95))}
 
 

