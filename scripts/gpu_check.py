@@ -238,7 +238,35 @@ def _tp2_rank(rank: int, world: int, device: str, vocab: int, batch: int) -> dic
                                "reference": [full.argmax(-1).tolist() for full in logits]}
         except Exception as exc:  # recorded per mode: gloo may not take CUDA tensors
             out[mode.label] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+    out["sharded_winners"] = _tp2_winners(device, vocab, logits)
     return out
+
+
+def _tp2_winners(device: str, vocab: int, logits: list) -> dict:
+    """What vLLM Model Runner V2's keyed sharding adds (gatherwise.engine_hooks.adapters.vllm_v2_keyed): each rank's
+    winner per row, here its shard's argmax, exchanged by LogitsPath.run_winners. vLLM's Gumbel kernel itself needs
+    vLLM's CUDA wheel, which a lent device does not have."""
+    import torch
+
+    from gatherwise.engine_hooks.comm import TorchDistCommunicator
+    from gatherwise.modes import Mode
+
+    try:
+        path = _path(device, vocab, Mode.SHARDED, dtype=torch.float32, comm=TorchDistCommunicator())
+        first = path.rank * path.width
+        tokens = []
+        for host in logits:
+            full = host.to(device)
+            path.logits_buffer(full.shape[0])
+            path.begin_call(full.shape[0])
+            shard = full[:, first:first + path.width]
+            local = shard.argmax(dim=1)
+            tokens.append(path.run_winners(shard.gather(1, local[:, None]).squeeze(1), local + first, 0, t_start=0,
+                                           sample_start=0, sample_end=0).tolist())
+        return {"tokens": tokens, "modes": [m.label for m in path.mode_log],
+                "reference": [full.argmax(-1).tolist() for full in logits]}
+    except Exception as exc:  # gloo may not take CUDA tensors
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
 
 
 def check_tp2_gloo_cuda(ctx: dict) -> dict:
