@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 APT_PACKAGES := prometheus docker-compose chromium
 
-.PHONY: demo test test-vllm test-sglang bench-serve lint typecheck deps apt clean
+.PHONY: demo test test-vllm test-sglang test-multinode bench-serve lint typecheck deps apt clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt engine_hooks/_ring_writer.c
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,7 @@ apt:
 	@missing=""; command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; command -v curl >/dev/null || missing="$$missing curl"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
@@ -40,6 +41,12 @@ test-vllm:
 
 test-sglang:
 	bash scripts/test_sglang.sh
+
+# SGLang TP=2 across two "nodes" made of network and mount namespaces on this host, each node with its own
+# sidecar (root; docs/deployment.md, "Two nodes on one host"). Uses make test-sglang's venv.
+test-multinode: apt
+	GATHERWISE_SGLANG_INSTALL_ONLY=1 bash scripts/test_sglang.sh
+	.venv-sglang/bin/python scripts/two_node.py --out out/two_node
 
 # The serving benchmark on both engines' own servers and clients, with its defaults (docs/bench_serve.md): about
 # an hour per engine on a 2-core host (53 min vLLM, 58 SGLang); each waits for the load average to fall under 3 first.
