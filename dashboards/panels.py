@@ -200,7 +200,26 @@ def latency_panels() -> list[Panel]:
         ENGINE,
         "{{mode}}",
     )
-    return [p.height(9).span(12) for p in (critical, logits, ratio, skew)]
+    # a TP group across nodes: each node's sidecar exports its own ranks' figures on its own clock, per node
+    node_critical = latency(
+        "Critical path per node p50/p99 (a group across nodes)",
+        "On a TP group spread over nodes each node's sidecar sees only its own ranks: the critical path over "
+        "them, per node (tp_node). Empty on a single node, where the panel above covers every rank.",
+        "gatherwise_node_step_critical_path_seconds",
+        "tp_node, mode",
+        ENGINE,
+        "node {{tp_node}} {{mode}}",
+    )
+    node_skew = latency(
+        "Cross-rank skew per node p50/p99 (a group across nodes)",
+        "The skew over one node's ranks, per node (tp_node); skew across nodes is not measured (their clocks "
+        "differ). Empty on a single node.",
+        "gatherwise_node_rank_skew_seconds",
+        "tp_node, mode",
+        ENGINE,
+        "node {{tp_node}} {{mode}}",
+    )
+    return [p.height(9).span(12) for p in (critical, logits, ratio, skew, node_critical, node_skew)]
 
 
 def per_op_panels() -> list[Panel]:

@@ -29,6 +29,8 @@ KNOWN_METRICS = {
     "gatherwise_logits_path_seconds",
     "gatherwise_step_critical_path_seconds",
     "gatherwise_rank_skew_seconds",
+    "gatherwise_node_step_critical_path_seconds",  # a TP group across nodes: each node's own ranks
+    "gatherwise_node_rank_skew_seconds",
     "gatherwise_collective_bytes_total",
     "gatherwise_calls_total",
     "gatherwise_records_dropped_total",

@@ -1,7 +1,8 @@
 """End to end: the stack without Docker (TP=2 engine, sidecar, real Prometheus with the compose's config and rules)
 runs a mixed-sampling workload through every mode and some switches, next to an engine process whose hooks are
 off (its hooks-off notice in the same shm_dir); then every PromQL expression of every dashboard panel,
-annotation, variable and rule parses and returns data, and latency exemplars carry trace ids.
+annotation, variable and rule parses and returns data (but the per-node panels of a group across nodes, which a
+one-node stack leaves empty), and latency exemplars carry trace ids.
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ def test_every_query_returns_data_after_a_run_through_every_mode(tmp_path):
             stack_with_refused.append(refused)
             start = time.time()
             client = httpx.Client(base_url=stack.sidecar_url, headers={"Authorization": f"Bearer {TOKEN}"})
-            missing = queries
+            # a one-node stack exports no node-local family (only a sidecar reading part of a group across
+            # nodes does: tests/test_sidecar_multi_node.py), so the panels over them stay empty here
+            missing = [q for q in queries if "gatherwise_node_" not in q.expr]
             for mode in itertools.cycle([*IMPLEMENTED_LABELS, "auto"]):
                 answer = client.put("/v1/mode", params={"wait": 10}, json={"mode": mode})
                 assert answer.status_code in (200, 202), answer.text
