@@ -60,6 +60,13 @@ def set_up_network() -> None:
         run("ip", "-n", ns, "link", "set", "lo", "up")
 
 
+def limit_link(rate: str) -> None:
+    """Both directions of the veth pair at `rate` (tc's units, e.g. 100mbit): an htb class every packet takes."""
+    for k, (_, veth, _) in enumerate(NODES):
+        run(*in_node(k, "tc", "qdisc", "add", "dev", veth, "root", "handle", "1:", "htb", "default", "10"))
+        run(*in_node(k, "tc", "class", "add", "dev", veth, "parent", "1:", "classid", "1:10", "htb", "rate", rate))
+
+
 def tear_down_network() -> None:
     for ns, _, _ in NODES:
         run("ip", "netns", "del", ns, check=False)  # takes its veth end (and so the pair) with it
@@ -128,16 +135,13 @@ def wait_ready(deadline_s: float = 600.0) -> None:
 
 
 def generate() -> list[list[int]]:
-    out = []
-    for prompt in PROMPTS:
-        code, text = http(0, "POST", f"http://{NODES[0][2]}:{ENGINE_PORT}/generate",
-                          {"input_ids": prompt, "sampling_params": {"temperature": 0.0,
-                                                                     "max_new_tokens": MAX_TOKENS,
-                                                                     "ignore_eos": True}})
-        if code != 200:
-            raise RuntimeError(f"/generate answered {code}: {text[:300]}")
-        out.append(json.loads(text)["output_ids"])
-    return out
+    """The prompts as one batched request (SGLang's /generate with a list of prompts): steps of len(PROMPTS) rows."""
+    code, text = http(0, "POST", f"http://{NODES[0][2]}:{ENGINE_PORT}/generate",
+                      {"input_ids": PROMPTS, "sampling_params": {"temperature": 0.0, "max_new_tokens": MAX_TOKENS,
+                                                                 "ignore_eos": True}})
+    if code != 200:
+        raise RuntimeError(f"/generate answered {code}: {text[:300]}")
+    return [out["output_ids"] for out in json.loads(text)]
 
 
 def sidecar(k: int) -> str:
@@ -194,6 +198,17 @@ def checks(plain: dict, gw: dict) -> dict[str, bool]:
     }
 
 
+def path_ms(metrics: str) -> dict[str, float]:
+    """Mean logits path per call of each mode, in ms, on the rank a sidecar reads (the sum and count series)."""
+    sums: dict[str, dict[str, float]] = {"sum": {}, "count": {}}
+    for line in metrics.splitlines():
+        for kind, per_mode in sums.items():
+            if line.startswith(f"gatherwise_logits_path_seconds_{kind}{{"):
+                mode = line.split('mode="', 1)[1].split('"', 1)[0]
+                per_mode[mode] = per_mode.get(mode, 0.0) + float(line.rsplit(" ", 1)[1])
+    return {m: 1e3 * sums["sum"][m] / n for m, n in sums["count"].items() if n > 0}
+
+
 def modes_run(metrics: str) -> set[str]:
     """The modes with logits calls in a sidecar's exposition (gatherwise_logits_path_seconds_count > 0)."""
     ran = set()
@@ -208,6 +223,7 @@ def main() -> int:
     p.add_argument("--python", default=str(REPO / ".venv-sglang" / "bin" / "python"))
     p.add_argument("--model", help="checkpoint directory (default: a tiny Llama built here)")
     p.add_argument("--out", type=Path, default=Path("out/two_node"))
+    p.add_argument("--rate", help="limit the link between the nodes to this rate (tc htb, e.g. 100mbit)")
     args = p.parse_args()
     if os.geteuid() != 0:
         print("two_node.py needs root (network and mount namespaces)", file=sys.stderr)
@@ -219,15 +235,22 @@ def main() -> int:
                        check=True, capture_output=True)
     token = secrets.token_hex(16)
     set_up_network()
+    if args.rate:
+        limit_link(args.rate)
     try:
         plain = served(args.python, model, False, token, args.out)
         gw = served(args.python, model, True, token, args.out)
     finally:
         tear_down_network()
-    result = {"checks": checks(plain, gw), "plain": plain, "gatherwise": gw}
+    paths = {f"node{k}": path_ms(gw[f"metrics{k}"]) for k in (0, 1)}
+    result = {"checks": checks(plain, gw), "rate": args.rate, "rows": len(PROMPTS), "logits_path_ms": paths,
+              "plain": plain, "gatherwise": gw}
     (args.out / "two_node.json").write_text(json.dumps(result, indent=1))
     for name, ok in result["checks"].items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
+    for node, per_mode in paths.items():
+        print(f"{node} logits path per call (ms, {len(PROMPTS)} rows, link {args.rate or 'unlimited'}): "
+              + ", ".join(f"{m} {v:.2f}" for m, v in sorted(per_mode.items())))
     return 0 if all(result["checks"].values()) else 1
 
 
