@@ -15,12 +15,13 @@ $(STAMP): pyproject.toml setup.py constraints.txt engine_hooks/_ring_writer.c
 
 deps: $(STAMP)
 
-# Debian tools the tests use (promtool/prometheus, docker-compose, chromium for the live page's browser test):
-# installed when running as root.
+# Debian tools the tests use (promtool/prometheus, docker-compose, chromium for the live page's browser test,
+# kubectl for `kubectl kustomize` of deploy/kubernetes/): installed when running as root.
 apt:
 	@missing=""; command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; command -v curl >/dev/null || missing="$$missing curl"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
