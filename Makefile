@@ -43,11 +43,13 @@ test-vllm:
 test-sglang:
 	bash scripts/test_sglang.sh
 
-# SGLang TP=2 across two "nodes" made of network and mount namespaces on this host, each node with its own
-# sidecar (root; docs/deployment.md, "Two nodes on one host"). Uses make test-sglang's venv.
+# SGLang and vLLM TP=2 across two "nodes" made of network and mount namespaces on this host, each node with its own
+# sidecar and one Prometheus (root; docs/deployment.md, "Two nodes on one host"). Uses the engine tests' venvs.
 test-multinode: apt
 	GATHERWISE_SGLANG_INSTALL_ONLY=1 bash scripts/test_sglang.sh
-	.venv-sglang/bin/python scripts/two_node.py --out out/two_node
+	GATHERWISE_VLLM_INSTALL_ONLY=1 bash scripts/test_vllm.sh
+	.venv-sglang/bin/python scripts/two_node.py --engine sglang --out out/two_node
+	.venv-sglang/bin/python scripts/two_node.py --engine vllm --out out/two_node
 
 # The serving benchmark on both engines' own servers and clients, with its defaults (docs/bench_serve.md): about
 # an hour per engine on a 2-core host (53 min vLLM, 58 SGLang); each waits for the load average to fall under 3 first.

@@ -1,21 +1,22 @@
-"""SGLang TP=2 across two "nodes" on this Linux host, plain and with gatherwise, each node with its own sidecar.
+"""SGLang or vLLM TP=2 across two "nodes" on this Linux host, plain and with gatherwise, a sidecar on each node.
 
-    sudo .venv-sglang/bin/python scripts/two_node.py --out out/two_node      # root: namespaces and mounts
+    sudo .venv-sglang/bin/python scripts/two_node.py --engine sglang --out out/two_node   # root: namespaces
 
-A node is a network namespace (`ip netns`) joined to the other by a veth pair, with its own private `/dev/shm`
-(a mount namespace, `unshare -m`, and a tmpfs): what two hosts look like to the engine and to gatherwise. Node k
-runs SGLang's `launch_server --tp 2 --nnodes 2 --node-rank k` (one TP rank each; rank 0, the gather root and the
-control block, on node 0) with gloo over the veth (`GLOO_SOCKET_IFNAME`) and `SGLANG_HOST_IP` set to the node's
-address (without it SGLang stalls at "Can not get local ip by remote": docs/deployment.md), and, with gatherwise,
-a `gatherwise sidecar` beside it on the node's shm_dir.
+A node is a network namespace joined to the other by a veth pair, with its own private `/dev/shm`
+(scripts/two_node_net.py): what two hosts look like to the engine and to gatherwise. Node k runs the engine's
+node k (one TP rank each; rank 0, the gather root and the control block, on node 0; scripts/two_node_engines.py)
+with gloo over the veth, and, with gatherwise, a `gatherwise sidecar` beside it on the node's shm_dir; one
+Prometheus in node 0 scrapes both sidecars.
 
-The run: greedy requests through node 0's HTTP server, first on the plain engine, then with the plugin while the
-controller (node 0's sidecar) switches the table all_gather -> gather -> sharded -> all_gather between them. It
-checks that the tokens are the plain engine's, that both sidecars attached to their node's rank (node file,
-partial attach), that node 0's is the controller and node 1's an observer (409 on a mutation, the role on
-/v1/mode, /readyz and gatherwise_sidecar_role), and that each exports its rank's series. Writes OUT/two_node.json;
-exit status 0 when every check passed. Everything it creates (namespaces, veths, mounts, processes) is gone when
-it ends.
+The run: batched greedy requests through node 0's HTTP server, first on the plain engine, then with the plugin
+while the controller (node 0's sidecar) switches the table all_gather -> gather -> sharded -> all_gather between
+rounds, then with every bucket released to the auto policy for a while. It checks that every round's tokens are
+the plain engine's, that both sidecars attached to their node's rank (node file, partial attach), that node 0's is
+the controller and node 1's an observer (409 on a mutation, the role on /v1/mode and /readyz), that each exports
+its own rank's series, that Prometheus scraped both and sees both ranks and one controller, and that the auto
+policy probed on the controller and chose a mode for the batch's bucket. Writes OUT/two_node-ENGINE.json; exit
+status 0 when every check passed. Everything it creates (namespaces, veths, mounts, processes) is gone when it
+ends.
 """
 
 from __future__ import annotations
@@ -25,164 +26,163 @@ import json
 import os
 import secrets
 import shlex
-import signal
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-NODES = (("gw-node0", "gw-veth0", "10.77.0.1"), ("gw-node1", "gw-veth1", "10.77.0.2"))
-ENGINE_PORT, SIDECAR_PORT, DIST_PORT = 30000, 9400, 29500
+from two_node_engines import ENGINES, REPO, Engine, gloo_env
+from two_node_net import NodeProcess, address, background, http, in_node, limit_link, set_up_network, tear_down_network
+
+SIDECAR_PORT, PROMETHEUS_PORT = 9400, 9090
 PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23], [2]]
+BUCKET = "4"  # the table bucket of a step of len(PROMPTS) rows
 MAX_TOKENS = 12
 SCHEDULE = ("all_gather", "gather", "sharded", "all_gather")  # the table before each round of requests
+AUTO_SECONDS = 40.0  # how long the batch runs under the auto policy
+# Fast enough to decide within AUTO_SECONDS at a few dozen calls a second; the defaults are for days of traffic.
+AUTO_POLICY = {"margin": 0.05, "min_samples": 8, "window": 64, "dwell_seconds": 1.0, "probe_interval_seconds": 1.0,
+               "probe_calls": 8, "probe_budget": 0.5, "max_sample_age_seconds": 60.0, "cost": "path"}
 SHM_DIR = "/dev/shm/gatherwise"
 
 
-def run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+def sidecar(k: int) -> str:
+    return f"http://{address(k)}:{SIDECAR_PORT}"
 
 
-def in_node(node: int, *cmd: str) -> list[str]:
-    return ["ip", "netns", "exec", NODES[node][0], *cmd]
+def get(k: int, url: str) -> dict:
+    code, text = http(k, "GET", url, timeout=10)
+    return json.loads(text) if text.startswith("{") else {"status": code, "body": text[:300]}
 
 
-def set_up_network() -> None:
-    tear_down_network()
-    for ns, _, _ in NODES:
-        run("ip", "netns", "add", ns)
-    run("ip", "link", "add", NODES[0][1], "type", "veth", "peer", "name", NODES[1][1])
-    for ns, veth, addr in NODES:
-        run("ip", "link", "set", veth, "netns", ns)
-        run(*in_node(NODES.index((ns, veth, addr)), "ip", "addr", "add", f"{addr}/24", "dev", veth))
-        run("ip", "-n", ns, "link", "set", veth, "up")
-        run("ip", "-n", ns, "link", "set", "lo", "up")
-
-
-def limit_link(rate: str) -> None:
-    """Both directions of the veth pair at `rate` (tc's units, e.g. 100mbit): an htb class every packet takes."""
-    for k, (_, veth, _) in enumerate(NODES):
-        run(*in_node(k, "tc", "qdisc", "add", "dev", veth, "root", "handle", "1:", "htb", "default", "10"))
-        run(*in_node(k, "tc", "class", "add", "dev", veth, "parent", "1:", "classid", "1:10", "htb", "rate", rate))
-
-
-def tear_down_network() -> None:
-    for ns, _, _ in NODES:
-        run("ip", "netns", "del", ns, check=False)  # takes its veth end (and so the pair) with it
-
-
-def http(node: int, method: str, url: str, body: dict | None = None, token: str | None = None,
-         timeout: float = 60.0) -> tuple[int, str]:
-    """One request from inside the node's namespace (curl): (status, body)."""
-    cmd = ["curl", "-s", "-o", "-", "-w", "\n%{http_code}", "-X", method, "--max-time", str(timeout), url]
-    if body is not None:
-        cmd += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
-    if token:
-        cmd += ["-H", f"Authorization: Bearer {token}"]
-    out = run(*in_node(node, *cmd), check=False).stdout
-    text, _, code = out.rpartition("\n")
-    return int(code or 0), text
-
-
-class Node:
-    """One node's processes: SGLang's node k and, with gatherwise, a sidecar; in their own mount namespace."""
-
-    def __init__(self, k: int, python: str, model: str, plugin: bool, token: str, log_dir: Path) -> None:
-        _, veth, addr = NODES[k]
-        env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "SGLANG_CPU_OMP_THREADS_BIND": str(k),
-               "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so", "OMP_WAIT_POLICY": "PASSIVE",
-               "GLOO_SOCKET_IFNAME": veth, "SGLANG_HOST_IP": addr, "GATHERWISE_API_TOKEN": token}
+def start_nodes(engine: Engine, model: str, plugin: bool, token: str, out: Path) -> list[NodeProcess]:
+    nodes = []
+    for k in (0, 1):
+        env = {**os.environ, **engine.env(k), **gloo_env(k), "GATHERWISE_API_TOKEN": token}
         env.pop("GATHERWISE_ENABLE", None)
+        script = ""
         if plugin:
             env.update(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=SHM_DIR)
-        engine = [python, "-m", "sglang.launch_server", "--model-path", model, "--tp", "2", "--nnodes", "2",
-                  "--node-rank", str(k), "--dist-init-addr", f"{NODES[0][2]}:{DIST_PORT}", "--host", addr,
-                  "--port", str(ENGINE_PORT), "--device", "cpu", "--attention-backend", "torch_native",
-                  "--disable-cuda-graph", "--dtype", "float32", "--mem-fraction-static", "0.15",
-                  "--max-total-tokens", "4096", "--context-length", "256", "--skip-tokenizer-init",
-                  "--random-seed", "1234", "--log-level", "warning"]
-        sidecar = [str(Path(python).parent / "gatherwise"), "sidecar", "--host", addr, "--port", str(SIDECAR_PORT),
-                   "--shm-dir", SHM_DIR]
-        script = "mount -t tmpfs tmpfs /dev/shm && "
-        if plugin:
-            script += f"{shlex.join(sidecar)} > {shlex.quote(str(log_dir / f'sidecar{k}.log'))} 2>&1 & "
-        script += f"exec {shlex.join(engine)}"
-        self.log = open(log_dir / f"{'gw' if plugin else 'plain'}-node{k}.log", "w")
-        self.proc = subprocess.Popen(in_node(k, "unshare", "-m", "--propagation", "private", "sh", "-c", script),
-                                     env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.log.close()
+            script += background([engine.gatherwise, "sidecar", "--host", address(k), "--port", str(SIDECAR_PORT),
+                                  "--shm-dir", SHM_DIR], out / f"{engine.name}-sidecar{k}.log")
+        script += "exec " + shlex.join(engine.command(k, model))
+        nodes.append(NodeProcess(k, script, env, out / f"{engine.name}-{'gw' if plugin else 'plain'}-node{k}.log"))
+    return nodes
 
 
-def wait_ready(deadline_s: float = 600.0) -> None:
-    url = f"http://{NODES[0][2]}:{ENGINE_PORT}/health_generate"
+def wait_ready(engine: Engine, nodes: list[NodeProcess], deadline_s: float = 900.0) -> None:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        if http(0, "GET", url, timeout=10)[0] == 200:
+        if engine.ready():
             return
+        gone = [k for k, n in enumerate(nodes) if n.exited() is not None]
+        if gone:
+            raise RuntimeError(f"{engine.name} node(s) {gone} exited before the group was ready (see the logs)")
         time.sleep(2)
-    raise RuntimeError(f"node 0's server did not answer {url} within {deadline_s:.0f} s")
-
-
-def generate() -> list[list[int]]:
-    """The prompts as one batched request (SGLang's /generate with a list of prompts): steps of len(PROMPTS) rows."""
-    code, text = http(0, "POST", f"http://{NODES[0][2]}:{ENGINE_PORT}/generate",
-                      {"input_ids": PROMPTS, "sampling_params": {"temperature": 0.0, "max_new_tokens": MAX_TOKENS,
-                                                                 "ignore_eos": True}})
-    if code != 200:
-        raise RuntimeError(f"/generate answered {code}: {text[:300]}")
-    return [out["output_ids"] for out in json.loads(text)]
-
-
-def sidecar(k: int) -> str:
-    return f"http://{NODES[k][2]}:{SIDECAR_PORT}"
+    raise RuntimeError(f"{engine.name}: node 0 did not answer {engine.health_path()} within {deadline_s:.0f} s")
 
 
 def wait_attached(k: int, deadline_s: float = 60.0) -> dict:
     deadline = time.monotonic() + deadline_s
     while True:
-        code, text = http(k, "GET", f"{sidecar(k)}/v1/engine", timeout=10)
-        info = json.loads(text) if code == 200 else {}
+        info = get(k, f"{sidecar(k)}/v1/engine")
         if info.get("attached") or time.monotonic() > deadline:
             return info
         time.sleep(1)
 
 
-def served(python: str, model: str, plugin: bool, token: str, log_dir: Path) -> dict:
-    nodes = [Node(k, python, model, plugin, token, log_dir) for k in (0, 1)]
+class Prometheus:
+    """The real Prometheus in node 0's namespace, scraping both sidecars with the stack's job and rules."""
+
+    def __init__(self, out: Path) -> None:
+        from gatherwise.dashboards.local_prometheus import write_local_config
+
+        config = write_local_config(out / "prometheus", [f"{address(k)}:{SIDECAR_PORT}" for k in (0, 1)], "1s")
+        data = out / "prometheus-data"
+        shutil.rmtree(data, ignore_errors=True)  # an earlier run's series would still be within the lookback
+        self.log = (out / "prometheus.log").open("w")
+        self.proc = subprocess.Popen(
+            in_node(0, "prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
+                    f"--web.listen-address={address(0)}:{PROMETHEUS_PORT}"),
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def query(self, expr: str) -> list[dict]:
+        from urllib.parse import quote
+
+        code, text = http(0, "GET", f"http://{address(0)}:{PROMETHEUS_PORT}/api/v1/query?query={quote(expr)}")
+        return json.loads(text)["data"]["result"] if code == 200 else []
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=20)
+        self.log.close()
+
+
+def scraped(prom: Prometheus) -> dict:
+    """What Prometheus saw once both sidecars exported their ranks (a few scrapes after the rounds)."""
+    def labels(expr: str, *names: str) -> list[list[str]]:
+        return sorted([r["metric"].get(n, "") for n in names] + [r["value"][1]] for r in prom.query(expr))
+
+    time.sleep(4)
+    return {"up": labels('up{job="gatherwise-sidecar"}', "instance"),
+            "ranks": labels("count by (rank) (gatherwise_logits_path_seconds_count)", "rank"),
+            "controllers": labels('gatherwise_sidecar_role{role="controller"} == 1', "instance"),
+            "observers": labels('gatherwise_sidecar_role{role="observer"} == 1', "instance")}
+
+
+def run_auto(engine: Engine, token: str) -> dict:
+    """Every bucket to the auto policy, the batch served for AUTO_SECONDS; what the controller decided."""
+    puts = [http(0, "PUT", f"{sidecar(0)}/v1/policy", AUTO_POLICY, token)[0],
+            http(0, "PUT", f"{sidecar(0)}/v1/mode?wait=0", {"mode": "auto"}, token)[0]]
+    rounds = []
+    deadline = time.monotonic() + AUTO_SECONDS
+    while time.monotonic() < deadline:
+        rounds.append(engine.generate(PROMPTS, MAX_TOKENS))
+    decisions = get(0, f"{sidecar(0)}/v1/decisions?limit=256").get("decisions", [])
+    return {"puts": puts, "rounds": rounds, "table": get(0, f"{sidecar(0)}/v1/policy/table").get("table", {}),
+            "reasons": [d["reason"] for d in decisions], "switches": [d for d in decisions if d["reason"] == "auto"],
+            "stats": get(0, f"{sidecar(0)}/v1/stats").get("stats", []),
+            "observer_decisions": http(1, "GET", f"{sidecar(1)}/v1/decisions")}
+
+
+def served(engine: Engine, model: str, plugin: bool, token: str, out: Path) -> dict:
+    nodes = start_nodes(engine, model, plugin, token, out)
+    prom: Prometheus | None = None
     try:
-        wait_ready()
+        wait_ready(engine, nodes)
         if not plugin:
-            return {"tokens": generate()}
-        generate()  # the hooks install at the first step; the sidecars attach after it
+            return {"tokens": engine.generate(PROMPTS, MAX_TOKENS)}
+        prom = Prometheus(out)
+        engine.generate(PROMPTS, MAX_TOKENS)  # the hooks install at the first step; the sidecars attach after it
         result: dict = {"engine": [wait_attached(k) for k in (0, 1)], "rounds": [], "puts": []}
         for mode in SCHEDULE:
             code, text = http(0, "PUT", f"{sidecar(0)}/v1/mode?wait=0", {"mode": mode}, token)
             result["puts"].append({"mode": mode, "status": code, "body": text[:300]})
-            result["rounds"].append({"mode": mode, "tokens": generate()})
+            result["rounds"].append({"mode": mode, "tokens": engine.generate(PROMPTS, MAX_TOKENS)})
         result["observer_put"] = http(1, "PUT", f"{sidecar(1)}/v1/mode?wait=0", {"mode": "gather"}, token)
+        result["scraped"] = scraped(prom)
+        for k in (0, 1):
+            result[f"metrics{k}"] = http(k, "GET", f"{sidecar(k)}/metrics")[1]  # before auto: the schedule's modes
+        result["auto"] = run_auto(engine, token)
         for k in (0, 1):
             result[f"mode{k}"] = http(k, "GET", f"{sidecar(k)}/v1/mode")
             result[f"readyz{k}"] = http(k, "GET", f"{sidecar(k)}/readyz")
-            result[f"metrics{k}"] = http(k, "GET", f"{sidecar(k)}/metrics")[1]
         return result
     finally:
+        if prom is not None:
+            prom.stop()
         for node in nodes:
             node.stop()
 
 
 def checks(plain: dict, gw: dict) -> dict[str, bool]:
     mode0, mode1 = (json.loads(gw[f"mode{k}"][1]) for k in (0, 1))
+    scraped, auto = gw["scraped"], gw["auto"]
     return {
         "tokens_equal_plain_in_every_round": all(r["tokens"] == plain["tokens"] for r in gw["rounds"]),
         "controller_accepted_every_switch": all(p["status"] in (200, 202) for p in gw["puts"]),
@@ -195,6 +195,16 @@ def checks(plain: dict, gw: dict) -> dict[str, bool]:
         "each_node_exports_its_rank_only": all(f'rank="{k}"' in gw[f"metrics{k}"] and f'rank="{1 - k}"' not in
                                                gw[f"metrics{k}"] for k in (0, 1)),
         "every_mode_ran_on_both_nodes": all(modes_run(gw[f"metrics{k}"]) >= set(SCHEDULE) for k in (0, 1)),
+        "prometheus_scraped_both_sidecars": [u[1] for u in scraped["up"]] == ["1", "1"],
+        "prometheus_sees_both_ranks": [r[0] for r in scraped["ranks"]] == ["0", "1"],
+        "prometheus_one_controller_one_observer": [c[0] for c in scraped["controllers"]] == [f"{address(0)}:9400"]
+        and [o[0] for o in scraped["observers"]] == [f"{address(1)}:9400"],
+        "auto_accepted_on_controller": all(code in (200, 202) for code in auto["puts"]),
+        "auto_tokens_equal_plain": all(tokens == plain["tokens"] for tokens in auto["rounds"]),
+        "auto_probed_on_controller": "probe" in auto["reasons"],
+        "auto_chose_a_mode_for_the_bucket": auto["table"].get(BUCKET) in ("all_gather", "gather", "sharded"),
+        "observer_runs_no_policy": auto["observer_decisions"][0] == 409
+        or not json.loads(auto["observer_decisions"][1] or "{}").get("decisions"),
     }
 
 
@@ -211,16 +221,12 @@ def path_ms(metrics: str) -> dict[str, float]:
 
 def modes_run(metrics: str) -> set[str]:
     """The modes with logits calls in a sidecar's exposition (gatherwise_logits_path_seconds_count > 0)."""
-    ran = set()
-    for line in metrics.splitlines():
-        if line.startswith("gatherwise_logits_path_seconds_count{") and float(line.rsplit(" ", 1)[1]) > 0:
-            ran.add(line.split('mode="', 1)[1].split('"', 1)[0])
-    return ran
+    return set(path_ms(metrics))
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--python", default=str(REPO / ".venv-sglang" / "bin" / "python"))
+    p.add_argument("--engine", choices=sorted(ENGINES), default="sglang")
     p.add_argument("--model", help="checkpoint directory (default: a tiny Llama built here)")
     p.add_argument("--out", type=Path, default=Path("out/two_node"))
     p.add_argument("--rate", help="limit the link between the nodes to this rate (tc htb, e.g. 100mbit)")
@@ -228,29 +234,36 @@ def main() -> int:
     if os.geteuid() != 0:
         print("two_node.py needs root (network and mount namespaces)", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    model = args.model or str(args.out / "tiny-llama")
+    engine = ENGINES[args.engine]
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    model = args.model or str(out / "tiny-llama")
     if not args.model and not (Path(model) / "config.json").exists():
-        subprocess.run([args.python, str(REPO / "scripts" / "tiny_checkpoint.py"), model, "--for-engines"],
+        subprocess.run([engine.python, str(REPO / "scripts" / "tiny_checkpoint.py"), model, "--for-engines"],
                        check=True, capture_output=True)
     token = secrets.token_hex(16)
     set_up_network()
     if args.rate:
         limit_link(args.rate)
     try:
-        plain = served(args.python, model, False, token, args.out)
-        gw = served(args.python, model, True, token, args.out)
+        plain = served(engine, model, False, token, out)
+        gw = served(engine, model, True, token, out)
     finally:
         tear_down_network()
     paths = {f"node{k}": path_ms(gw[f"metrics{k}"]) for k in (0, 1)}
-    result = {"checks": checks(plain, gw), "rate": args.rate, "rows": len(PROMPTS), "logits_path_ms": paths,
-              "plain": plain, "gatherwise": gw}
-    (args.out / "two_node.json").write_text(json.dumps(result, indent=1))
+    auto = gw["auto"]
+    result = {"engine": engine.name, "checks": checks(plain, gw), "rate": args.rate, "rows": len(PROMPTS),
+              "logits_path_ms": paths, "auto_choice": auto["table"].get(BUCKET), "plain": plain, "gatherwise": gw}
+    (out / f"two_node-{engine.name}.json").write_text(json.dumps(result, indent=1))
     for name, ok in result["checks"].items():
-        print(f"{'ok  ' if ok else 'FAIL'} {name}")
+        print(f"{'ok  ' if ok else 'FAIL'} {engine.name}: {name}")
+    link = args.rate or "unlimited"
     for node, per_mode in paths.items():
-        print(f"{node} logits path per call (ms, {len(PROMPTS)} rows, link {args.rate or 'unlimited'}): "
+        print(f"{engine.name} {node} logits path per call (ms, {len(PROMPTS)} rows, link {link}): "
               + ", ".join(f"{m} {v:.2f}" for m, v in sorted(per_mode.items())))
+    print(f"{engine.name} auto (link {link}): bucket {BUCKET} -> {result['auto_choice']}, "
+          f"{len(auto['switches'])} switch(es), {auto['reasons'].count('probe')} probe decision(s), "
+          f"{len(auto['rounds'])} batches")
     return 0 if all(result["checks"].values()) else 1
 
 
