@@ -1,4 +1,7 @@
-"""`gatherwise generate`: run the TP engine on P local ranks and print the tokens (and modes) it produced.
+"""`gatherwise generate`: run the TP engine on P ranks and print the tokens (and modes) it produced.
+
+The ranks are local, or spread over nodes (`--nnodes/--node-rank/--dist-init-addr`, one command per node with the
+same arguments): node 0 holds rank 0 and prints the output; every other node says which ranks it ran.
 
 Prompts are text (`--prompt`, encoded with the checkpoint's own tokenizer, optionally through its chat
 template) or token ids (`--prompt-ids`), in command-line order; without either, `--prompts N` random prompts.
@@ -15,6 +18,7 @@ from typing import Any
 
 from gatherwise.logits_dtypes import LOGITS_DTYPES
 from gatherwise.tp_engine.launch import MAX_LOCAL_RANKS
+from gatherwise.tp_engine.nodes import add_node_args, nodes_from_args
 
 SHOWN_TOKENS = 12  # of each request, in the plain-text output
 # Upper bounds of the other arguments: beyond them a run is a mistake on a CPU (or a local node), not a workload.
@@ -66,8 +70,9 @@ def _ids_prompt(text: str) -> tuple[str, tuple[int, ...]]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gatherwise generate",
-                                description="Run the tensor-parallel engine on P local ranks and print its tokens.")
-    p.add_argument("--tp", type=_ranged(int, 1, MAX_LOCAL_RANKS), default=1, help="tensor-parallel size P (ranks)")
+                                description="Run the tensor-parallel engine on P ranks and print its tokens.")
+    p.add_argument("--tp", type=_ranged(int, 1, MAX_LOCAL_RANKS), default=1,
+                   help="tensor-parallel size P (ranks of the whole group, over all nodes)")
     p.add_argument("--mode", type=_mode, default="all_gather",
                    help="all_gather | gather | schedule:SEED (random table switches drawn from SEED)")
     p.add_argument("--prompts", type=_ranged(int, 1, MAX_REQUESTS), default=None,
@@ -96,8 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=_ranged(int, 1, MAX_BATCH), default=16, help="most requests running at once")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL)")
     p.add_argument("--threads", type=_ranged(int, 1, MAX_THREADS), default=1,
-                   help="torch CPU threads per rank (1 keeps P ranks from oversubscribing the cores)")
-    p.add_argument("--timeout", type=_ranged(float, 1.0), default=600.0, help="seconds before the run is abandoned")
+                   help="torch CPU threads per rank of this node (1 keeps P ranks from oversubscribing the cores)")
+    p.add_argument("--timeout", type=_ranged(float, 1.0), default=600.0,
+                   help="seconds before this node abandons the run (including waiting for the other nodes)")
+    add_node_args(p)
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: prompt ids, tokens, finish reasons, text (with a tokenizer), modes, "
                         "collectives")
@@ -134,6 +141,8 @@ def generate_main(argv: list[str] | None = None) -> int:
         parser.error("--prompt needs --checkpoint (a text prompt is encoded with the checkpoint's tokenizer.json)")
     if args.chat and not texts:
         parser.error("--chat applies to --prompt TEXT")
+    nodes = nodes_from_args(parser, args, args.tp)
+    local = nodes.ranks(args.tp) if nodes is not None else range(args.tp)
 
     import torch
 
@@ -163,18 +172,22 @@ def generate_main(argv: list[str] | None = None) -> int:
                         stop_ids=tuple(stop_ids))
     if args.tp > config.num_heads:
         parser.error(f"--tp {args.tp} exceeds the model's {config.num_heads} attention heads")
-    if args.device == "cuda" and args.tp > torch.cuda.device_count():
-        parser.error(f"--tp {args.tp} needs {args.tp} GPUs, {torch.cuda.device_count()} visible")
+    if args.device == "cuda" and len(local) > torch.cuda.device_count():
+        parser.error(f"--tp {args.tp} needs {len(local)} GPUs on this node, {torch.cuda.device_count()} visible")
     try:
         if args.tp == 1 and args.device == "cpu":
             torch.set_num_threads(args.threads)
             results = [generate_rank(0, 1, spec)]  # P=1 runs in-process: same code path, no process group
         else:
             results = launch(generate_rank, args.tp, spec, device=args.device, timeout=args.timeout,
-                             threads_per_rank=args.threads)
+                             threads_per_rank=args.threads, nodes=nodes)
     except (LaunchError, ValueError, FileNotFoundError, KeyError) as exc:
         print(f"gatherwise generate: error: {exc}", file=sys.stderr)
         return 1
+    if nodes is not None and nodes.rank != 0:  # rank 0's node prints the tokens; this one only ran its share
+        print(json.dumps({"node_rank": nodes.rank, "nnodes": nodes.count, "ranks": list(local)}) if args.json
+              else f"gatherwise generate: {nodes.describe(args.tp)} done; node 0 prints the tokens")
+        return 0
     tokens = [results[0].tokens[i] for i in sorted(results[0].tokens)]
     if not prompts:  # the random prompts the ranks drew: the same pure function of the seed, redrawn here
         from gatherwise.tp_engine.scheduler import make_requests
@@ -188,6 +201,8 @@ def generate_main(argv: list[str] | None = None) -> int:
         if texts_out is not None:
             out["text"] = texts_out
         out.update(modes=[r.modes for r in results], collectives=[r.collectives for r in results])
+        if len(local) < args.tp:  # per-rank lists cover this node's ranks only: say which
+            out["ranks"] = list(local)
         print(json.dumps(out))
         return 0
     first = results[0]
@@ -201,6 +216,7 @@ def generate_main(argv: list[str] | None = None) -> int:
     for mode in sorted(set(first.modes)):
         print(f"  {mode}: {first.modes.count(mode)} calls")
     agree = all(r.modes == first.modes for r in results)
-    print(f"  modes identical on all {len(results)} ranks: {agree}")
+    where = f"all {len(results)} ranks" if len(local) == args.tp else f"node 0's ranks 0..{local.stop - 1}"
+    print(f"  modes identical on {where}: {agree}")
     return 0
 

@@ -32,6 +32,7 @@ from gatherwise.tp_engine.hf_config import load_hf_config
 from gatherwise.tp_engine.kv_cache import KVCache
 from gatherwise.tp_engine.layers import TPGroup
 from gatherwise.tp_engine.model import TPModel
+from gatherwise.tp_engine.same_args import check_same_args
 from gatherwise.tp_engine.scheduler import (
     Request,
     Scheduler,
@@ -64,7 +65,7 @@ class ModelSpec:
 
     def load(self, tp: TPGroup) -> TPModel:
         config, source = self.config_and_source()
-        device = _rank_device(self.device, tp.rank)
+        device = _rank_device(self.device)
         weights = shard_weights(source, config, tp.rank, tp.world_size, DTYPES[self.compute_dtype], device)
         return TPModel(config, weights, tp)
 
@@ -81,8 +82,9 @@ class ModelSpec:
         return stable_hash(json.dumps([dataclasses.asdict(config), origin, self.compute_dtype]))
 
 
-def _rank_device(device: str, rank: int) -> torch.device:
-    return torch.device(f"cuda:{rank}") if device == "cuda" else torch.device(device)
+def _rank_device(device: str) -> torch.device:
+    # the launcher set this rank's GPU: a node's i-th rank uses cuda:i, whatever its global rank
+    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
 
 
 def mode_setup(mode: str) -> tuple[ModeTable, Callable[[], TableSource | None]]:
@@ -198,6 +200,9 @@ def generate_rank(rank: int, world_size: int, spec: GenerateSpec) -> RunResult:
     table, _ = mode_setup(spec.mode)
     handshake(comm, config_hash=spec.model.config_hash(config), table=table, vocab=config.vocab_size,
               dtype=logits_dtype, device=model.device)
+    # the checkpoint path may differ between nodes: the handshake above compares the model itself
+    check_same_args(comm, repr(dataclasses.replace(spec, model=dataclasses.replace(spec.model, checkpoint=None))),
+                    model.device, "generate arguments (prompts, sampling, mode, budget, batch)")
     path = make_path(comm, config.vocab_size, spec.mode, logits_dtype, model.device)
     if spec.prompts:
         requests = prompt_requests(spec.prompts, config.vocab_size, spec.max_new_tokens, spec.params, spec.stop_ids)
@@ -205,3 +210,4 @@ def generate_rank(rank: int, world_size: int, spec: GenerateSpec) -> RunResult:
         requests = make_requests(spec.num_prompts, config.vocab_size, spec.max_new_tokens, spec.seed, spec.params,
                                  stop_ids=spec.stop_ids)
     return Engine(model, path, spec.max_batch).generate(requests)
+
