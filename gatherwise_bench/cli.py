@@ -1,7 +1,8 @@
-"""`gatherwise bench`: sweep the hooked logits path over rows x vocab x dtype x mode on P local ranks.
+"""`gatherwise bench`: sweep the hooked logits path over rows x vocab x dtype x mode on P ranks.
 
 Prints an nccl-tests style table and writes results.json, crossover.png and one starting-table file per
-(vocab, dtype) into --out. Formulas and the timing method: docs/bench.md.
+(vocab, dtype) into --out. Formulas and the timing method: docs/bench.md. Across nodes (`--nnodes`, one command
+per node) node 0 writes the report from its own ranks' timings; the other nodes write nothing.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gatherwise.bench.arg_types import at_least, int_list, name_list
 from gatherwise.bench.sampling_spec import parse_sampling
 from gatherwise.logits_dtypes import LOGITS_DTYPES
 from gatherwise.modes import IMPLEMENTED_LABELS, Mode
+from gatherwise.tp_engine.nodes import Nodes, add_node_args, nodes_from_args
 
 if TYPE_CHECKING:  # torch-free at import: argument errors come before any heavy import
     from gatherwise.bench.report import SweepResult
@@ -64,18 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the sweep is abandoned")
     p.add_argument("--from-results", type=Path, metavar="RESULTS_JSON",
                    help="measure nothing: re-render the table, plot and table files of an earlier results.json")
+    add_node_args(p)
     return p
 
 
-def _pick_device(requested: str, tp: int, parser: argparse.ArgumentParser) -> str:
+def _pick_device(requested: str, local: int, parser: argparse.ArgumentParser) -> str:
+    """`local`: the ranks on this node, one GPU each."""
     if requested == "cpu":
         return "cpu"
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if requested == "cuda" and gpus < tp:
-        parser.error(f"--device cuda needs {tp} GPUs (one per rank), found {gpus}")
-    return "cuda" if gpus >= tp else "cpu"
+    if requested == "cuda" and gpus < local:
+        parser.error(f"--device cuda needs {local} GPUs (one per rank), found {gpus}")
+    return "cuda" if gpus >= local else "cpu"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,12 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         from gatherwise.bench.report import load_results
 
         return _write_outputs(load_results(args.from_results), args.out)
-    device = _pick_device(args.device, args.tp, parser)
+    nodes = nodes_from_args(parser, args, args.tp)
+
+    from gatherwise.bench.launch import local_ranks, run_ranks
+
+    device = _pick_device(args.device, local_ranks(args.tp, nodes), parser)
 
     # heavy imports only once the arguments are known to be good
     import torch
 
-    from gatherwise.bench.launch import run_ranks
     from gatherwise.bench.report import SweepResult, find_crossovers, summarize
     from gatherwise.bench.sweep import SweepConfig, sweep_rank
 
@@ -112,17 +119,31 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(cfg.samplings)} sampling x {len(cfg.rows)} rows x {len(cfg.modes)} modes, "
           f"{cfg.warmup}+{cfg.iters} calls each", file=sys.stderr)
     t0 = time.perf_counter()
-    per_rank = run_ranks(sweep_rank, cfg.tp, cfg, backend=cfg.backend, timeout=args.timeout)
+    per_rank = run_ranks(sweep_rank, cfg.tp, cfg, backend=cfg.backend, timeout=args.timeout, nodes=nodes)
     elapsed = time.perf_counter() - t0
+    if nodes is not None and nodes.rank != 0:  # rank 0's node writes the report; this one only took part
+        print(f"# {nodes.describe(cfg.tp)} done: node 0 writes the report; nothing written here", file=sys.stderr)
+        return 0
     shapes = summarize(cfg, per_rank)
-    env = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-           "cpu_count": os.cpu_count(), "threads_per_rank": max(1, (os.cpu_count() or 1) // cfg.tp),
-           "load_avg_1m_at_end": os.getloadavg()[0], "sweep_seconds": round(elapsed, 1),
-           "command": "gatherwise bench " + " ".join(argv)}
+    env: dict[str, Any] = {
+        "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+        "cpu_count": os.cpu_count(), "threads_per_rank": max(1, (os.cpu_count() or 1) // local_ranks(cfg.tp, nodes)),
+        "load_avg_1m_at_end": os.getloadavg()[0], "sweep_seconds": round(elapsed, 1),
+        "command": "gatherwise bench " + " ".join(argv)}
+    if nodes is not None:
+        env["nodes"] = _node_layout(nodes, cfg.tp)
     if device == "cuda":
         env["gpu"] = torch.cuda.get_device_name(0)
     print(f"# sweep took {elapsed:.1f} s", file=sys.stderr)
     return _write_outputs(SweepResult(cfg, shapes, find_crossovers(shapes), env), args.out)
+
+
+def _node_layout(nodes: Nodes, tp: int) -> dict[str, Any]:
+    """Which ranks ran where, and which of them the timings come from (rank 0's node: one clock)."""
+    return {"count": nodes.count, "dist_init_addr": f"{nodes.addr}:{nodes.port}",
+            "ranks_by_node": {str(k): list(Nodes(nodes.count, k, nodes.addr, nodes.port).ranks(tp))
+                              for k in range(nodes.count)},
+            "measured_ranks": list(nodes.ranks(tp)), "measured_on_node": nodes.rank}
 
 
 def _write_outputs(result: SweepResult, out_dir: Path) -> int:

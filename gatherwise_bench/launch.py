@@ -7,10 +7,17 @@ from collections.abc import Callable
 from typing import Any
 
 from gatherwise.tp_engine.launch import launch
+from gatherwise.tp_engine.nodes import Nodes
 
 
-def run_ranks(fn: Callable, world: int, *args: Any, backend: str = "gloo", timeout: float = 1800.0) -> list[Any]:
-    """fn(rank, world, *args) on `world` spawned ranks (NCCL when backend="nccl"); results by rank."""
-    threads = max(1, (os.cpu_count() or 1) // world)
+def run_ranks(fn: Callable, world: int, *args: Any, backend: str = "gloo", timeout: float = 1800.0,
+              nodes: Nodes | None = None) -> list[Any]:
+    """fn(rank, world, *args) on spawned ranks (NCCL when backend="nccl"); this node's results by rank (all of
+    them without `nodes`)."""
+    threads = max(1, (os.cpu_count() or 1) // local_ranks(world, nodes))
     return launch(fn, world, *args, device="cuda" if backend == "nccl" else "cpu", timeout=timeout,
-                  threads_per_rank=threads)
+                  threads_per_rank=threads, nodes=nodes)
+
+
+def local_ranks(world: int, nodes: Nodes | None) -> int:
+    return world if nodes is None else len(nodes.ranks(world))

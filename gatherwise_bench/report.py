@@ -182,8 +182,10 @@ def format_table(result: SweepResult) -> str:
         "# time per call = max over ranks of end - min over ranks of start (barrier before each call);"
         " busbw = algbw*(P-1)/P",
         "# ratio = runner-up median / winner median; wins = share of interleaved pairs the winner was faster in",
-        "#" + head1[1:], "#" + head2[1:], "#" + units[1:],
     ]
+    if "nodes" in result.env:
+        lines.append(f"# {measured_ranks_note(result.env['nodes'])}")
+    lines += ["#" + head1[1:], "#" + head2[1:], "#" + units[1:]]
     for s in result.shapes:
         line = f"{s.vocab:>8} {s.dtype:>9} {s.sampling:>13} {s.rows:>6} {s.bytes:>10}"
         for m in modes:
@@ -213,12 +215,22 @@ def format_table(result: SweepResult) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def measured_ranks_note(nodes: dict[str, Any]) -> str:
+    """Across nodes the spans cover node 0's ranks only: another node's clock is unrelated to node 0's."""
+    ranks = nodes["measured_ranks"]
+    where = ", ".join(f"node {k}: ranks {v[0]}..{v[-1]}" for k, v in nodes["ranks_by_node"].items())
+    return (f"{nodes['count']} nodes ({where}); times are spans over ranks {ranks[0]}..{ranks[-1]} on node "
+            f"{nodes['measured_on_node']} only (one clock); a call's wait for the other nodes' shards is inside them, "
+            "their ranks' own ends are not")
+
+
 def write_results_json(path: Path, result: SweepResult, tables: dict[str, str]) -> Path:
     doc = {
         "config": asdict(result.config),
         "env": result.env,
         "timing": "per call: max over ranks of end minus min over ranks of start; barrier before each call; "
-                  "time.perf_counter_ns (CLOCK_MONOTONIC)",
+                  "time.perf_counter_ns (CLOCK_MONOTONIC)" +
+                  (f"; {measured_ranks_note(result.env['nodes'])}" if "nodes" in result.env else ""),
         "formulas": {"bytes": "P * rows * shard_width * element_size",
                      "wire_bytes": "rank 0's median bytes over all collectives of a call (as recorded)",
                      "algbw_gbs": "bytes / median_time / 1e9", "busbw_gbs": "algbw * (P - 1) / P"},

@@ -28,6 +28,7 @@ from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
 from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 from gatherwise.modes import Mode, ModeTable
 from gatherwise.shm_format.ring import broadcast_bytes
+from gatherwise.tp_engine.same_args import check_same_args
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,13 @@ class _PhaseRecorder:
 
 def sweep_rank(rank: int, world: int, cfg: SweepConfig) -> dict[ShapeKey, CallTimes]:
     """Run the whole sweep on this rank (inside an initialized process group); return its timings."""
-    device = torch.device(f"cuda:{rank}" if cfg.device == "cuda" else "cpu")
+    # the launcher set this rank's GPU (a node's i-th rank on cuda:i, whatever its global rank)
+    gpu = torch.cuda.current_device() if cfg.device == "cuda" else 0
+    device = torch.device("cuda", gpu) if cfg.device == "cuda" else torch.device("cpu")
     comm = default_communicator()
+    check_same_args(comm, repr(cfg), device, "bench arguments")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    barrier = (lambda: dist.barrier(device_ids=[rank])) if device.type == "cuda" else dist.barrier
+    barrier = (lambda: dist.barrier(device_ids=[gpu])) if device.type == "cuda" else dist.barrier
     if world == 1:
         barrier = lambda: None
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
