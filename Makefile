@@ -43,13 +43,14 @@ test-vllm:
 test-sglang:
 	bash scripts/test_sglang.sh
 
-# SGLang and vLLM TP=2 across two "nodes" made of network and mount namespaces on this host, each node with its own
-# sidecar and one Prometheus (root; docs/deployment.md, "Two nodes on one host"). Uses the engine tests' venvs.
-test-multinode: apt
+# SGLang, vLLM and the reference engine TP=2 across two "nodes" made of network and mount namespaces on this host,
+# a sidecar on each node and one Prometheus (root; docs/deployment.md, "Two nodes on one host").
+test-multinode: apt $(STAMP)
 	GATHERWISE_SGLANG_INSTALL_ONLY=1 bash scripts/test_sglang.sh
 	GATHERWISE_VLLM_INSTALL_ONLY=1 bash scripts/test_vllm.sh
 	.venv-sglang/bin/python scripts/two_node.py --engine sglang --out out/two_node
 	.venv-sglang/bin/python scripts/two_node.py --engine vllm --out out/two_node
+	.venv-sglang/bin/python scripts/two_node.py --engine reference --out out/two_node
 
 # The serving benchmark on both engines' own servers and clients, with its defaults (docs/bench_serve.md): about
 # an hour per engine on a 2-core host (53 min vLLM, 58 SGLang); each waits for the load average to fall under 3 first.

@@ -32,8 +32,18 @@ import sys
 import time
 from pathlib import Path
 
-from two_node_engines import ENGINES, REPO, Engine, gloo_env
-from two_node_net import NodeProcess, address, background, http, in_node, limit_link, set_up_network, tear_down_network
+from two_node_engines import ENGINES, REPO, Engine, Reference, gloo_env
+
+from gatherwise.bench.netns_nodes import (
+    NodeProcess,
+    address,
+    background,
+    http,
+    in_node,
+    limit_link,
+    set_up_network,
+    tear_down_network,
+)
 
 SIDECAR_PORT, PROMETHEUS_PORT = 9400, 9090
 PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23], [2]]
@@ -180,11 +190,36 @@ def served(engine: Engine, model: str, plugin: bool, token: str, out: Path) -> d
             node.stop()
 
 
+def generated(engine: Reference, mode: str, out: Path) -> list[list[int]]:
+    """`gatherwise generate` across both nodes in `mode`; node 0's tokens."""
+    nodes = [NodeProcess(k, "exec " + shlex.join(engine.generate_command(k, PROMPTS, MAX_TOKENS, mode)),
+                         {**os.environ, **gloo_env(k)}, out / f"reference-generate-{mode}-node{k}.log")
+             for k in (0, 1)]
+    try:
+        codes = [node.wait(timeout=600) for node in nodes]
+    finally:
+        for node in nodes:
+            node.stop()
+    text = (out / f"reference-generate-{mode}-node0.log").read_text()
+    if codes != [0, 0]:
+        raise RuntimeError(f"gatherwise generate --mode {mode} across the nodes exited {codes}: {text[-2000:]}")
+    return json.loads(text.strip().splitlines()[-1])["tokens"]
+
+
+def reference_tokens(engine: Reference, out: Path) -> dict:
+    """The reference engine's tokens in each mode and a random switch schedule, across the nodes; all_gather is
+    the plain engine (it is what the engine does without gatherwise choosing)."""
+    by_mode = {mode: generated(engine, mode, out) for mode in ("all_gather", "gather", "sharded", "schedule:7")}
+    return {"tokens": by_mode["all_gather"], "by_mode": by_mode}
+
+
 def checks(plain: dict, gw: dict) -> dict[str, bool]:
     mode0, mode1 = (json.loads(gw[f"mode{k}"][1]) for k in (0, 1))
     scraped, auto = gw["scraped"], gw["auto"]
+    # a server engine's rounds carry tokens; the reference engine's tokens come from its generate runs
+    rounds = [r["tokens"] for r in gw["rounds"] if r["tokens"]] + list(plain.get("by_mode", {}).values())
     return {
-        "tokens_equal_plain_in_every_round": all(r["tokens"] == plain["tokens"] for r in gw["rounds"]),
+        "tokens_equal_plain_in_every_round": bool(rounds) and all(t == plain["tokens"] for t in rounds),
         "controller_accepted_every_switch": all(p["status"] in (200, 202) for p in gw["puts"]),
         "both_sidecars_attached": all(e.get("attached") for e in gw["engine"]),
         "each_sidecar_reads_its_nodes_rank": [e.get("ranks") for e in gw["engine"]] == [[0], [1]],
@@ -200,7 +235,7 @@ def checks(plain: dict, gw: dict) -> dict[str, bool]:
         "prometheus_one_controller_one_observer": [c[0] for c in scraped["controllers"]] == [f"{address(0)}:9400"]
         and [o[0] for o in scraped["observers"]] == [f"{address(1)}:9400"],
         "auto_accepted_on_controller": all(code in (200, 202) for code in auto["puts"]),
-        "auto_tokens_equal_plain": all(tokens == plain["tokens"] for tokens in auto["rounds"]),
+        "auto_tokens_equal_plain": all(tokens == plain["tokens"] for tokens in auto["rounds"] if tokens),
         "auto_probed_on_controller": "probe" in auto["reasons"],
         "auto_chose_a_mode_for_the_bucket": auto["table"].get(BUCKET) in ("all_gather", "gather", "sharded"),
         "observer_runs_no_policy": auto["observer_decisions"][0] == 409
@@ -238,7 +273,7 @@ def main() -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     model = args.model or str(out / "tiny-llama")
-    if not args.model and not (Path(model) / "config.json").exists():
+    if not args.model and not isinstance(engine, Reference) and not (Path(model) / "config.json").exists():
         subprocess.run([engine.python, str(REPO / "scripts" / "tiny_checkpoint.py"), model, "--for-engines"],
                        check=True, capture_output=True)
     token = secrets.token_hex(16)
@@ -246,7 +281,10 @@ def main() -> int:
     if args.rate:
         limit_link(args.rate)
     try:
-        plain = served(engine, model, False, token, out)
+        if isinstance(engine, Reference):
+            plain = reference_tokens(engine, out)
+        else:
+            plain = served(engine, model, False, token, out)
         gw = served(engine, model, True, token, out)
     finally:
         tear_down_network()

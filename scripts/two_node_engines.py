@@ -4,10 +4,11 @@ one batched greedy request is sent to node 0 (rank 0's node, the only one that s
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from two_node_net import address, http, veth
+from gatherwise.bench.netns_nodes import address, http, veth
 
 REPO = Path(__file__).resolve().parent.parent
 ENGINE_PORT, DIST_PORT = 30000, 29500
@@ -105,7 +106,37 @@ class Vllm(Engine):
         return [c["token_ids"] for c in sorted(out["choices"], key=lambda c: c["index"])]
 
 
-ENGINES = {"sglang": SGLang("sglang", ".venv-sglang"), "vllm": Vllm("vllm", ".venv-vllm")}
+class Reference(Engine):
+    """gatherwise's own engine: `gatherwise engine` (a synthetic decode load, 4 greedy rows a step, hooks on) for
+    the sidecars, and `gatherwise generate` across the nodes for tokens. It serves no HTTP: a round is time."""
+
+    ROUND_S = 3.0
+
+    def env(self, node: int) -> dict[str, str]:
+        return {}
+
+    def node_args(self, node: int) -> list[str]:
+        return ["--tp", "2", "--nnodes", "2", "--node-rank", str(node), "--dist-init-addr",
+                f"{address(0)}:{DIST_PORT}"]
+
+    def command(self, node: int, model: str) -> list[str]:
+        return [self.gatherwise, "engine", *self.node_args(node), "--workload", "fixed:4"]
+
+    def generate_command(self, node: int, prompts: list[list[int]], max_tokens: int, mode: str) -> list[str]:
+        ids = [arg for p in prompts for arg in ("--prompt-ids", ",".join(map(str, p)))]
+        return [self.gatherwise, "generate", *self.node_args(node), *ids, "--max-new-tokens", str(max_tokens),
+                "--ignore-eos", "--mode", mode, "--json", "--timeout", "300"]
+
+    def ready(self) -> bool:
+        return True  # `gatherwise engine` runs as soon as both nodes joined; the sidecars say when they see it
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        time.sleep(self.ROUND_S)
+        return []
+
+
+ENGINES = {"sglang": SGLang("sglang", ".venv-sglang"), "vllm": Vllm("vllm", ".venv-vllm"),
+           "reference": Reference("reference", ".venv")}
 
 
 def gloo_env(node: int) -> dict[str, str]:

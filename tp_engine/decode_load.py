@@ -1,12 +1,13 @@
 """`gatherwise engine`: the TP engine with the gatherwise hooks under a synthetic decode load.
 
     gatherwise engine --tp P [--workload mixed|fixed:ROWS] [--sampling greedy|mixed] [--duration SECONDS]
-                      [--shm-dir DIR] [--config FILE]
+                      [--shm-dir DIR] [--config FILE] [--nnodes N --node-rank K --dist-init-addr HOST:PORT]
 
 Runs until the duration ends or the parent gets SIGINT/SIGTERM. Ranks must stop at the same call (a rank that
 stops alone leaves the others blocked in a collective), so rank 0 decides and broadcasts "go on / stop" every
 few calls; the ranks themselves ignore SIGINT and SIGTERM (Ctrl-C and `timeout` signal the whole process group); a
-rank whose parent died stops by itself.
+rank whose parent died stops by itself. Across nodes (one command per node, as `gatherwise generate`) rank 0's
+node decides: the other nodes run until rank 0 stops them, and each node's sidecar reads its own node's ranks.
 On exit rank 0 removes the engine's shared-memory directory (install_hooks' close()).
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 from gatherwise.config import GatherwiseConfig
 from gatherwise.shm_format.ring import engine_dir_name
 from gatherwise.tp_engine.launch import MAX_LOCAL_RANKS
+from gatherwise.tp_engine.nodes import add_node_args, nodes_from_args
 
 MIXED_MAX_ROWS = 64
 FIXED_MAX_ROWS = 1024  # the largest batch `fixed:ROWS` takes
@@ -139,7 +141,7 @@ def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: in
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gatherwise engine",
                                 description="Run the TP engine with gatherwise hooks under a synthetic load.")
-    p.add_argument("--tp", type=int, default=2, help="tensor-parallel size P (local ranks)")
+    p.add_argument("--tp", type=int, default=2, help="tensor-parallel size P (ranks of the whole group)")
     p.add_argument("--workload", type=parse_workload, default="mixed",
                    help="mixed (batch sizes moving across 1..64) or fixed:ROWS")
     p.add_argument("--sampling", choices=tuple(SAMPLING_MIXES), default="greedy",
@@ -150,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=int, default=32000, help="vocab of the random model")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL)")
     p.add_argument("--seed", type=int, default=0, help="seed of the mixed workload's batch sizes")
+    add_node_args(p)
     return p
 
 
@@ -160,6 +163,7 @@ def engine_main(argv: list[str] | None = None) -> int:
         parser.error(f"--tp must be in 1..{MAX_LOCAL_RANKS}, got {args.tp}")
     if args.duration is not None and args.duration <= 0:
         parser.error(f"--duration must be > 0, got {args.duration}")
+    nodes = nodes_from_args(parser, args, args.tp)
     import multiprocessing as mp
 
     from gatherwise.config import ConfigError, load_config
@@ -195,14 +199,15 @@ def engine_main(argv: list[str] | None = None) -> int:
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     timeout = (args.duration + 300.0) if args.duration is not None else 30 * 86400.0
     try:
-        results = launch(engine_rank, args.tp, spec, stop, os.getpid(), device=args.device, timeout=timeout)
+        results = launch(engine_rank, args.tp, spec, stop, os.getpid(), device=args.device, timeout=timeout,
+                         nodes=nodes)
     except LaunchError as exc:
         print(f"gatherwise engine: error: {exc}", file=sys.stderr)
         return 1
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    first = results[0]
+    first = results[0]  # this node's first rank
     print(f"gatherwise engine {first.engine_id}: {first.calls} logits calls per rank in {first.seconds:.1f} s "
           f"({first.calls / max(first.seconds, 1e-9):.0f} calls/s)", flush=True)
     return 0
