@@ -1,9 +1,11 @@
 """SGLang or vLLM TP=2 across two "nodes" on this Linux host, plain and with gatherwise, a sidecar on each node.
 
     sudo .venv-sglang/bin/python scripts/two_node.py --engine sglang --out out/two_node   # root: namespaces
+    ... --engine vllm --rate 100mbit          # the link between the nodes limited (tc htb)
+    ... --engine reference --sweep 1,4,16     # `gatherwise bench` across the nodes instead of the checks
 
 A node is a network namespace joined to the other by a veth pair, with its own private `/dev/shm`
-(scripts/two_node_net.py): what two hosts look like to the engine and to gatherwise. Node k runs the engine's
+(gatherwise.bench.netns_nodes): what two hosts look like to the engine and to gatherwise. Node k runs the engine's
 node k (one TP rank each; rank 0, the gather root and the control block, on node 0; scripts/two_node_engines.py)
 with gloo over the veth, and, with gatherwise, a `gatherwise sidecar` beside it on the node's shm_dir; one
 Prometheus in node 0 scrapes both sidecars.
@@ -32,12 +34,13 @@ import sys
 import time
 from pathlib import Path
 
-from two_node_engines import ENGINES, REPO, Engine, Reference, gloo_env
+from two_node_engines import ENGINES, REPO, Engine, Reference
 
 from gatherwise.bench.netns_nodes import (
     NodeProcess,
     address,
     background,
+    gloo_env,
     http,
     in_node,
     limit_link,
@@ -206,6 +209,19 @@ def generated(engine: Reference, mode: str, out: Path) -> list[list[int]]:
     return json.loads(text.strip().splitlines()[-1])["tokens"]
 
 
+def sweep(engine: Reference, out: Path, rows: str) -> int:
+    """`gatherwise bench` with one rank on each node: node 0 writes OUT/sweep (results.json, crossover.png)."""
+    nodes = [NodeProcess(k, "exec " + shlex.join(engine.sweep_command(k, str(out / "sweep"), rows)),
+                         {**os.environ, **gloo_env(k)}, out / f"sweep-node{k}.log") for k in (0, 1)]
+    try:
+        codes = [node.wait(timeout=1800) for node in nodes]
+    finally:
+        for node in nodes:
+            node.stop()
+    print((out / "sweep-node0.log").read_text()[-3000:])
+    return 0 if codes == [0, 0] else 1
+
+
 def reference_tokens(engine: Reference, out: Path) -> dict:
     """The reference engine's tokens in each mode and a random switch schedule, across the nodes; all_gather is
     the plain engine (it is what the engine does without gatherwise choosing)."""
@@ -265,7 +281,11 @@ def main() -> int:
     p.add_argument("--model", help="checkpoint directory (default: a tiny Llama built here)")
     p.add_argument("--out", type=Path, default=Path("out/two_node"))
     p.add_argument("--rate", help="limit the link between the nodes to this rate (tc htb, e.g. 100mbit)")
+    p.add_argument("--sweep", metavar="ROWS", help="instead of the checks: `gatherwise bench` across the nodes at "
+                   "these batch rows (e.g. 1,4,16,64; the reference engine only)")
     args = p.parse_args()
+    if args.sweep and args.engine != "reference":
+        p.error("--sweep runs gatherwise bench: only with --engine reference")
     if os.geteuid() != 0:
         print("two_node.py needs root (network and mount namespaces)", file=sys.stderr)
         return 2
@@ -281,6 +301,9 @@ def main() -> int:
     if args.rate:
         limit_link(args.rate)
     try:
+        if args.sweep:
+            assert isinstance(engine, Reference)
+            return sweep(engine, out, args.sweep)
         if isinstance(engine, Reference):
             plain = reference_tokens(engine, out)
         else:

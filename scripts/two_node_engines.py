@@ -8,10 +8,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gatherwise.bench.netns_nodes import address, http, veth
+from gatherwise.bench.netns_nodes import address, http
+from gatherwise.bench.serve.node_servers import DIST_PORT, ENGINE_PORT, node_rank
+from gatherwise.bench.serve.sglang_engine import SGLANG_ENV, SGLANG_ENV_DEFAULTS, SglangEngine
 
 REPO = Path(__file__).resolve().parent.parent
-ENGINE_PORT, DIST_PORT = 30000, 29500
 
 
 @dataclass(frozen=True)
@@ -53,22 +54,17 @@ class Engine:
 
 
 class SGLang(Engine):
-    """`launch_server --nnodes 2 --node-rank k`; SGLANG_HOST_IP is the node's address: without it SGLang looks for
-    its address through a route to a public one, which a namespace with only a veth lacks, and stalls at "Can not
-    get local ip by remote". SGLANG_CPU_OMP_THREADS_BIND indexes the node's local ranks."""
+    """`launch_server --nnodes 2 --node-rank k`, as `gatherwise bench serve --nodes 2` starts it (its settings and
+    each node's environment live there), taking token ids (no tokenizer)."""
+
+    SPEC = SglangEngine()
 
     def env(self, node: int) -> dict[str, str]:
-        return {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_CPU_OMP_THREADS_BIND": str(node),
-                "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so", "OMP_WAIT_POLICY": "PASSIVE",
-                "SGLANG_HOST_IP": address(node)}
+        return {**SGLANG_ENV, **SGLANG_ENV_DEFAULTS, **self.SPEC.node_env(node_rank(node))}
 
     def command(self, node: int, model: str) -> list[str]:
-        return [self.python, "-m", "sglang.launch_server", "--model-path", model, "--tp", "2", "--nnodes", "2",
-                "--node-rank", str(node), "--dist-init-addr", f"{address(0)}:{DIST_PORT}", "--host", address(node),
-                "--port", str(ENGINE_PORT), "--device", "cpu", "--attention-backend", "torch_native",
-                "--disable-cuda-graph", "--dtype", "float32", "--mem-fraction-static", "0.15",
-                "--max-total-tokens", "4096", "--context-length", "256", "--skip-tokenizer-init",
-                "--random-seed", "1234", "--log-level", "warning"]
+        return [*self.SPEC.server_command(self.python, Path(model), address(node), ENGINE_PORT, context_len=256,
+                                          max_total_tokens=4096, node=node_rank(node)), "--skip-tokenizer-init"]
 
     def health_path(self) -> str:
         return "/health_generate"
@@ -127,6 +123,11 @@ class Reference(Engine):
         return [self.gatherwise, "generate", *self.node_args(node), *ids, "--max-new-tokens", str(max_tokens),
                 "--ignore-eos", "--mode", mode, "--json", "--timeout", "300"]
 
+    def sweep_command(self, node: int, out: str, rows: str) -> list[str]:
+        """`gatherwise bench` across the nodes: greedy, float32, Llama's and Qwen2's vocab; node 0 writes `out`."""
+        return [self.gatherwise, "bench", *self.node_args(node), "--rows", rows, "--vocab", "32000,152064",
+                "--dtype", "float32", "--iters", "20", "--out", out, "--timeout", "1500"]
+
     def ready(self) -> bool:
         return True  # `gatherwise engine` runs as soon as both nodes joined; the sidecars say when they see it
 
@@ -138,7 +139,3 @@ class Reference(Engine):
 ENGINES = {"sglang": SGLang("sglang", ".venv-sglang"), "vllm": Vllm("vllm", ".venv-vllm"),
            "reference": Reference("reference", ".venv")}
 
-
-def gloo_env(node: int) -> dict[str, str]:
-    """gloo's sockets on the veth: both engines' process groups are gloo on CPU."""
-    return {"GLOO_SOCKET_IFNAME": veth(node)}
