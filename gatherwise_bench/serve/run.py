@@ -17,9 +17,10 @@ import httpx
 
 from gatherwise.bench.serve.cells import Cell
 from gatherwise.bench.serve.configurations import CONFIGURATIONS, Configuration
-from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, Workload
+from gatherwise.bench.serve.engine_spec import LOCAL_HOST, SERVED_MODEL_NAME, EngineSpec, NodeRank, Workload
 from gatherwise.bench.serve.load_wait import wait_for_load
 from gatherwise.bench.serve.logits_share import logits_share
+from gatherwise.bench.serve.node_servers import ENGINE_PORT, NODE_SHM_DIR, NodeServers
 from gatherwise.bench.serve.server_process import ServerProcess
 from gatherwise.bench.serve.sidecar_link import SidecarLink
 from gatherwise.free_port import free_port
@@ -42,6 +43,7 @@ class ServeBench:
     max_load: float | None
     max_load_wait_s: float
     warmup_rounds: int  # every configuration: rounds of every cell before the measured one, prompts of their own
+    nodes: int = 1  # 2: one rank on each of two nodes of this host (node_servers.py), the network already up
 
     @property
     def context_len(self) -> int:
@@ -85,8 +87,10 @@ def phases(bench: ServeBench) -> list[tuple[str, Workload]]:
     return [*warmup, ("measured", bench.workload)]
 
 
-def _run_client(bench: ServeBench, port: int, cell: Cell, workload: Workload, result_file: Path) -> dict[str, Any]:
-    command = bench.engine.client_command(bench.python, bench.model, port, cell, workload, result_file)
+def _run_client(bench: ServeBench, server: ServerProcess | NodeServers, cell: Cell, workload: Workload,
+                result_file: Path) -> dict[str, Any]:
+    command = bench.engine.client_command(bench.python, bench.model, server.host, server.port, cell, workload,
+                                          result_file)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATHERWISE_")}
     env.update(OFFLINE)
     proc = subprocess.run(command, env=env, cwd=bench.work_dir, capture_output=True, text=True,
@@ -108,21 +112,30 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
     load = wait_for_load(bench.max_load, bench.max_load_wait_s)
     print(f"[bench serve] {bench.engine.name} {name} (pass {pass_index}): starting, load average {load:.2f}",
           file=sys.stderr)
-    shm_dir = tempfile.mkdtemp(prefix="gatherwise-bench-serve-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     tag = f"{name}-p{pass_index}"
     sidecar: SidecarLink | None = None
-    server: ServerProcess | None = None
+    server: ServerProcess | NodeServers | None = None
+    shm_dir: str | None = None
     record: dict[str, Any] = {"configuration": name, "pass": pass_index, "load_avg_1m_at_start": round(load, 2),
                               "cells": [], "outputs": {}}
     try:
-        if conf.plugin:
-            sidecar = SidecarLink(shm_dir, bench.work_dir / f"sidecar-{tag}.yaml")
-        port = free_port()
-        command = bench.engine.server_command(bench.python, bench.model, port, bench.context_len,
-                                              bench.max_total_tokens)
-        server = ServerProcess(command, _environment(bench, conf, shm_dir), port,
-                               bench.work_dir / f"server-{tag}.log", bench.engine.shm_leftovers)
-        record["server_command"] = command
+        if bench.nodes > 1:
+            server = _start_nodes(bench, conf, tag)
+            record["server_command"] = server.commands
+            record["server_node_env"] = server.node_envs  # on top of results.json's server_env, per node
+            if conf.plugin:
+                sidecar = server.sidecars()
+        else:
+            shm_dir = tempfile.mkdtemp(prefix="gatherwise-bench-serve-",
+                                       dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+            if conf.plugin:
+                sidecar = SidecarLink.start(shm_dir, bench.work_dir / f"sidecar-{tag}.yaml")
+            port = free_port()
+            command = bench.engine.server_command(bench.python, bench.model, LOCAL_HOST, port, bench.context_len,
+                                                  bench.max_total_tokens)
+            server = ServerProcess(command, _environment(bench, conf, shm_dir), port,
+                                   bench.work_dir / f"server-{tag}.log", bench.engine.shm_leftovers)
+            record["server_command"] = command
         record["server_ready_s"] = round(server.wait_ready(), 1)
         _warm_up(server.url)
         if sidecar is not None:
@@ -132,15 +145,15 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
                 record["auto_put"] = sidecar.put_mode({"mode": "auto"})
         for round_index, (phase, workload) in enumerate(phases(bench)):
             for cell in bench.cells:
-                before = sidecar.metrics_text() if sidecar else None
+                before = sidecar.metrics_texts() if sidecar else None
                 started = time.monotonic()
-                ran = _run_client(bench, port, cell, workload,
+                ran = _run_client(bench, server, cell, workload,
                                   bench.work_dir / f"client-{tag}-{phase}{round_index}-{cell.key}.json")
                 result = ran["result"]
                 entry = {"phase": phase, "seed": workload.seed, "cell": cell.key, "sampling": cell.sampling.name,
                          "concurrency": cell.concurrency, "num_prompts": cell.num_prompts,
                          "client_wall_s": round(time.monotonic() - started, 1), **result.summary(),
-                         "logits_path": logits_share(before, sidecar.metrics_text(), result.duration_s)
+                         "logits_path": logits_share(before, sidecar.metrics_texts(), result.duration_s)
                          if sidecar and before is not None else None}
                 record["cells"].append(entry)
                 if phase == "measured":
@@ -157,5 +170,16 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
             record["server_exit"] = server.stop()
         if sidecar is not None:
             sidecar.stop()
-        shutil.rmtree(shm_dir, ignore_errors=True)
+        if shm_dir is not None:
+            shutil.rmtree(shm_dir, ignore_errors=True)
     return record
+
+
+def _start_nodes(bench: ServeBench, conf: Configuration, tag: str) -> NodeServers:
+    """Node 0's server and node 1's share of the group, each in its node, gatherwise on both where `conf` says."""
+    def command_for(node: NodeRank) -> list[str]:
+        return bench.engine.server_command(bench.python, bench.model, node.address, ENGINE_PORT, bench.context_len,
+                                           bench.max_total_tokens, node)
+
+    return NodeServers(bench.engine, command_for, _environment(bench, conf, NODE_SHM_DIR), conf.plugin,
+                       bench.work_dir, tag)

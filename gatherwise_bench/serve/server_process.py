@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from gatherwise.bench.serve.engine_spec import LOCAL_HOST
 from gatherwise.dashboards.child_process import start_child
 
 READY_TIMEOUT_S = 900.0  # a TP=2 start on 2 shared cores, loading a 600 MB checkpoint twice
@@ -26,7 +27,8 @@ def shm_files(patterns: tuple[str, ...]) -> set[str]:
 class ServerProcess:
     def __init__(self, command: list[str], env: dict[str, str], port: int, log_path: Path,
                  shm_leftovers: tuple[str, ...]) -> None:
-        self.url = f"http://127.0.0.1:{port}"
+        self.host, self.port = LOCAL_HOST, port
+        self.url = f"http://{LOCAL_HOST}:{port}"
         self.log_path = log_path
         self.shm_leftovers = shm_leftovers
         self._shm_before = shm_files(shm_leftovers)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gatherwise.bench.serve.cells import Cell
 from gatherwise.bench.serve.client_result import ClientResult, read_sglang_result
-from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, Workload
+from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, NodeRank, Workload
 
 # As tests/sglang/harness.py: SGLang's CPU engine, one OpenMP core per TP rank (its NUMA check refuses TP=2 on one
 # node otherwise), and no pynccl (its CUDA torch build would load libnccl; a missing path turns that off).
@@ -25,27 +25,38 @@ class SglangEngine(EngineSpec):
     env_defaults = SGLANG_ENV_DEFAULTS
     shm_leftovers = ("sglang_loads_*", "sgl_shm_mq_*", "sem.mp-*")
 
-    def server_command(self, python: str, model: Path, port: int, context_len: int, max_total_tokens: int
-                       ) -> list[str]:
+    def server_command(self, python: str, model: Path, host: str, port: int, context_len: int,
+                       max_total_tokens: int, node: NodeRank | None = None) -> list[str]:
         # the engine tests' settings (tests/sglang/engine_run.py ENGINE_ARGS), with room for every running request;
         # --mem-fraction-static must cover the loaded weights (SGLang refuses to start otherwise): a Qwen2.5-0.5B-
         # shaped checkpoint's take about 5.3 % of a 23 GB host's memory, so 0.05 is too little there. The KV cache
         # is bounded by --max-total-tokens whatever the fraction.
-        return [python, "-m", "sglang.launch_server", "--model-path", str(model),
-                "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--tp", "2",
-                "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
-                "--dtype", "float32", "--mem-fraction-static", "0.15", "--max-total-tokens", str(max_total_tokens),
-                "--context-length", str(context_len),
-                "--random-seed", str(RANDOM_SEED), "--log-level", "warning"]
+        command = [python, "-m", "sglang.launch_server", "--model-path", str(model),
+                   "--served-model-name", SERVED_MODEL_NAME, "--host", host, "--port", str(port), "--tp", "2",
+                   "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
+                   "--dtype", "float32", "--mem-fraction-static", "0.15", "--max-total-tokens", str(max_total_tokens),
+                   "--context-length", str(context_len),
+                   "--random-seed", str(RANDOM_SEED), "--log-level", "warning"]
+        if node is not None:
+            command += ["--nnodes", str(node.count), "--node-rank", str(node.index),
+                        "--dist-init-addr", f"{node.master}:{node.dist_port}"]
+        return command
 
-    def client_command(self, python: str, model: Path, port: int, cell: Cell, workload: Workload,
+    def node_env(self, node: NodeRank) -> dict[str, str]:
+        # SGLANG_HOST_IP: without it SGLang finds its address through a route to a public one, which a node with
+        # only its links lacks, and stalls at "Can not get local ip by remote" (docs/deployment.md).
+        # SGLANG_CPU_OMP_THREADS_BIND lists a core per local rank: node k's one rank on core k, so the nodes of
+        # one host do not share a core.
+        return {"SGLANG_HOST_IP": node.address, "SGLANG_CPU_OMP_THREADS_BIND": str(node.index)}
+
+    def client_command(self, python: str, model: Path, host: str, port: int, cell: Cell, workload: Workload,
                        result_file: Path) -> list[str]:
         body = {"temperature": cell.sampling.temperature}
         if not cell.sampling.greedy:
             body["top_p"] = cell.sampling.top_p
         # random-ids: SGLang's random dataset from token ids; its "random" samples ShareGPT text from the hub.
         # ignore_eos is its default, so every request makes exactly --random-output-len tokens.
-        return [python, "-m", "sglang.bench_serving", "--backend", "sglang-oai", "--host", "127.0.0.1",
+        return [python, "-m", "sglang.bench_serving", "--backend", "sglang-oai", "--host", host,
                 "--port", str(port), "--model", str(model), "--served-model-name", SERVED_MODEL_NAME,
                 "--tokenizer", str(model), "--dataset-name", "random-ids",
                 "--random-input-len", str(workload.input_len), "--random-output-len", str(workload.output_len),

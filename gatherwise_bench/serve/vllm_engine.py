@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gatherwise.bench.serve.cells import Cell
 from gatherwise.bench.serve.client_result import ClientResult, read_vllm_result
-from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, Workload
+from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, NodeRank, Workload
 
 # As tests/vllm/harness.py: 1 GiB of KV cache, no OpenMP thread pinning (2 shared cores).
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
@@ -19,21 +19,23 @@ class VllmEngine(EngineSpec):
     # psm_*: its message queues (Python shared memory), sem.mp-*: multiprocessing semaphores, when killed
     shm_leftovers = ("vllm_dist_*", "psm_*", "sem.mp-*")
 
-    def server_command(self, python: str, model: Path, port: int, context_len: int, max_total_tokens: int
-                       ) -> list[str]:
+    def server_command(self, python: str, model: Path, host: str, port: int, context_len: int,
+                       max_total_tokens: int, node: NodeRank | None = None) -> list[str]:
+        if node is not None:  # its follower node needs `vllm serve --headless`, not this entry point (docs/vllm.md)
+            raise NotImplementedError("gatherwise bench serve runs vLLM on one node only")
         # --enforce-eager and the mp executor as the engine tests; float32 as the checkpoint (and SGLang's run)
         return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-                "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+                "--served-model-name", SERVED_MODEL_NAME, "--host", host, "--port", str(port),
                 "--tensor-parallel-size", "2", "--enforce-eager", "--distributed-executor-backend", "mp",
                 "--dtype", "float32", "--max-model-len", str(context_len), "--seed", "0",
                 "--disable-uvicorn-access-log"]
 
-    def client_command(self, python: str, model: Path, port: int, cell: Cell, workload: Workload,
+    def client_command(self, python: str, model: Path, host: str, port: int, cell: Cell, workload: Workload,
                        result_file: Path) -> list[str]:
         sampling = ["--temperature", str(cell.sampling.temperature)]
         if not cell.sampling.greedy:
             sampling += ["--top-p", str(cell.sampling.top_p)]
-        return [python, "-m", "gatherwise.bench.serve.vllm_client", "--backend", "vllm", "--host", "127.0.0.1",
+        return [python, "-m", "gatherwise.bench.serve.vllm_client", "--backend", "vllm", "--host", host,
                 "--port", str(port), "--endpoint", "/v1/completions", "--model", str(model),
                 "--served-model-name", SERVED_MODEL_NAME, "--tokenizer", str(model), "--dataset-name", "random",
                 "--random-input-len", str(workload.input_len), "--random-output-len", str(workload.output_len),
