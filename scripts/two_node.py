@@ -43,6 +43,7 @@ from gatherwise.bench.netns_nodes import (
     gloo_env,
     http,
     in_node,
+    in_use,
     limit_link,
     set_up_network,
     tear_down_network,
@@ -297,6 +298,10 @@ def main() -> int:
         subprocess.run([engine.python, str(REPO / "scripts" / "tiny_checkpoint.py"), model, "--for-engines"],
                        check=True, capture_output=True)
     token = secrets.token_hex(16)
+    busy = in_use()  # the namespace names are fixed: setting up would tear another run's nodes down under it
+    if busy:
+        print(f"namespaces {', '.join(busy)} are in use by another two-node run; wait for it to end", file=sys.stderr)
+        return 2
     set_up_network()
     if args.rate:
         limit_link(args.rate)
