@@ -58,6 +58,7 @@ from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
 from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, mask_padding, shard_shape_problem
 from gatherwise.engine_hooks.adapters.sampler_rows import gatherwise_samples
 from gatherwise.engine_hooks.adapters.vllm_sampler_rows import builtin_is_idle, sampler_rows, step_aside_reason
+from gatherwise.engine_hooks.adapters.vllm_tp_group import tp_rank, tp_world_size
 from gatherwise.engine_hooks.sampling_params import SamplingRow, kind_of_rows
 from gatherwise.modes import Mode
 
@@ -86,8 +87,8 @@ class VllmStepHooks(RankHooks):
     def step(self, runner: Any, scheduler_output: Any) -> Iterator[None]:
         self._runner = runner
         self._structured = bool(getattr(scheduler_output, "has_structured_output_requests", False))
-        if self.installed is None and self.disabled is None and _tp_world_size() == 1:
-            self._disable("single_rank", "TP=1: vLLM makes no logits collective, so there is nothing to hook", 0)
+        if self.installed is None and self.disabled is None:
+            self._refused_single_rank()
         if self._resync is not None and self._resync.stale_requests:
             self._resync.finished(getattr(scheduler_output, "finished_req_ids", ()))
         try:
@@ -97,7 +98,7 @@ class VllmStepHooks(RankHooks):
         if self.installed is None and self.disabled is None and _computed_logits(runner):
             self._disable("never_engaged", f"{type(runner).__qualname__}.execute_model computed its step's logits "
                           "without vLLM's TP logits gather, which the hooks wrap (a logits path the adapter does "
-                          "not know)", _tp_rank())
+                          "not know)", tp_rank())
 
     @contextmanager
     def unhooked_scope(self) -> Iterator[None]:
@@ -106,6 +107,20 @@ class VllmStepHooks(RankHooks):
             yield
         finally:
             self._unhooked_depth -= 1
+
+    def _refused_single_rank(self) -> bool:
+        """Hooks off (said once) in a TP=1 worker: vLLM makes no logits collective there."""
+        if tp_world_size() != 1:
+            return False
+        self._disable("single_rank", "TP=1: vLLM makes no logits collective, so there is nothing to hook", 0)
+        return True
+
+    def _say_once(self, reason: str, message: str) -> None:
+        """Log `message` (its %s is the reason) on TP rank 0, once per reason a batch stepped aside for."""
+        if reason not in self._stepped_aside:
+            self._stepped_aside.add(reason)
+            if tp_rank() == 0:
+                log.info(message, reason)
 
     def _disable(self, reason: str, why: str, rank: int | None = None) -> None:
         self.disabled = why
@@ -121,7 +136,7 @@ class VllmStepHooks(RankHooks):
         engaged = "" if self.installed is None else " (the hooks are installed, but this call bypasses them)"
         report_hooks_off(log, "vLLM", "unhooked_logits_calls",
                          f"vLLM's logits gather ran outside a hooked step, called from {caller}{engaged}; gatherwise "
-                         "neither times nor switches such calls (vLLM's own all_gather runs)", self.config, _tp_rank())
+                         "neither times nor switches such calls (vLLM's own all_gather runs)", self.config, tp_rank())
 
     def _path(self, runner: Any, logits: torch.Tensor):
         if self.installed is not None:
@@ -204,12 +219,9 @@ class VllmStepHooks(RankHooks):
         sampled = None if reason else sampler_rows(runner.input_batch, runner.requests, rows,
                                                        self.config.engine.sampler_seed)
         if sampled is None:
-            reason = reason or "logits rows that are not one per request with sampling parameters"
-            if reason not in self._stepped_aside:
-                self._stepped_aside.add(reason)
-                if _tp_rank() == 0:
-                    log.info("gatherwise: a sampled batch keeps vLLM's sampler (%s), which gatherwise's sampler "
-                             "does not apply; under a sharded table it runs all_gather", reason)
+            self._say_once(reason or "logits rows that are not one per request with sampling parameters",
+                           "gatherwise: a sampled batch keeps vLLM's sampler (%s), which gatherwise's sampler does "
+                           "not apply; under a sharded table it runs all_gather")
         return sampled
 
     # -- Sampler.forward ------------------------------------------------------------------------------------
@@ -267,21 +279,6 @@ def _computed_logits(runner: Any) -> bool:
     """Whether V1's execute_model left logits for sample_tokens (a forward that produced them, not a dummy)."""
     state = getattr(runner, "execute_model_state", None)
     return getattr(state, "logits", None) is not None
-
-
-def _tp_world_size() -> int:
-    from vllm.distributed.parallel_state import get_tp_group
-
-    return get_tp_group().world_size
-
-
-def _tp_rank() -> int | None:
-    try:
-        from vllm.distributed.parallel_state import get_tp_group
-
-        return get_tp_group().rank_in_group
-    except Exception:  # before vLLM's groups exist, or outside a worker
-        return None
 
 
 def _runner_frame_name() -> str:

@@ -37,7 +37,8 @@ import torch
 
 from gatherwise.config import GatherwiseConfig
 from gatherwise.engine_hooks.adapters.rank_hooks import mask_padding
-from gatherwise.engine_hooks.adapters.vllm_step import VllmStepHooks, _tp_rank, _tp_world_size
+from gatherwise.engine_hooks.adapters.vllm_step import VllmStepHooks
+from gatherwise.engine_hooks.adapters.vllm_tp_group import tp_rank
 from gatherwise.engine_hooks.adapters.vllm_v2_batch import v2_batch
 from gatherwise.engine_hooks.adapters.vllm_v2_keyed import KeyedShard, kernel_problem
 from gatherwise.modes import Mode
@@ -81,25 +82,24 @@ class VllmV2StepHooks(VllmStepHooks):
         if self.installed is None and self.disabled is None and getattr(input_batch, "num_reqs", 0) > 0:
             self._disable("never_engaged", f"{type(runner).__qualname__}.sample computed its step's logits without "
                           "vLLM's TP logits gather, which the hooks wrap (a logits path the adapter does not know)",
-                          _tp_rank())
+                          tp_rank())
 
     def _first_v2_step(self, runner: Any) -> None:
         self._v2_seen = True
         if self.installed is not None or self.disabled is not None:
             return
-        if _tp_world_size() == 1:
-            self._disable("single_rank", "TP=1: vLLM makes no logits collective, so there is nothing to hook", 0)
+        if self._refused_single_rank():
             return
         if getattr(runner, "batch_sharder", None) is not None:
             self._disable("unsupported_feature", "batch-sharded sampling (--enable-batch-sharded-sampling) exchanges "
-                          "the logits by vLLM's own all_to_all, which gatherwise does not hook", _tp_rank())
+                          "the logits by vLLM's own all_to_all, which gatherwise does not hook", tp_rank())
             return
         self._keyed_problem = kernel_problem()
-        if self._keyed_problem is not None and _tp_rank() == 0:
+        if self._keyed_problem is not None and tp_rank() == 0:
             log.warning("gatherwise: sampled batches under a sharded table run all_gather: %s", self._keyed_problem)
         if self._gatherwise_samples:
             self._gatherwise_samples = False  # this worker runs V2: its keyed sampler is kept
-            if _tp_rank() == 0:
+            if tp_rank() == 0:
                 log.info("gatherwise: engine.sampler: gatherwise does not apply under Model Runner V2, whose keyed "
                          "sampler already gives the same tokens in every mode and batch; V2's sampler samples")
 
@@ -138,7 +138,8 @@ class VllmV2StepHooks(VllmStepHooks):
                 mask_padding(logits_path, buf, real_vocab)
                 self._keyed = KeyedCall(buf, batch.kind, t_start)
                 return self._placeholder_logits(logits_path, logits)
-            self._say_stepped_aside(reason)
+            self._say_once(reason, "gatherwise: a batch with %s runs all_gather under a sharded table (Model Runner "
+                           "V2 samples it from the full logits)")
             allowed = False
         else:
             allowed = mode != Mode.GATHER or batch.gather_reason is None
@@ -146,13 +147,6 @@ class VllmV2StepHooks(VllmStepHooks):
                                             kind=batch.kind)
         self._pending = mode
         return self._engine_logits(logits_path, mode, shards, logits)
-
-    def _say_stepped_aside(self, reason: str) -> None:
-        if reason not in self._stepped_aside:
-            self._stepped_aside.add(reason)
-            if _tp_rank() == 0:
-                log.info("gatherwise: a batch with %s runs all_gather under a sharded table (Model Runner V2 samples "
-                         "it from the full logits)", reason)
 
     # -- V2 Sampler.sample ------------------------------------------------------------------------------------
     def v2_sample(self, sampler: Any, original: Callable, logits: torch.Tensor, batch: tuple[Any, ...],
