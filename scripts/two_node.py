@@ -142,6 +142,12 @@ def scraped(prom: Prometheus) -> dict:
     def labels(expr: str, *names: str) -> list[list[str]]:
         return sorted([r["metric"].get(n, "") for n in names] + [r["value"][1]] for r in prom.query(expr))
 
+    # Prometheus's first scrape of a target comes up to several seconds after it starts, which on a fast link is
+    # after the rounds are over: wait until both ranks' series are there, then a few scrapes more
+    deadline = time.monotonic() + 60
+    while len(prom.query("count by (rank) (gatherwise_logits_path_seconds_count)")) < 2 \
+            and time.monotonic() < deadline:
+        time.sleep(1)
     time.sleep(4)
     return {"up": labels('up{job="gatherwise-sidecar"}', "instance"),
             "ranks": labels("count by (rank) (gatherwise_logits_path_seconds_count)", "rank"),
