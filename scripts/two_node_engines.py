@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gatherwise.bench.netns_nodes import address, http
+from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME
 from gatherwise.bench.serve.node_servers import DIST_PORT, ENGINE_PORT, node_rank
 from gatherwise.bench.serve.sglang_engine import SGLANG_ENV, SGLANG_ENV_DEFAULTS, SglangEngine
+from gatherwise.bench.serve.vllm_engine import VLLM_ENV, VllmEngine
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,26 +79,25 @@ class SGLang(Engine):
 
 
 class Vllm(Engine):
-    """`vllm serve --nnodes 2 --node-rank k --master-addr <node 0>` (mp backend); node 1 is `--headless`: it runs
-    its rank only, no API server. VLLM_HOST_IP is the node's address (vLLM, too, would look for it through a
-    route to a public address)."""
+    """`vllm serve --nnodes 2 --node-rank k --master-addr <node 0>` (mp backend), as `gatherwise bench serve --nodes
+    2` starts it (its settings and each node's environment live there); node 1 is `--headless`: it runs its rank
+    only, no API server. Takes token ids (no tokenizer)."""
+
+    SPEC = VllmEngine()
 
     def env(self, node: int) -> dict[str, str]:
-        return {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_HOST_IP": address(node)}
+        return {**VLLM_ENV, **self.SPEC.node_env(node_rank(node))}
 
     def command(self, node: int, model: str) -> list[str]:
-        cmd = [self.python, str(REPO / "scripts" / "vllm_serve.py"), model, "--served-model-name", "tiny",
-               "--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", str(node),
-               "--master-addr", address(0), "--master-port", str(DIST_PORT), "--distributed-executor-backend", "mp",
-               "--enforce-eager", "--max-model-len", "256", "--skip-tokenizer-init", "--seed", "0"]
-        return cmd + (["--host", address(0), "--port", str(ENGINE_PORT)] if node == 0 else ["--headless"])
+        return [*self.SPEC.server_command(self.python, Path(model), address(node), ENGINE_PORT, context_len=256,
+                                          max_total_tokens=4096, node=node_rank(node)), "--skip-tokenizer-init"]
 
     def health_path(self) -> str:
         return "/health"
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         """The prompts as one completions request (a list of prompts): vLLM schedules them into the same steps."""
-        out = self.post("/v1/completions", {"model": "tiny", "prompt": prompts, "max_tokens": max_tokens,
+        out = self.post("/v1/completions", {"model": SERVED_MODEL_NAME, "prompt": prompts, "max_tokens": max_tokens,
                                             "temperature": 0.0, "return_token_ids": True, "ignore_eos": True})
         assert isinstance(out, dict)
         return [c["token_ids"] for c in sorted(out["choices"], key=lambda c: c["index"])]

