@@ -48,8 +48,11 @@ def no_server_error(response: httpx.Response) -> None:
 def sidecar_with_token(shm: str, token: str = "fault-token", *, config: str | None = None,
                        **env: str) -> tuple[Proc, str, httpx.Client]:
     proc, url = start_sidecar(shm, config=config, env_extra={"GATHERWISE_API_TOKEN": token, **env})
+    # A fresh connection per request: the sidecar closes a connection that sends no request headers within
+    # sidecar.header_timeout_seconds (some tests set 0.5 s), an idle keep-alive one included, and a pooled
+    # connection reused at that moment fails with "Server disconnected", a race of the client's, not the sidecar's.
     api = httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {token}"},
-                       event_hooks={"response": [no_server_error]})
+                       event_hooks={"response": [no_server_error]}, limits=httpx.Limits(max_keepalive_connections=0))
     # "listening" is printed once the socket is bound; uvicorn accepts connections a moment later
     wait_for(lambda: api.get("/healthz").status_code == 200, 60, "the sidecar to serve")
     return proc, url, api
