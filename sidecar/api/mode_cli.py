@@ -1,6 +1,9 @@
 """`gatherwise mode get` / `gatherwise mode set <mode>|auto [--buckets 1,2,4] [--wait S]`: get or set the logits
 mode through the sidecar's HTTP API.
 
+Options go before or after the subcommand (`gatherwise mode --url U get --json` and `gatherwise mode get --url U
+--json` are the same).
+
 <mode> is any implemented mode (gatherwise.modes.IMPLEMENTED: all_gather, gather, sharded).
 
 Talks to the sidecar's HTTP API (docs/api.md). The token comes from --token or env GATHERWISE_API_TOKEN.
@@ -31,19 +34,41 @@ def parse_bucket_list(text: str) -> list[int]:
     return values
 
 
+def _options(parser: argparse.ArgumentParser, names: tuple[str, ...], *, defaults: bool) -> None:
+    """The options of `names` on `parser`. Each is accepted before and after the subcommand, since users put them
+    in either place; only the top-level parser holds defaults, so an option given before the subcommand is not
+    overwritten by a default after it."""
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    if "--url" in names:
+        parser.add_argument("--url", default=default(os.environ.get("GATHERWISE_URL", DEFAULT_URL)),
+                            help=f"sidecar base URL (default: env GATHERWISE_URL or {DEFAULT_URL})")
+    if "--token" in names:
+        parser.add_argument("--token", default=default(os.environ.get("GATHERWISE_API_TOKEN")),
+                            help="API token for `set` (default: env GATHERWISE_API_TOKEN)")
+    if "--wait" in names:
+        parser.add_argument("--wait", type=float, default=default(5.0),
+                            help="seconds `set` waits until every rank switched (default 5)")
+    if "--json" in names:
+        parser.add_argument("--json", action="store_true", default=default(False),
+                            help="print the sidecar's JSON answer instead of the summary")
+
+
+GET_OPTIONS = ("--url", "--json")
+SET_OPTIONS = ("--url", "--token", "--wait", "--json")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gatherwise mode", description="Get or set the logits mode via the sidecar.")
-    p.add_argument("--url", default=os.environ.get("GATHERWISE_URL", DEFAULT_URL),
-                   help=f"sidecar base URL (default: env GATHERWISE_URL or {DEFAULT_URL})")
+    _options(p, SET_OPTIONS, defaults=True)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("get", help="show the active and requested table, policy, epoch and call index")
+    get = sub.add_parser("get", help="show the active and requested table, policy, epoch and call index")
+    _options(get, GET_OPTIONS, defaults=False)
     s = sub.add_parser("set", help="pin buckets to a mode, or release them to the auto policy")
     s.add_argument("mode", choices=[*IMPLEMENTED_LABELS, "auto"])
     s.add_argument("--buckets", type=parse_bucket_list, help="comma-separated bucket upper bounds (default: all)")
-    s.add_argument("--wait", type=float, default=5.0, help="seconds to wait until every rank switched (default 5)")
-    s.add_argument("--token", default=os.environ.get("GATHERWISE_API_TOKEN"),
-                   help="API token (default: env GATHERWISE_API_TOKEN)")
-    s.add_argument("--json", action="store_true", help="print the full JSON response")
+    _options(s, SET_OPTIONS, defaults=False)
     return p
 
 
@@ -89,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 if r.status_code != 200:
                     print(f"gatherwise mode get: {error_text(r)}", file=sys.stderr)
                     return 2
-                print(describe(r.json()))
+                print(json.dumps(r.json(), indent=2) if args.json else describe(r.json()))
                 return 0
             if not args.token:
                 print("gatherwise mode set: no API token: pass --token or set GATHERWISE_API_TOKEN",
