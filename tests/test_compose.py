@@ -5,6 +5,7 @@ No Docker engine is needed: `docker-compose config` validates offline; the rest 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -20,6 +21,7 @@ PROMETHEUS = ROOT / "dashboards" / "prometheus" / "prometheus.yml"
 DATASOURCES = ROOT / "dashboards" / "grafana" / "provisioning" / "datasources" / "datasources.yml"
 PROVIDERS = ROOT / "dashboards" / "grafana" / "provisioning" / "dashboards" / "dashboards.yml"
 SHM_DIR = "/dev/shm/gatherwise"
+SECRETS = ("GATHERWISE_API_TOKEN", "GRAFANA_ADMIN_PASSWORD")  # what a user exports before `up`
 
 
 def services() -> dict[str, dict]:
@@ -50,12 +52,41 @@ def flag(service: dict, name: str) -> str:
     raise AssertionError(f"{name} missing from {command}")
 
 
-def test_docker_compose_config_validates():
+def compose_config(*, exported: dict[str, str]) -> subprocess.CompletedProcess:
+    """`docker-compose config` as a user runs it with exactly `exported` of the stack's secrets in the environment."""
     binary = require_tool("docker-compose")
-    result = subprocess.run(
-        [binary, "-f", str(COMPOSE), "config", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    env = {k: v for k, v in os.environ.items() if k not in SECRETS} | exported
+    return subprocess.run([binary, "-f", str(COMPOSE), "config"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_docker_compose_config_validates():
+    result = compose_config(exported={"GRAFANA_ADMIN_PASSWORD": "a-password", "GATHERWISE_API_TOKEN": "a-token"})
     assert result.returncode == 0, result.stderr
+
+
+def test_without_an_exported_token_the_sidecar_refuses_mutations():
+    """No well-known token: unexported, the sidecar's token is empty, which it reads as none (mutations get 403)."""
+    from gatherwise.sidecar.control.control_api import api_token
+
+    result = compose_config(exported={"GRAFANA_ADMIN_PASSWORD": "a-password"})
+    assert result.returncode == 0, result.stderr
+    token = yaml.safe_load(result.stdout)["services"]["sidecar"]["environment"]["GATHERWISE_API_TOKEN"]
+    assert token == ""
+    assert api_token(None, {"GATHERWISE_API_TOKEN": token}) is None
+
+
+def test_without_a_grafana_password_the_stack_refuses_to_start():
+    result = compose_config(exported={"GATHERWISE_API_TOKEN": "a-token"})
+    assert result.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in result.stderr, result.stderr
+
+
+def test_no_secret_has_a_fallback_value():
+    """A `${VAR:-value}` fallback for a token or password is a secret everyone knows; checked without docker-compose."""
+    for name, service in services().items():
+        for key, value in (service.get("environment") or {}).items():
+            if re.search(r"TOKEN|PASSWORD", key):
+                assert not re.search(r"\$\{\w+:?-[^}]", str(value)), f"{name}: {key} falls back to a value: {value}"
 
 
 def test_every_mounted_file_and_build_input_exists():
