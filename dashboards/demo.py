@@ -12,6 +12,7 @@ so they neither see the terminal's Ctrl-C (the demo stops them in order) nor out
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import secrets
 import shutil
 import signal
@@ -26,8 +27,8 @@ import httpx
 from gatherwise.dashboards.local_stack import LocalStack, start_local_stack
 from gatherwise.modes import IMPLEMENTED_LABELS
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = ROOT / "config" / "demo.yaml"
+# Shipped inside the package (package data), so an installed demo finds it as a checkout does.
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "demo.yaml"
 
 # The newest decisions the view looks through for switches: the largest `limit` GET /v1/decisions accepts
 # (docs/api.md; the sidecar keeps that many). The demo is a client of the HTTP API, never of the sidecar's modules.
@@ -108,7 +109,8 @@ def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None)
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gatherwise demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel size of the engine (default 2)")
-    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="YAML config (default config/demo.yaml)")
+    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
+                   help="YAML config (default: the demo.yaml in the package)")
     p.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
     p.add_argument("--port", type=int, default=0, help="sidecar port (0: any free port)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between screen refreshes")
@@ -126,6 +128,10 @@ def _request_stop(signum: int, _frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if importlib.util.find_spec("torch") is None:
+        # The demo runs the reference engine in a child process, where a missing torch would show only in a log.
+        # Raised here instead, the `gatherwise` command names the extra to install, as for any command.
+        raise ModuleNotFoundError("gatherwise demo starts the reference engine, which needs torch", name="torch")
     token = secrets.token_urlsafe(12)
     work_dir = Path(tempfile.mkdtemp(prefix="gatherwise-demo-"))
     for sig in (signal.SIGINT, signal.SIGTERM):  # explicitly: an inherited "ignore" must not win

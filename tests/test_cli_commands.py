@@ -68,3 +68,12 @@ def test_the_extra_of_a_module_comes_from_the_metadata():
     assert extra_providing("torch") == "engine"
     assert extra_providing("yaml") is None  # a base requirement, not an extra's
     assert extra_providing("no_such_module") is None
+
+
+def test_the_demo_without_torch_names_the_engine_extra():
+    """The demo starts the reference engine: without torch (a `gatherwise[sidecar]` install) it says so at once."""
+    code = "import sys; sys.modules['torch'] = None; from gatherwise.cli import main; sys.exit(main(['demo']))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'gatherwise[engine]'" in lines[0], lines

@@ -92,3 +92,10 @@ def test_the_live_page_assets_are_installed(installed: Path):
     assets = installed / "gatherwise" / "sidecar" / "api" / "page_assets"
     for name in ("index.html", *ASSETS):
         assert (assets / name).is_file(), name
+
+
+def test_the_demo_finds_its_config_in_an_install(installed: Path):
+    """`gatherwise demo`'s default config ships with the package, not only in a checkout's config/."""
+    from gatherwise.dashboards.demo import DEFAULT_CONFIG
+
+    assert (installed / "gatherwise" / "dashboards" / DEFAULT_CONFIG.name).is_file()
