@@ -65,12 +65,18 @@ class SetModeRequest(BaseModel):
 
 
 class SetModeResult(BaseModel):
-    applied: bool = Field(description="true: every rank runs the new table from apply_call on")
+    applied: bool = Field(description="true: every rank runs this request's change from apply_call on (in this "
+                                      "command's table, or in a later command's that kept it)")
     seq: int = Field(description="sequence number of the command this request wrote")
-    apply_call: int | None = Field(description="first call index that runs the new table on every rank; "
+    apply_call: int | None = Field(description="first call index from which every rank runs the table that holds "
+                                               "this request's change (a later command's when one carried it); "
                                                "null while not applied")
     decision: int = Field(description="id of the decision logged for this request (GET /v1/decisions)")
     state: ModeState
+    superseded_by: int | None = Field(None, description="409 only: the seq of a later request's command that sent "
+                                                        "some of these buckets elsewhere before every rank ran this "
+                                                        "one (its table never ran, or no longer does)")
+    detail: str | None = Field(None, description="409 only: the superseding command in words")
 
 
 class BucketModeStats(BaseModel):

@@ -108,7 +108,11 @@ async def get_mode(ctl: ControlApiDep) -> ModeState | JSONResponse:
 
 @router.put("/mode", response_model=SetModeResult, dependencies=MUTATION,
             responses={202: {"model": SetModeResult, "description": "not applied when the wait ran out"},
-                       **NO_ENGINE, **AUTH}, summary="Pin buckets to a mode, or release them to the auto policy")
+                       409: {"model": SetModeResult | ErrorResponse,
+                             "description": "a later request sent these buckets elsewhere before every rank ran "
+                                            "this one (`superseded_by`); or no running engine with a control "
+                                            "block, or another sidecar controls it"},
+                       **AUTH}, summary="Pin buckets to a mode, or release them to the auto policy")
 async def put_mode(body: SetModeRequest, ctl: ControlApiDep,
                    wait: Annotated[float, Query(ge=0.0, le=600.0, allow_inf_nan=False,
                                                 description="seconds to wait until every rank switched")] = 5.0):
@@ -119,9 +123,17 @@ async def put_mode(body: SetModeRequest, ctl: ControlApiDep,
         state = mode_state(view, snap)
     except (NotAttached, ControlFormatError, InvalidTableWordError) as exc:
         raise conflict(exc) from None
-    applied = seq_reached(snap.status.applied_seq, seq)
+    reached = seq_reached(snap.status.applied_seq, seq)
+    overridden = await ctl.superseded_by(decision, snap.status.applied_seq) if reached else None
+    applied = reached and overridden is None
     result = SetModeResult(applied=applied, seq=seq, apply_call=snap.status.apply_call if applied else None,
                            decision=decision.id, state=state)
+    if overridden is not None:
+        result.superseded_by = overridden.command_seq
+        result.detail = (f"superseded: command {overridden.command_seq} (decision {overridden.id}, "
+                         f"{overridden.mode} for buckets {','.join(overridden.buckets)}) replaced this request's "
+                         f"command; every rank runs that one (this one's table may never have run)")
+        return JSONResponse(result.model_dump(), status_code=409)
     return result if applied else JSONResponse(result.model_dump(), status_code=202)
 
 

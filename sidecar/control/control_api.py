@@ -17,9 +17,9 @@ from typing import Any
 
 from gatherwise.config import PolicyParams
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_label
-from gatherwise.shm_format.control import ControlFormatError, seq_reached
+from gatherwise.shm_format.control import ControlFormatError, seq_is_newer, seq_reached
 from gatherwise.sidecar.control.block_client import AreaMidWriteError, ControlSnapshot, InvalidTableWordError
-from gatherwise.sidecar.control.decision_publisher import DecisionPublisher
+from gatherwise.sidecar.control.decision_publisher import REQUEST_REASONS, DecisionPublisher
 from gatherwise.sidecar.control.loop import Loop, on_loop
 from gatherwise.sidecar.control.role import Role, has_control_block, observer_reason
 from gatherwise.sidecar.control.session import ControlSession
@@ -202,6 +202,24 @@ class ControlApi:
         self.publisher.publish(session, [decision])
         assert decision.command_seq is not None  # publish() writes the command of every decision it publishes
         return decision.command_seq, decision
+
+    @on_loop
+    def superseded_by(self, decision: Decision, applied_seq: int) -> Decision | None:
+        """The newest request decision that overrode `decision` before rank 0 ran it, else None. A status that
+        runs a newer command than `decision`'s only proves the newer table runs: commands are overwritten in place,
+        so rank 0 may never have read this one. What runs still holds this request's change unless a later request
+        (applied by now) sent one of its buckets elsewhere: automatic decisions and probes never move a pinned
+        bucket, and a release leaves the auto policy in charge of what follows."""
+        seq = decision.command_seq
+        session = self.sessions.current
+        if seq is None or session is None or applied_seq == seq:
+            return None
+        buckets = set(decision.buckets)
+        newer = [d for d in session.policy.decisions
+                 if d.command_seq is not None and d.reason in REQUEST_REASONS and seq_is_newer(d.command_seq, seq)
+                 and seq_reached(applied_seq, d.command_seq) and d.mode != decision.mode
+                 and buckets.intersection(d.buckets)]
+        return newer[-1] if newer else None
 
     @on_loop
     def set_params(self, changes: dict[str, Any]) -> PolicyParams:
