@@ -31,11 +31,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from gatherwise.engine_hooks.logits_path import LogitsPath
-from gatherwise.modes import IMPLEMENTED, Mode
-
-# Sharded mode decides on the host from the exchanged summaries (which rows fall back, who owns a draw), so a
-# graph cannot hold it: a table that selects it runs those calls eagerly (LogitsPath.run).
-CAPTURABLE = (Mode.ALL_GATHER, Mode.GATHER)
+from gatherwise.modes import CAPTURABLE, IMPLEMENTED, Mode
 
 T = TypeVar("T")
 

@@ -25,7 +25,7 @@ from typing_extensions import Self
 
 from gatherwise.bounded_yaml import NotUTF8Error, YAMLInputError, parse_yaml, read_yaml_file, short, short_message
 from gatherwise.logits_dtypes import LOGITS_DTYPES
-from gatherwise.modes import IMPLEMENTED_LABELS
+from gatherwise.modes import CAPTURABLE_LABELS, IMPLEMENTED_LABELS
 from gatherwise.stable_hash import stable_hash
 from gatherwise.validation_errors import dotted_location, error_text, joined_errors
 
@@ -69,6 +69,17 @@ def _mode_labels(value: str) -> str:
     return value
 
 
+def _graph_mode_labels(value: str) -> str:
+    """engine.graph_modes: implemented modes that a CUDA graph can hold (refused here, at load, rather than when
+    an engine's plugin installs)."""
+    _mode_labels(value)
+    for label in (part.strip() for part in value.split(",") if part.strip()):
+        if label not in CAPTURABLE_LABELS:
+            raise ValueError(f"{label!r} cannot be captured in a CUDA graph (capturable: "
+                             f"{', '.join(CAPTURABLE_LABELS)}); its steps run eagerly anyway, leave it out")
+    return value
+
+
 class DelayPhase(Schema):
     """Test/bench only: from `after_seconds` after engine start, add `seconds` to every `mode` collective."""
 
@@ -83,7 +94,7 @@ class EngineSection(Schema):
     initial_table_file: str | None = None
     logits_dtype: Literal[LOGITS_DTYPES] = "float32"  # type: ignore[valid-type]
     # modes SGLang captures a decode CUDA graph for (graph memory x each)
-    graph_modes: Annotated[str, AfterValidator(_mode_labels)] = "all_gather,gather"
+    graph_modes: Annotated[str, AfterValidator(_graph_mode_labels)] = "all_gather,gather"
     # who samples the engine's sampled batches: its own sampler, or gatherwise's mode-independent one (every
     # mode, sharded included; tokens keyed by (sampler_seed, request, position)); docs/sglang.md, docs/vllm.md
     sampler: Literal["engine", "gatherwise"] = "engine"

@@ -37,6 +37,11 @@ class Mode(IntEnum):
 
 IMPLEMENTED = tuple(Mode)
 IMPLEMENTED_LABELS = tuple(m.label for m in IMPLEMENTED)
+# The modes a CUDA graph can hold. Sharded decides on the host from the exchanged summaries (which rows fall back,
+# who owns a draw), so a graph cannot hold it: a table that selects it runs those calls eagerly. Here, in the
+# core, so the config (engine.graph_modes) refuses the rest when it loads, before an engine captures anything.
+CAPTURABLE = (Mode.ALL_GATHER, Mode.GATHER)
+CAPTURABLE_LABELS = tuple(m.label for m in CAPTURABLE)
 LABEL_OF_CODE: dict[int, str] = {int(m): m.label for m in Mode}  # a code no mode has (3) is absent
 
 

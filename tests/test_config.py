@@ -1,5 +1,8 @@
 """Config loading: defaults equal the documented YAML, errors name file and key, env overrides work."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,8 @@ def test_documented_yaml_equals_defaults():
     assert load_config(ROOT / "config" / "gatherwise.yaml", env={}) == GatherwiseConfig()
 
 
-@pytest.mark.parametrize("example", sorted((ROOT / "config").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("example", [*sorted((ROOT / "config").glob("*.yaml")), ROOT / "dashboards" / "demo.yaml"],
+                         ids=lambda p: p.name)
 def test_every_shipped_config_loads(example):
     load_config(example, env={})
 
@@ -37,6 +41,7 @@ def test_every_shipped_config_loads(example):
     ("policy:\n  margin: .nan\n", "policy.margin: must be a finite number"),
     ("policy:\n  window:\n", "policy.window: must not be empty"),
     ("engine:\n  graph_modes: gather,scatter\n", "engine.graph_modes: must be comma-separated labels"),
+    ("engine:\n  graph_modes: all_gather,sharded\n", "engine.graph_modes: 'sharded' cannot be captured"),
     ("sidecar: 5\n", "sidecar: must be a mapping, got int"),
     ("engine:\n  sampler: torch\n", "engine.sampler: must be one of engine, gatherwise"),
     ("engine:\n  sampler_seed: -1\n", "engine.sampler_seed: must be >= 0"),
@@ -129,3 +134,13 @@ def test_engine_sampler_defaults_to_the_engines_own_and_is_set_by_its_variable()
     assert cfg.engine.sampler == "gatherwise" and cfg.engine.sampler_seed == 7
     with pytest.raises(ConfigError, match="environment variable GATHERWISE_ENGINE_SAMPLER"):
         load_config(None, env={"GATHERWISE_ENGINE_SAMPLER": "Gatherwise"})
+
+
+def test_a_graph_mode_no_graph_can_hold_is_one_line_and_exit_2(tmp_path):
+    """engine.graph_modes naming sharded is refused when the config loads, like any bad key: one line, exit 2."""
+    env = {**os.environ, "GATHERWISE_ENGINE_GRAPH_MODES": "all_gather,sharded"}
+    proc = subprocess.run([sys.executable, "-m", "gatherwise.cli", "sidecar", "--port", "0", "--shm-dir",
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "engine.graph_modes" in lines[0] and "'sharded' cannot be captured" in lines[0], lines
