@@ -39,7 +39,8 @@ def _cells(line: str) -> list[str]:
 def tables(text: str) -> list[Table]:
     """Every table of `text`, in order, with the heading it sits under."""
     found: list[Table] = []
-    heading, lines = "", text.splitlines()
+    heading = ""
+    lines = [line.strip() for line in text.splitlines()]  # a table may sit indented inside a list item
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -59,12 +60,11 @@ def tables(text: str) -> list[Table]:
     return found
 
 
-def table(text: str, heading: str, first_column: str) -> Table:
-    """The one table under a heading that starts with `heading` whose first column is `first_column`."""
-    matches = [t for t in tables(text) if t.heading.startswith(heading) and t.header[:1] == (first_column,)]
+def table(text: str, heading: str, *columns: str) -> Table:
+    """The one table under a heading that starts with `heading` whose first columns are `columns`."""
+    matches = [t for t in tables(text) if t.heading.startswith(heading) and t.header[:len(columns)] == columns]
     if len(matches) != 1:
-        raise AssertionError(f"expected one table with first column {first_column!r} under {heading!r}, "
-                             f"found {len(matches)}")
+        raise AssertionError(f"expected one table with columns {columns} under {heading!r}, found {len(matches)}")
     return matches[0]
 
 
