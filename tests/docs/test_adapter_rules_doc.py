@@ -39,7 +39,7 @@ def _text(node: ast.expr, constants: dict[str, list[str]]) -> list[str]:
     if isinstance(node, ast.IfExp):
         return _text(node.body, constants) + _text(node.orelse, constants)
     if isinstance(node, ast.JoinedStr):
-        return ["".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)]
+        return ["".join(str(v.value) if isinstance(v, ast.Constant) else "{}" for v in node.values)]
     if isinstance(node, ast.Name):
         return constants.get(node.id, [])
     return []
@@ -67,23 +67,23 @@ def step_aside_reasons(engine: Engine) -> set[str]:
     included)."""
     tree = ast.parse((ADAPTERS / engine.aside_module).read_text(encoding="utf-8"))
     tuples: dict[str, list[str]] = {}
-    for node in tree.body:  # module-level tuples of (field, reason) pairs
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple) and len(node.targets) == 1:
-            pairs = [e.elts[1].value for e in node.value.elts if isinstance(e, ast.Tuple) and len(e.elts) == 2
-                     and isinstance(e.elts[1], ast.Constant) and isinstance(e.elts[1].value, str)]
-            if isinstance(node.targets[0], ast.Name):
-                tuples[node.targets[0].id] = pairs
+    for statement in tree.body:  # module-level tuples of (field, reason) pairs
+        if (isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Tuple)
+                and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name)):
+            tuples[statement.targets[0].id] = [
+                str(e.elts[1].value) for e in statement.value.elts if isinstance(e, ast.Tuple) and len(e.elts) == 2
+                and isinstance(e.elts[1], ast.Constant) and isinstance(e.elts[1].value, str)]
     (function,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == engine.aside_function]
     loops: dict[str, list[str]] = {}  # `for name, what in TUPLE`: `what` is one of the tuple's reasons
-    for node in ast.walk(function):
-        if isinstance(node, ast.For) and isinstance(node.target, ast.Tuple) and isinstance(node.iter, ast.Name):
-            last = node.target.elts[-1]
+    for inner in ast.walk(function):
+        if isinstance(inner, ast.For) and isinstance(inner.target, ast.Tuple) and isinstance(inner.iter, ast.Name):
+            last = inner.target.elts[-1]
             if isinstance(last, ast.Name):
-                loops.setdefault(last.id, []).extend(tuples.get(node.iter.id, []))
+                loops.setdefault(last.id, []).extend(tuples.get(inner.iter.id, []))
     found: set[str] = set()
-    for node in ast.walk(function):
-        if isinstance(node, ast.Return) and node.value is not None:
-            found.update(_text(node.value, loops))
+    for inner in ast.walk(function):
+        if isinstance(inner, ast.Return) and inner.value is not None:
+            found.update(_text(inner.value, loops))
     return found
 
 
