@@ -42,9 +42,12 @@ def ring_path(shm_dir: str | os.PathLike[str], engine_id: int, rank: int) -> str
 
 
 # -- header ------------------------------------------------------------------------------------------------
-# magic, version, header_size, record_size, capacity, engine_id, rank, tp_size, vocab, dtype,
-# created_ns (wall clock), write_index, writer_pid, state, created_mono_ns (perf_counter_ns at creation)
+# created_ns is the wall clock, created_mono_ns perf_counter_ns at the same instant (named here, in order, for
+# docs/shm-format.md's table, which a test checks against these names and the struct's offsets)
+HEADER_FIXED_FIELDS = ("magic", "version", "header_size", "record_size", "capacity", "engine_id", "rank", "tp_size",
+                       "vocab", "dtype", "created_ns", "write_index", "writer_pid", "state", "created_mono_ns")
 HEADER_FIXED = struct.Struct("<8sIIIIQIIIIQQIIQ")
+assert len(HEADER_FIXED_FIELDS) == len(HEADER_FIXED.unpack(bytes(HEADER_FIXED.size)))
 WRITE_INDEX_OFFSET = 56
 WRITE_INDEX = struct.Struct("<Q")
 STATE_OFFSET = 68
@@ -89,12 +92,14 @@ MODE_OPS: dict[int, tuple[str, str | None]] = {
 assert tuple(MODE_OPS) == tuple(Mode)  # every mode, in code order
 
 # -- record ------------------------------------------------------------------------------------------------
-# seq, start_ns, call_index, nbytes, epoch, rows, vocab, rank, mode, dtype,
-# collective (offset, duration), second operation (offset, duration), sample (offset, duration), path duration,
-# flags, seq again. Offsets are from start_ns; all u32 fields are ns and saturate at U32_MAX (~4.29 s).
+# Offsets are from start_ns; all u32 fields are ns and saturate at U32_MAX (~4.29 s); seq_end repeats seq.
+RECORD_FIELD_NAMES = ("seq", "start_ns", "call_index", "nbytes", "epoch", "rows", "vocab", "rank", "mode", "dtype",
+                      "collective_offset", "collective_ns", "second_offset", "second_ns", "sample_offset",
+                      "sample_ns", "path_ns", "flags", "seq_end")
 RECORD = struct.Struct("<QQQQIIIHBBIIIIIIIIQ")
 RECORD_SIZE = RECORD.size  # 88
-RECORD_FIELDS = 19
+RECORD_FIELDS = len(RECORD_FIELD_NAMES)
+assert len(RECORD.unpack(bytes(RECORD.size))) == RECORD_FIELDS
 U32_MAX = 0xFFFFFFFF
 FLAG_BROADCAST = 1  # the call broadcast tokens (gather mode); the second-operation fields time it
 FLAG_RESOLVE = 2  # sharded mode: the call ran its second collective (shard_resolve), which those fields time
