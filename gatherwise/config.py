@@ -119,7 +119,7 @@ class SidecarSection(Schema):
     api_token: str | None = None
     heartbeat_stale_seconds: float = Field(5.0, ge=0.1, le=3600.0)
     max_records_per_poll: int = Field(16384, ge=64, le=1 << 22)
-    header_timeout_seconds: float = Field(10.0, ge=0.1, le=3600.0)  # a client sends a request's headers within this
+    header_timeout_seconds: float = Field(10.0, ge=0.1, le=3600.0)  # a request's headers, then its body, within this
 
 
 class TracesSection(Schema):

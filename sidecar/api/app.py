@@ -11,10 +11,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 
 from gatherwise import HOOKS_VERSION
 from gatherwise.sidecar.api import routes_control, routes_page, routes_status
 from gatherwise.sidecar.api.body_limit import BodySizeLimit
+from gatherwise.sidecar.api.mutation_gate import MutationGate
 from gatherwise.sidecar.state import SidecarState
 
 # Routers and their prefixes
@@ -43,5 +45,16 @@ def create_app(state: SidecarState) -> FastAPI:
         app.include_router(router, prefix=prefix)
     # Starlette types every handler as taking Exception, though it calls it only with the class registered here
     app.add_exception_handler(RequestValidationError, routes_control.validation_error)  # type: ignore[arg-type]
+    app.add_middleware(MutationGate, guarded=guarded_routes(),
+                       refusal=lambda authorization: routes_control.refusal_before_body(state.control, authorization))
     app.add_middleware(BodySizeLimit)  # outermost: a too-large body is refused before anything reads it
     return app
+
+
+def guarded_routes() -> set[tuple[str, str]]:
+    """(method, path) of every route that needs the API token: the mutation gate refuses those from their
+    headers, before their body is read."""
+    return {(method, prefix + route.path) for router, prefix in ROUTERS for route in router.routes
+            if isinstance(route, APIRoute)
+            and any(d.dependency is routes_control.require_token for d in route.dependencies)
+            for method in route.methods or ()}

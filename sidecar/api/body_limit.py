@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -82,18 +83,34 @@ class BodySizeLimit:
                 raise
 
     async def _refuse(self, send: Send, receive: Receive, detail: str, *, drain: bool) -> None:
-        """413: the whole answer first, then (drain) the rest of the body dropped, then the connection closed."""
-        await _reply(send, 413, detail, more_body=True)
-        if drain:
-            await _drain(receive, self.linger_s)
-        await send({"type": "http.response.body", "body": b""})
+        await refuse(send, receive, 413, detail, drain=drain, linger_s=self.linger_s)
 
 
-async def _reply(send: Send, status: int, detail: str, *, more_body: bool = False) -> None:
+async def refuse(send: Send, receive: Receive, status: int, detail: str, *, drain: bool,
+                 linger_s: float = LINGER_SECONDS, headers: Mapping[str, str] | None = None) -> None:
+    """Refuse a request whose body is not read: the whole answer first, then (drain) the rest of the body
+    dropped, then the connection closed."""
+    await _reply(send, status, detail, more_body=True, headers=headers)
+    if drain:
+        await _drain(receive, linger_s)
+    await send({"type": "http.response.body", "body": b""})
+
+
+def sends_body(scope: Scope) -> bool:
+    """Whether the client is sending a body now: it declared one, and is not waiting for a 100 Continue before
+    it sends it."""
+    headers = dict(scope.get("headers") or ())
+    declared = headers.get(b"content-length", b"0").strip() not in (b"", b"0") or b"transfer-encoding" in headers
+    return declared and headers.get(b"expect", b"").lower() != b"100-continue"
+
+
+async def _reply(send: Send, status: int, detail: str, *, more_body: bool = False,
+                 headers: Mapping[str, str] | None = None) -> None:
     body = json.dumps({"detail": detail}).encode()
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+                            (b"connection", b"close"), *extra]})
     await send({"type": "http.response.body", "body": body, "more_body": more_body})
 
 

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 
 from gatherwise.modes import parse_buckets
 from gatherwise.shm_format.control import ControlFormatError, seq_reached
@@ -59,16 +60,29 @@ async def control_api(state: StateDep) -> ControlApi:
 ControlApiDep = Annotated[ControlApi, Depends(control_api)]
 
 
+def token_refusal(token: str | None, credentials: str | None) -> HTTPException | None:
+    """Why a mutation presenting bearer `credentials` is refused when the sidecar's token is `token`, else None."""
+    if token is None:
+        return HTTPException(403, "mutations are disabled because no API token is configured: set "
+                                  "sidecar.api_token in the config or GATHERWISE_API_TOKEN in the sidecar's "
+                                  "environment, then send 'Authorization: Bearer <token>'")
+    if credentials is None or not hmac.compare_digest(credentials.encode(), token.encode()):
+        return HTTPException(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
+                             headers={"WWW-Authenticate": "Bearer"})
+    return None
+
+
+def bearer_credentials(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header value, as HTTPBearer reads it; None otherwise."""
+    scheme, credentials = get_authorization_scheme_param(authorization)
+    return credentials if scheme.lower() == "bearer" and credentials else None
+
+
 async def require_token(ctl: ControlApiDep,
                   creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
-    token = ctl.api_token
-    if token is None:
-        raise HTTPException(403, "mutations are disabled because no API token is configured: set sidecar.api_token "
-                                 "in the config or GATHERWISE_API_TOKEN in the sidecar's environment, then send "
-                                 "'Authorization: Bearer <token>'")
-    if creds is None or not hmac.compare_digest(creds.credentials.encode(), token.encode()):
-        raise HTTPException(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
-                            headers={"WWW-Authenticate": "Bearer"})
+    refusal = token_refusal(ctl.api_token, creds.credentials if creds is not None else None)
+    if refusal is not None:
+        raise refusal
 
 
 async def require_controller(ctl: ControlApiDep) -> None:
@@ -77,6 +91,15 @@ async def require_controller(ctl: ControlApiDep) -> None:
     reason = await ctl.mutation_refusal()
     if reason is not None:
         raise HTTPException(409, reason)
+
+
+async def refusal_before_body(ctl: ControlApi, authorization: str | None) -> HTTPException | None:
+    """What MUTATION refuses a request with, from its headers alone, else None: the mutation gate asks before it
+    lets anything read the body, so a body nobody may send is never waited for."""
+    reason = await ctl.mutation_refusal()
+    if reason is not None:
+        return HTTPException(409, reason)
+    return token_refusal(ctl.api_token, bearer_credentials(authorization))
 
 
 Authorized = Depends(require_token)
