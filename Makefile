@@ -10,7 +10,7 @@ APT_PACKAGES := prometheus docker-compose chromium
 $(STAMP): pyproject.toml setup.py constraints.txt engine_hooks/_ring_writer.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[sidecar,engine,bench,dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[sidecar,engine,bench,models,dev]'
 	touch $(STAMP)
 
 deps: $(STAMP)

@@ -1,4 +1,5 @@
-"""Tiny Llama/Qwen2 checkpoints written by transformers itself, and transformers' own greedy generate as the oracle.
+"""Tiny Llama/Qwen2/Gemma3 checkpoints written by transformers itself, and transformers' own greedy generate as the
+oracle.
 
 transformers is a test-only dependency (the `dev` extra) and is imported inside the functions, so spawned
 engine ranks that import a test module never pay for it.
@@ -19,8 +20,8 @@ from gatherwise.bench.serve.checkpoints import initialise_random
 @dataclass(frozen=True)
 class TinyCheckpoint:
     name: str
-    model_type: str  # llama | qwen2
-    config: dict[str, Any]  # keyword arguments of LlamaConfig / Qwen2Config
+    model_type: str  # llama | qwen2 | gemma3_text
+    config: dict[str, Any]  # keyword arguments of LlamaConfig / Qwen2Config / Gemma3TextConfig
     layout: str = "new"  # new: rope_parameters (transformers >= 5); old: top-level rope_theta + rope_scaling
     legacy_type_key: bool = False  # old layout only: rope_scaling names its type under "type", as early configs did
     dtype: torch.dtype = torch.float32  # storage dtype of the safetensors
@@ -30,10 +31,18 @@ class TinyCheckpoint:
 
 def build(spec: TinyCheckpoint, directory: Path) -> Path:
     """save_pretrained a randomly initialised model (scales that keep logits O(1) and every bias non-zero)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM),
-                             "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[spec.model_type]
+                             "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                             "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM)}[spec.model_type]
     config = config_cls(**spec.config)
     torch.manual_seed(spec.seed)
     model = model_cls(config)

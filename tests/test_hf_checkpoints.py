@@ -1,7 +1,8 @@
 """The engine on checkpoints that transformers wrote, against transformers' own greedy generate.
 
 Both config layouts, GQA and MHA, odd vocabularies, tied and untied embeddings, Llama's attention and MLP
-biases, Qwen2's q/k/v biases and sliding window, each supported RoPE type: P = 1, 2, 3 in every implemented
+biases, Qwen2's q/k/v biases and sliding window, each supported RoPE type, Gemma3 (its norms, embedding scale,
+GeGLU, attention scalar, and RoPE per layer type with sliding and global layers): P = 1, 2, 3 in every implemented
 logits mode (and a switch schedule) must produce exactly the tokens transformers' `generate` produces.
 One spawn per P runs every checkpoint and mode; P = 1 runs in this process.
 """
@@ -60,6 +61,18 @@ CHECKPOINTS = (
         num_key_value_heads=2, max_position_embeddings=32,
         rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 2.0, "beta_fast": 16.0,
                          "original_max_position_embeddings": 16}), dtype=torch.bfloat16, seed=8),
+    TinyCheckpoint("gemma3 sliding and global layers, MQA", "gemma3_text", dict(
+        vocab_size=181, hidden_size=40, head_dim=16, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=1, sliding_window=4, query_pre_attn_scalar=12,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}}), seed=9),
+    TinyCheckpoint("gemma3 linear global rope bf16", "gemma3_text", dict(
+        vocab_size=167, hidden_size=36, head_dim=8, intermediate_size=48, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, sliding_window=3, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
+        dtype=torch.bfloat16, seed=10),
 )
 
 

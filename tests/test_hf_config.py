@@ -29,12 +29,12 @@ QWEN2 = dict(LLAMA, model_type="qwen2")
 
 
 def _config_classes():
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
 
-    return {"llama": LlamaConfig, "qwen2": Qwen2Config}
+    return {"llama": LlamaConfig, "qwen2": Qwen2Config, "gemma3_text": Gemma3TextConfig}
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "gemma3_text"])
 def test_every_key_transformers_knows_is_decided(model_type):
     cls = _config_classes()[model_type]
     keys = {f.name for f in dataclasses.fields(cls)} | set(cls().to_dict())
@@ -258,3 +258,54 @@ def test_docs_list_every_decided_key():
     text = (Path(__file__).resolve().parent.parent / "docs" / "tp_engine.md").read_text()
     keys = {k for keys in READ_KEYS.values() for k in keys} | set(IRRELEVANT_KEYS) | set(REFUSED_UNLESS)
     assert sorted(k for k in keys if f"`{k}`" not in text) == []
+
+
+GEMMA_3_270M = {  # google/gemma-3-270m's config.json as transformers 4.x wrote it (the legacy RoPE layout)
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": 1, "final_logit_softcapping": None,
+    "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 640, "initializer_range": 0.02,
+    "intermediate_size": 2048, "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 3,
+    "max_position_embeddings": 32768, "model_type": "gemma3_text", "num_attention_heads": 4,
+    "num_hidden_layers": 18, "num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0, "rope_scaling": None, "rope_theta": 1000000.0,
+    "sliding_window": 512, "torch_dtype": "bfloat16", "transformers_version": "4.55.0.dev0", "use_cache": True,
+    "use_bidirectional_attention": False, "vocab_size": 262144, "_sliding_window_pattern": 6}
+
+
+def test_gemma3_in_both_layouts_gives_the_same_config():
+    old = config_from_hf(GEMMA_3_270M)
+    new = config_from_hf({**{k: v for k, v in GEMMA_3_270M.items()
+                             if k not in ("rope_theta", "rope_local_base_freq", "rope_scaling")},
+                          "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                                              "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}})
+    assert old == new
+    assert old.rope.theta == 1e6 and old.sliding_rope == RopeConfig("default", 10000.0)
+    assert old.sliding_windows == ((512,) * 5 + (None,)) * 3 and old.tie_word_embeddings
+    assert old.qk_norm and old.sandwich_norms and old.norm_offset and old.activation == "gelu_tanh"
+    assert old.attention_scale == 256 ** -0.5 and old.embedding_scale == pytest.approx(640 ** 0.5, rel=1e-7)
+    # without layer_types, every 6th layer is global, as Gemma3TextConfig derives it
+    derived = config_from_hf({k: v for k, v in GEMMA_3_270M.items() if k != "layer_types"})
+    assert derived.sliding_windows == old.sliding_windows
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ({"hidden_activation": "gelu"}, "hidden_activation"),
+    ({"layer_types": ["sliding_attention"] * 17}, "layer_types"),
+    ({"rope_parameters": {"chunked_attention": {"rope_type": "default"}}}, "chunked_attention"),
+    ({"model_type": "gemma3"}, "model_type"),
+])
+def test_gemma3_math_it_lacks_is_refused_by_name(change, message):
+    with pytest.raises(UnsupportedConfig, match=message):
+        config_from_hf({**GEMMA_3_270M, **change})
+
+
+def test_metadata_transformers_writes_from_a_gguf_file_is_accepted():
+    """What transformers writes for a model it loaded from a GGUF file: names and token ids, not math."""
+    metadata = {"_model_name_or_path": "Smollm2 135M 8k Lc100K Mix1 Ep2", "unk_token_id": 0,
+                "transformers_version": "5.25.0", "architectures": None}
+    assert config_from_hf({**LLAMA, **metadata}) == config_from_hf(LLAMA)
+    with pytest.raises(UnsupportedConfig, match="quantization_config"):  # still refused: it changes the weights
+        config_from_hf({**LLAMA, **metadata, "quantization_config": {"quant_method": "gguf"}})

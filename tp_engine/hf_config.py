@@ -1,4 +1,4 @@
-"""Read an HF Llama/Qwen2 checkpoint's `config.json` (and `generation_config.json`): right or refused.
+"""Read an HF Llama/Qwen2/Gemma3 checkpoint's `config.json` (and `generation_config.json`): right or refused.
 
 Every key is decided: read into the `ModelConfig`, known to change nothing the model computes, or refused
 with an error naming it. A key this module does not know is refused too: it cannot tell whether the key
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from pathlib import Path
 from typing import Any
 
 from gatherwise.tp_engine.config import ModelConfig
 from gatherwise.tp_engine.rope import ROPE_TYPES, RopeConfig
 
-MODEL_TYPES = ("llama", "qwen2")
+MODEL_TYPES = ("llama", "qwen2", "gemma3_text")
 
 # Read into the ModelConfig (or, eos_token_id, into the stop tokens), per model type.
 _READ_COMMON = (
@@ -27,12 +28,16 @@ _READ_COMMON = (
 READ_KEYS = {
     "llama": (*_READ_COMMON, "attention_bias", "mlp_bias"),
     "qwen2": (*_READ_COMMON, "use_sliding_window", "sliding_window", "max_window_layers", "layer_types"),
+    "gemma3_text": (*_READ_COMMON, "attention_bias", "hidden_activation", "query_pre_attn_scalar", "sliding_window",
+                    "layer_types", "sliding_window_pattern", "_sliding_window_pattern", "rope_local_base_freq",
+                    "attn_logit_softcapping", "final_logit_softcapping", "use_bidirectional_attention"),
 }
 
 # Known not to change any number the model computes, whatever their value: why, per key.
 IRRELEVANT_KEYS: dict[str, str] = {
-    **dict.fromkeys(("transformers_version", "architectures", "_name_or_path", "_commit_hash", "finetuning_task",
-                     "tokenizer_class", "prefix", "task_specific_params", "is_llama_config", "is_decoder"),
+    **dict.fromkeys(("transformers_version", "architectures", "_name_or_path", "_model_name_or_path", "_commit_hash",
+                     "finetuning_task", "tokenizer_class", "prefix", "task_specific_params", "is_llama_config",
+                     "is_decoder", "model_name"),
                     "metadata"),
     **dict.fromkeys(("dtype", "torch_dtype", "use_bfloat16"),
                     "storage dtype: tensors are read as stored and computed in the engine's compute dtype"),
@@ -43,7 +48,7 @@ IRRELEVANT_KEYS: dict[str, str] = {
                     "what a transformers forward returns or which kernel it uses; the math is the same"),
     **dict.fromkeys(("chunk_size_feed_forward", "pretraining_tp"),
                     "splits the same matmuls into pieces; the math is the same"),
-    **dict.fromkeys(("bos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id"),
+    **dict.fromkeys(("bos_token_id", "pad_token_id", "unk_token_id", "sep_token_id", "decoder_start_token_id"),
                     "token ids for the tokenizer and batching; the prompt carries any BOS"),
     **dict.fromkeys(("max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
                      "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
@@ -90,16 +95,25 @@ def config_from_hf(raw: dict) -> ModelConfig:
         raise UnsupportedConfig(f"model_type {model_type!r} is not supported: expected one of "
                                 f"{', '.join(MODEL_TYPES)}")
     _check_every_key(raw, model_type)
+    if model_type == "gemma3_text":
+        return _gemma3(raw)
     hidden_act = raw.get("hidden_act", "silu")
     if hidden_act not in ("silu", "swish"):
         raise UnsupportedConfig(f"hidden_act {hidden_act!r} is not supported (SwiGLU needs silu)")
+    return ModelConfig(**_decoder_fields(raw, model_type),
+                       sliding_windows=_sliding_windows(raw, _int(raw, "num_hidden_layers")) if model_type == "qwen2"
+                       else ())
+
+
+def _decoder_fields(raw: dict, model_type: str) -> dict[str, Any]:
+    """What every supported decoder reads alike: shapes, RoPE, norm epsilon, biases, the tied head."""
     heads = _int(raw, "num_attention_heads")
     hidden = _int(raw, "hidden_size")
     layers = _int(raw, "num_hidden_layers")
     kv_heads = _int(raw, "num_key_value_heads") if raw.get("num_key_value_heads") is not None else heads
     head_dim = _int(raw, "head_dim") if raw.get("head_dim") is not None else hidden // heads
     attention_bias = _bool(raw, "attention_bias")
-    return ModelConfig(
+    return dict(
         vocab_size=_int(raw, "vocab_size"),
         hidden_size=hidden,
         intermediate_size=_int(raw, "intermediate_size"),
@@ -107,15 +121,86 @@ def config_from_hf(raw: dict) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        rope=read_rope(raw),
         rms_norm_eps=_float(raw, "rms_norm_eps", 1e-6),
         qkv_bias=model_type == "qwen2" or attention_bias,
         o_bias=attention_bias,
         mlp_bias=_bool(raw, "mlp_bias"),
-        tie_word_embeddings=_bool(raw, "tie_word_embeddings"),
-        sliding_windows=_sliding_windows(raw, layers) if model_type == "qwen2" else (),
         model_type=model_type,
+        rope=read_rope(raw) if model_type != "gemma3_text" else read_rope(raw, default_theta=_GEMMA3_ROPE_THETA),
+        tie_word_embeddings=_bool(raw, "tie_word_embeddings", default=model_type == "gemma3_text"),
     )
+
+
+_GEMMA3_ROPE_THETA, _GEMMA3_LOCAL_THETA, _GEMMA3_WINDOW_PATTERN = 1_000_000.0, 10_000.0, 6  # Gemma3TextConfig's
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _gemma3(raw: dict) -> ModelConfig:
+    """Gemma3's text decoder: the Llama fields plus its own blocks, each read or refused."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if raw.get(key) is not None:
+            raise UnsupportedConfig(f"config key {key!r} = {raw[key]!r}: logit soft-capping is not supported")
+    if raw.get("use_bidirectional_attention"):
+        raise UnsupportedConfig("config key 'use_bidirectional_attention' = true: only causal attention is supported")
+    act = raw.get("hidden_activation", raw.get("hidden_act", "gelu_pytorch_tanh"))
+    if act != "gelu_pytorch_tanh":
+        raise UnsupportedConfig(f"hidden_activation {act!r} is not supported (Gemma3's GeGLU needs "
+                                f"gelu_pytorch_tanh)")
+    params = raw.get("rope_parameters")
+    per_type = isinstance(params, dict) and bool(params) and all(isinstance(v, dict) for v in params.values())
+    fields = _decoder_fields({k: v for k, v in raw.items() if not (per_type and k == "rope_parameters")},
+                             "gemma3_text")
+    layers = fields["num_layers"]
+    if per_type:
+        assert isinstance(params, dict)
+        unknown = set(params) - set(_LAYER_TYPES)
+        if unknown:
+            raise UnsupportedConfig(f"config key 'rope_parameters' has layer type {sorted(unknown)[0]!r}: expected "
+                                    f"{' or '.join(_LAYER_TYPES)}")
+        ropes = {t: read_rope({"rope_parameters": params[t], "max_position_embeddings":
+                              raw.get("max_position_embeddings")}, default_theta=_GEMMA3_ROPE_THETA)
+                 for t in params}
+        fields["rope"] = ropes.get("full_attention", fields["rope"])
+        local = ropes.get("sliding_attention")
+    else:
+        local = RopeConfig(theta=_float(raw, "rope_local_base_freq", _GEMMA3_LOCAL_THETA))
+    scalar = _float(raw, "query_pre_attn_scalar", 256)
+    if scalar <= 0:
+        raise UnsupportedConfig(f"config key 'query_pre_attn_scalar' must be > 0, got {scalar}")
+    return ModelConfig(
+        **fields,
+        sliding_windows=_gemma3_windows(raw, layers),
+        sliding_rope=local,
+        qk_norm=True,
+        sandwich_norms=True,
+        norm_offset=True,
+        embedding_scale=_float32(math.sqrt(fields["hidden_size"])),
+        activation="gelu_tanh",
+        attention_scale=scalar ** -0.5,
+    )
+
+
+def _gemma3_windows(raw: dict, layers: int) -> tuple[int | None, ...]:
+    layer_types = raw.get("layer_types")
+    if layer_types is None:  # Gemma3TextConfig: every pattern-th layer is global, the rest slide
+        pattern = raw.get("sliding_window_pattern", raw.get("_sliding_window_pattern", _GEMMA3_WINDOW_PATTERN))
+        if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 1:
+            raise UnsupportedConfig(f"config key 'sliding_window_pattern' must be an integer >= 1, got {pattern!r}")
+        layer_types = [_LAYER_TYPES[bool((i + 1) % pattern)] for i in range(layers)]
+    if not isinstance(layer_types, list) or len(layer_types) != layers or \
+            any(t not in _LAYER_TYPES for t in layer_types):
+        raise UnsupportedConfig(f"config key 'layer_types' must list full_attention or sliding_attention for each of "
+                                f"the {layers} layers, got {layer_types!r}")
+    window = raw.get("sliding_window")
+    if "sliding_attention" in layer_types and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise UnsupportedConfig(f"config key 'sliding_window' must be an integer >= 1, got {window!r}")
+    return tuple(window if t == "sliding_attention" else None for t in layer_types)
+
+
+def _float32(value: float) -> float:
+    """`value` rounded to float32: transformers holds Gemma's embedding scale sqrt(hidden) as a float32 buffer, and
+    the engine computes in float32 or wider, so that rounding is part of the model's math."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
 def _check_every_key(raw: dict, model_type: str) -> None:
@@ -133,7 +218,7 @@ def _check_every_key(raw: dict, model_type: str) -> None:
                                 f"refusing rather than risk ignoring something that changes the math")
 
 
-def read_rope(raw: dict) -> RopeConfig:
+def read_rope(raw: dict, default_theta: float = 10000.0) -> RopeConfig:
     """RoPE from either layout: `rope_parameters` (transformers >= 5) or top-level `rope_theta` + `rope_scaling`."""
     params, scaling = raw.get("rope_parameters"), raw.get("rope_scaling")
     if params is not None and scaling is not None and params != scaling:
@@ -155,7 +240,7 @@ def read_rope(raw: dict) -> RopeConfig:
     if rope_type not in ROPE_TYPES:
         raise UnsupportedConfig(f"config key '{where}.rope_type' = {rope_type!r} is not supported: expected one of "
                                 f"{', '.join(ROPE_TYPES)}")
-    theta = _rope_theta(raw, rope.pop("rope_theta", None), where)
+    theta = _rope_theta(raw, rope.pop("rope_theta", None), where, default_theta)
     partial = rope.pop("partial_rotary_factor", None)
     if partial not in (None, 1, 1.0):
         raise UnsupportedConfig(f"config key '{where}.partial_rotary_factor' = {partial!r}: partial rotary "
@@ -197,13 +282,13 @@ def read_rope(raw: dict) -> RopeConfig:
         raise UnsupportedConfig(f"config key {where!r}: {exc}") from None
 
 
-def _rope_theta(raw: dict, inside: Any, where: str) -> float:
+def _rope_theta(raw: dict, inside: Any, where: str, default: float) -> float:
     top = raw.get("rope_theta")
     if inside is not None and top is not None and float(inside) != float(top):
         raise UnsupportedConfig(f"config keys 'rope_theta' ({top}) and '{where}.rope_theta' ({inside}) disagree")
     value = inside if inside is not None else top
     if value is None:
-        return 10000.0  # transformers' default theta
+        return default  # the model type's default in transformers
     return _float({"rope_theta": value}, "rope_theta", where=where if inside is not None else None)
 
 
@@ -251,8 +336,8 @@ def _float(raw: dict, key: str, default: float | None = None, where: str | None 
     return float(value)
 
 
-def _bool(raw: dict, key: str, where: str | None = None) -> bool:
-    value = raw.get(key, False)
+def _bool(raw: dict, key: str, where: str | None = None, default: bool = False) -> bool:
+    value = raw.get(key, default)
     if value is None:
         return False
     if not isinstance(value, bool):

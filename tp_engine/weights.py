@@ -1,6 +1,6 @@
 """Weights of one rank: read by HF name from a source (seeded random or safetensors) and sharded on load.
 
-Both sources speak HF Llama/Qwen2 names (`model.layers.N.self_attn.q_proj.weight`, ...) and hand out
+Both sources speak HF Llama/Qwen2/Gemma3 names (`model.layers.N.self_attn.q_proj.weight`, ...) and hand out
 slices, so a checkpoint rank reads only its own rows/columns and the random model shards exactly like one.
 """
 
@@ -52,6 +52,10 @@ class LayerWeights:
     gate_bias: torch.Tensor | None
     up_bias: torch.Tensor | None
     down_bias: torch.Tensor | None  # [hidden], whole on every rank
+    q_norm: torch.Tensor | None = None  # [head_dim], shared by every head (qk_norm)
+    k_norm: torch.Tensor | None = None
+    attn_out_norm: torch.Tensor | None = None  # [hidden] (sandwich_norms)
+    mlp_out_norm: torch.Tensor | None = None
 
 
 @dataclass
@@ -76,6 +80,17 @@ _PROJECTIONS: dict[str, tuple[str, tuple[int, str], str]] = {
     "down": ("mlp.down_proj", (1, "mlp"), "mlp_bias"),
 }
 _NORMS = {"input_norm": "input_layernorm.weight", "post_norm": "post_attention_layernorm.weight"}  # whole
+# Gemma3 normalizes the attention and MLP outputs too: its post_attention_layernorm is the attention output's,
+# and the MLP's input norm is pre_feedforward_layernorm.
+_SANDWICH_NORMS = {"input_norm": "input_layernorm.weight", "post_norm": "pre_feedforward_layernorm.weight",
+                   "attn_out_norm": "post_attention_layernorm.weight",
+                   "mlp_out_norm": "post_feedforward_layernorm.weight"}
+_QK_NORMS = {"q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}
+
+
+def layer_norm_names(config: ModelConfig) -> dict[str, str]:
+    """LayerWeights field -> the name of that norm's weight inside a layer."""
+    return {**(_SANDWICH_NORMS if config.sandwich_norms else _NORMS), **(_QK_NORMS if config.qk_norm else {})}
 
 
 def shard_weights(source: TensorSource, config: ModelConfig, rank: int, world_size: int,
@@ -85,6 +100,9 @@ def shard_weights(source: TensorSource, config: ModelConfig, rank: int, world_si
     def read(name: str, dim: int = 0, span: Span | None = None) -> torch.Tensor:
         return source.read(name, dim, span).to(device=device, dtype=dtype).contiguous()
 
+    def read_norm(name: str) -> torch.Tensor:
+        return read(name) + 1 if config.norm_offset else read(name)  # Gemma scales by (1 + weight)
+
     vocab = vocab_span(config.vocab_size, rank, world_size)
     heads = head_shard(config, rank, world_size)
     hd = config.head_dim
@@ -93,7 +111,7 @@ def shard_weights(source: TensorSource, config: ModelConfig, rank: int, world_si
     layers = []
     for i in range(config.num_layers):
         # the norms and projections are tensors; a bias is None where the config has none
-        tensors: dict[str, Any] = {f: read(layer_name(i, n)) for f, n in _NORMS.items()}
+        tensors: dict[str, Any] = {f: read_norm(layer_name(i, n)) for f, n in layer_norm_names(config).items()}
         for field, (prefix, (dim, part), bias_flag) in _PROJECTIONS.items():
             tensors[field] = read(layer_name(i, f"{prefix}.weight"), dim, parts[part])
             bias_rows = parts[part] if dim == 0 else None
@@ -101,7 +119,7 @@ def shard_weights(source: TensorSource, config: ModelConfig, rank: int, world_si
                                         if getattr(config, bias_flag) else None)
         layers.append(LayerWeights(**tensors))
     head_name = LM_HEAD if source.has(LM_HEAD) and not config.tie_word_embeddings else EMBED
-    return RankWeights(embed=read(EMBED, 0, vocab), layers=layers, final_norm=read(FINAL_NORM),
+    return RankWeights(embed=read(EMBED, 0, vocab), layers=layers, final_norm=read_norm(FINAL_NORM),
                        lm_head=read(head_name, 0, vocab))
 
 
@@ -140,23 +158,25 @@ def random_shapes(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], float
     """HF name -> (shape, mean, std) of the random model. Scales keep activations and logits O(1)."""
     h, q_out, kv_out = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     inter = config.intermediate_size
+    norm_mean = 0.0 if config.norm_offset else 1.0  # stored as (scale - 1) when the model adds the 1
     spec: dict[str, tuple[tuple[int, ...], float, float]] = {
         EMBED: ((config.vocab_size, h), 0.0, 1.0),
-        FINAL_NORM: ((h,), 1.0, 0.1),
+        FINAL_NORM: ((h,), norm_mean, 0.1),
         LM_HEAD: ((config.vocab_size, h), 0.0, 2.0 / math.sqrt(h)),
     }
     for i in range(config.num_layers):
-        layer = {
-            "input_layernorm.weight": ((h,), 1.0, 0.1),
+        layer: dict[str, tuple[tuple[int, ...], float, float]] = {
+            name: ((config.head_dim if field in _QK_NORMS else h,), norm_mean, 0.1)
+            for field, name in layer_norm_names(config).items()}
+        layer.update({
             "self_attn.q_proj.weight": ((q_out, h), 0.0, 2.0 / math.sqrt(h)),
             "self_attn.k_proj.weight": ((kv_out, h), 0.0, 2.0 / math.sqrt(h)),
             "self_attn.v_proj.weight": ((kv_out, h), 0.0, 1.0 / math.sqrt(h)),
             "self_attn.o_proj.weight": ((h, q_out), 0.0, 1.0 / math.sqrt(q_out)),
-            "post_attention_layernorm.weight": ((h,), 1.0, 0.1),
             "mlp.gate_proj.weight": ((inter, h), 0.0, 1.0 / math.sqrt(h)),
             "mlp.up_proj.weight": ((inter, h), 0.0, 1.0 / math.sqrt(h)),
             "mlp.down_proj.weight": ((h, inter), 0.0, 1.0 / math.sqrt(inter)),
-        }
+        })
         if config.qkv_bias:
             layer.update({f"self_attn.{p}_proj.bias": ((n,), 0.0, 0.1) for p, n in
                           (("q", q_out), ("k", kv_out), ("v", kv_out))})
