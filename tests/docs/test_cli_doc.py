@@ -76,6 +76,25 @@ def cli_differences(text: str, commands: dict[str, CommandParser]) -> list[str]:
 
 
 COMMAND_LINE = re.compile(r"(?:^|[\s/`(])gatherwise ((?:[a-z][\w-]*)[^`#|;&)\n]*)")
+IN_BLOCK = re.compile(r"(?:^|[\s/])gatherwise ((?:[a-z][\w-]*)[^#;&\n]*)")  # `a|b` alternatives are no pipes
+
+
+def command_texts(text: str) -> list[str]:
+    """What follows `gatherwise ` in the docs' code spans, and in their code blocks per logical line (a line ending
+    in `\\` or followed by indented `[--…`/`--…` lines continues), so a synopsis over several lines is one."""
+    found: list[str] = []
+    blocks = re.findall(r"(?ms)^```[^\n]*\n(.*?)^```", text)
+    for block in blocks:
+        logical: list[str] = []
+        for line in block.splitlines():
+            if logical and (logical[-1].endswith("\\") or re.match(r"\s+\[?--", line)):
+                logical[-1] = logical[-1].rstrip("\\") + " " + line.strip()
+            else:
+                logical.append(line)
+        found += [m.group(1) for line in logical for m in IN_BLOCK.finditer(line)]
+    outside = re.sub(r"(?ms)^```[^\n]*\n.*?^```", "", text)
+    found += [m.group(1) for m in COMMAND_LINE.finditer(outside)]
+    return found
 
 
 def _children(name: str, commands: dict[str, CommandParser]) -> set[str]:
@@ -86,8 +105,8 @@ def usage_differences(text: str, commands: dict[str, CommandParser]) -> list[str
     """`gatherwise …` command lines (code blocks and code spans) that use an option their command lacks, at the
     place they use it (before a subcommand: the parent's options; after it: the subcommand's)."""
     out = []
-    for match in COMMAND_LINE.finditer(text):
-        words = match.group(1).split()
+    for line in command_texts(text):
+        words = line.split()
         if words[0] not in commands:
             continue
         name = words[0]
@@ -97,7 +116,7 @@ def usage_differences(text: str, commands: dict[str, CommandParser]) -> list[str
             elif re.fullmatch(r"--?[a-z][\w-]*(=.*)?", word):
                 flag = word.split("=", 1)[0]
                 if flag not in {s for option in commands[name].options() for s in option.strings} | {"-h", "--help"}:
-                    out.append(f"`gatherwise {match.group(1).strip()}`: gatherwise {name} takes no {flag}")
+                    out.append(f"`gatherwise {line.strip()}`: gatherwise {name} takes no {flag}")
     return out
 
 
@@ -126,3 +145,7 @@ def test_a_planted_option_default_and_command_line_are_found():
     assert usage_differences("```\ngatherwise mode get --wait 5\n```", parsers()) == [
         "`gatherwise mode get --wait 5`: gatherwise mode get takes no --wait"]
     assert usage_differences("run `gatherwise mode --wait 5 set gather --buckets 8`", parsers()) == []
+    synopsis = "```\ngatherwise bench serve --engine vllm|sglang [--quick]\n    [--passes 2] [--pases 3]\n```"
+    assert usage_differences(synopsis, parsers()) == [
+        "`gatherwise bench serve --engine vllm|sglang [--quick] [--passes 2] [--pases 3]`: "
+        "gatherwise bench serve takes no --pases"]
