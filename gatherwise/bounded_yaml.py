@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from typing import Any
 
 import yaml
@@ -60,6 +61,14 @@ def parse_yaml(text: str) -> Any:
         raise YAMLInputError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     except RecursionError:
         raise YAMLInputError("nested too deeply") from None
+    except ValueError as exc:  # a scalar's constructor refused it (int() beyond Python's digit limit, a bad date)
+        raise YAMLInputError(_scalar_problem(exc)) from None
+
+
+def _scalar_problem(exc: ValueError) -> str:
+    if "integer string conversion" in str(exc):  # int()'s hint to raise the limit is no advice for a config
+        return f"an integer has more than {sys.get_int_max_str_digits()} digits"
+    return short(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
 def read_yaml_file(path: str | os.PathLike[str], limit: int = MAX_YAML_BYTES) -> Any:

@@ -48,3 +48,22 @@ def test_token_that_looks_like_a_yaml_comment_is_the_token(shm_dir):
         assert right.status_code == 200, right.text
     finally:
         assert proc.stop() == 0
+
+
+def assert_refused_in_one_line(result: subprocess.CompletedProcess, command: str, *needles: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"gatherwise {command}: "), result.stderr
+    assert all(needle in lines[0] for needle in needles), result.stderr
+
+
+@pytest.mark.parametrize("command", ["sidecar", "engine"])
+def test_an_integer_beyond_pythons_digit_limit_is_one_line(command, tmp_path):
+    args = [command, *(["--port", "0"] if command == "sidecar" else ["--tp", "1", "--duration", "1"]),
+            "--shm-dir", str(tmp_path / "shm")]
+    huge = "9" * 5000
+    config = tmp_path / "huge.yaml"
+    config.write_text(f"policy:\n  window: {huge}\n")
+    assert_refused_in_one_line(run([*args, "--config", str(config)]), command, str(config), "more than 4300 digits")
+    assert_refused_in_one_line(run(args, GATHERWISE_POLICY_WINDOW=huge), command,
+                               "GATHERWISE_POLICY_WINDOW", "more than 4300 digits")
