@@ -80,6 +80,19 @@ def _graph_mode_labels(value: str) -> str:
     return value
 
 
+def _table_file(path: str | None) -> str | None:
+    """engine.initial_table_file: read and checked when the config is loaded, so a file that is missing, is no
+    regular file or holds no table refuses the config (one line) instead of stopping every rank at install."""
+    if path:
+        from gatherwise.table_file import load_table_file
+
+        try:
+            load_table_file(path)
+        except OSError as exc:
+            raise ValueError(f"cannot read table file {short(path)}: {exc.strerror or exc}") from None
+    return path
+
+
 class DelayPhase(Schema):
     """Test/bench only: from `after_seconds` after engine start, add `seconds` to every `mode` collective."""
 
@@ -91,7 +104,7 @@ class DelayPhase(Schema):
 class EngineSection(Schema):
     shm_dir: str = DEFAULT_SHM_DIR
     initial_mode: ModeLabel = "all_gather"
-    initial_table_file: str | None = None
+    initial_table_file: Annotated[str | None, AfterValidator(_table_file)] = None
     logits_dtype: Literal[LOGITS_DTYPES] = "float32"  # type: ignore[valid-type]
     # modes SGLang captures a decode CUDA graph for (graph memory x each)
     graph_modes: Annotated[str, AfterValidator(_graph_mode_labels)] = "all_gather,gather"

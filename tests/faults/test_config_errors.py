@@ -57,6 +57,27 @@ def assert_refused_in_one_line(result: subprocess.CompletedProcess, command: str
     assert all(needle in lines[0] for needle in needles), result.stderr
 
 
+@pytest.mark.parametrize("table", ["missing", "/dev/zero", "fifo", "unknown-mode", "not-a-table"])
+def test_a_bad_initial_table_file_refuses_the_config(table, tmp_path):
+    """Not at install, where every rank of the engine (and of vLLM or SGLang, at their first hooked forward)
+    would stop with a traceback: when the config is loaded, in one line."""
+    path = {"missing": str(tmp_path / "missing.yaml"), "/dev/zero": "/dev/zero",
+            "fifo": str(tmp_path / "fifo"), "unknown-mode": str(tmp_path / "modes.yaml"),
+            "not-a-table": str(tmp_path / "list.yaml")}[table]
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "modes.yaml").write_text('table: {"1": gather, "8": fastest}\n')
+    (tmp_path / "list.yaml").write_text("- gather\n")
+    config = tmp_path / "engine.yaml"
+    config.write_text(f"engine:\n  initial_table_file: {path}\n")
+    shm = str(tmp_path / "shm")
+    engine = ["engine", "--tp", "2", "--duration", "5", "--shm-dir", shm]
+    assert_refused_in_one_line(run([*engine, "--config", str(config)]), "engine",
+                               f"{config}: engine.initial_table_file: ")
+    by_env = run(engine, GATHERWISE_ENGINE_INITIAL_TABLE_FILE=path)
+    assert_refused_in_one_line(by_env, "engine", "GATHERWISE_ENGINE_INITIAL_TABLE_FILE: engine.initial_table_file: ")
+    assert not os.path.exists(shm)
+
+
 @pytest.mark.parametrize("command", ["sidecar", "engine"])
 def test_an_integer_beyond_pythons_digit_limit_is_one_line(command, tmp_path):
     args = [command, *(["--port", "0"] if command == "sidecar" else ["--tp", "1", "--duration", "1"]),
@@ -67,3 +88,7 @@ def test_an_integer_beyond_pythons_digit_limit_is_one_line(command, tmp_path):
     assert_refused_in_one_line(run([*args, "--config", str(config)]), command, str(config), "more than 4300 digits")
     assert_refused_in_one_line(run(args, GATHERWISE_POLICY_WINDOW=huge), command,
                                "GATHERWISE_POLICY_WINDOW", "more than 4300 digits")
+    table = tmp_path / "table.yaml"
+    table.write_text(f'tp: {huge}\ntable: {{"1": gather}}\n')
+    assert_refused_in_one_line(run(args, GATHERWISE_ENGINE_INITIAL_TABLE_FILE=str(table)), command,
+                               "more than 4300 digits")
