@@ -16,6 +16,7 @@ import json
 import os
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, get_args, get_origin
+from urllib.parse import urlsplit
 
 from annotated_types import Ge, Le
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -93,6 +94,19 @@ def _table_file(path: str | None) -> str | None:
     return path
 
 
+def _otlp_url(value: str | None) -> str | None:
+    """traces.otlp_endpoint: an http(s) URL with a host, refused at load rather than by every export batch."""
+    if value:
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 -- parsing the port is the check: ValueError when it is no port
+        except ValueError as exc:
+            raise ValueError(f"{short(value)} is not a URL ({exc})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http:// or https:// URL with a host (OTLP over HTTP), got {short(value)}")
+    return value
+
+
 class DelayPhase(Schema):
     """Test/bench only: from `after_seconds` after engine start, add `seconds` to every `mode` collective."""
 
@@ -139,7 +153,7 @@ class TracesSection(Schema):
     enabled: bool = True
     sample_ratio: float = Field(0.01, ge=0.0, le=1.0)
     every_nth: int = Field(0, ge=0, le=1 << 30)
-    otlp_endpoint: str | None = None
+    otlp_endpoint: Annotated[str | None, AfterValidator(_otlp_url)] = None
     service_name: str = "gatherwise-sidecar"
 
 

@@ -92,3 +92,16 @@ def test_an_integer_beyond_pythons_digit_limit_is_one_line(command, tmp_path):
     table.write_text(f'tp: {huge}\ntable: {{"1": gather}}\n')
     assert_refused_in_one_line(run(args, GATHERWISE_ENGINE_INITIAL_TABLE_FILE=str(table)), command,
                                "more than 4300 digits")
+
+
+@pytest.mark.parametrize("endpoint", ["http://[::1", "not a url", "ftp://collector/v1/traces", "http://:4318",
+                                      "http://collector:99999"])
+def test_an_otlp_endpoint_that_is_no_http_url_refuses_the_config(endpoint, tmp_path):
+    """Refused when the sidecar starts, not logged as an error by every export batch from then on."""
+    shm = ["--shm-dir", str(tmp_path / "shm")]
+    by_env = run(["sidecar", "--port", "0", *shm], GATHERWISE_TRACES_OTLP_ENDPOINT=endpoint)
+    assert_refused_in_one_line(by_env, "sidecar", "GATHERWISE_TRACES_OTLP_ENDPOINT: traces.otlp_endpoint: ")
+    config = tmp_path / "traces.yaml"
+    config.write_text(f"traces:\n  otlp_endpoint: '{endpoint}'\n")
+    assert_refused_in_one_line(run(["sidecar", "--port", "0", "--config", str(config), *shm]), "sidecar",
+                               f"{config}: traces.otlp_endpoint: ")
