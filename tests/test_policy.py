@@ -183,7 +183,7 @@ def test_a_state_file_of_the_previous_codec_loads_and_is_written_back_with_every
     restored = policy_from_json(text)
     assert restored.pins == {4: G} and restored.backoff == {(0, G): 16.0, (3, G): 16.0}
     assert len(restored.decisions) == 25 and restored.next_decision_id == 26
-    assert restored.restored_extra == {"last_call_index": 5, "switch_counts": {"a|b|auto": 1}}
+    assert restored.restored_extra == {"last_call_index": 5, "switch_counts": {"all_gather|gather|auto": 1}}
     assert [(p.kind, p.ratio) for p in restored.pairs[0]] == [(0, 2.0)]
     old, new = json.loads(text), json.loads(policy_to_json(restored, restored.restored_extra))
     assert new["version"] == 3

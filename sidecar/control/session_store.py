@@ -43,10 +43,17 @@ class SessionStore:
         if text is not None:
             try:
                 policy = policy_from_json(text)
-                log.info("recovered decision state from %s (%d decisions)", state_path, len(policy.decisions))
-                return policy, policy.restored_extra or {"recovered": True}
             except ValueError as exc:
                 log.warning("%s: %s; starting from the control block alone", state_path, exc)
+            else:
+                log.info("recovered decision state from %s (%d decisions)", state_path, len(policy.decisions))
+                extra = dict(policy.restored_extra)
+                fed, started = extra.get("last_call_index", -1), snap.heartbeat.call_index
+                if fed > started:  # no sidecar fed a call rank 0 has not started: every call would be skipped
+                    log.warning("%s: last_call_index %d is beyond the engine's call %d; the policy is fed every "
+                                "call from the rings on", state_path, fed, started)
+                    extra["last_call_index"] = -1
+                return policy, extra
         # No saved state (a sidecar before us could not write it): start from what the engine was last asked to run
         start = readable_table(lambda: snap.requested_table) or readable_table(lambda: snap.active_table) or \
             ModeTable.uniform(Mode.parse(self.initial_mode))

@@ -10,7 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as validated_dataclass
@@ -20,6 +20,7 @@ from gatherwise.modes import Mode, bucket_label
 
 DECISION_LOG = 256  # decisions kept (also the largest `limit` of GET /v1/decisions)
 Reason = Literal["manual", "auto", "probe", "table_file"]
+REASONS: tuple[str, ...] = get_args(Reason)
 
 
 # Also the item of GET /v1/decisions; a pydantic dataclass, so a decision is validated when made.

@@ -19,13 +19,14 @@ from __future__ import annotations
 from collections import deque
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gatherwise.bounded_yaml import short
 from gatherwise.config import ModeLabel, PolicyParams
-from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
+from gatherwise.modes import IMPLEMENTED_LABELS, NUM_BUCKETS, Mode, ModeTable
 from gatherwise.shm_format.private_files import read_small_file, write_private_file
 from gatherwise.sidecar.policy.auto_choice import PAIRS_KEPT
-from gatherwise.sidecar.policy.decision_log import Decision
+from gatherwise.sidecar.policy.decision_log import REASONS, Decision
 from gatherwise.sidecar.policy.estimates import KindMix
 from gatherwise.sidecar.policy.mode_policy import ModePolicy
 from gatherwise.sidecar.policy.paired_evidence import Pair
@@ -52,6 +53,24 @@ class ProbeState(BaseModel):
     samples: dict[int, list[float]] = Field(default_factory=dict)  # kind -> seconds of the probe's calls
     references: dict[int, list[float]] = Field(default_factory=dict)
     extra: float = 0.0  # its calls' seconds beyond the running mode's cost so far, signed
+
+
+def _switch_key(key: str) -> str:
+    """A gatherwise_mode_switches_total series saved as "<from mode>|<to mode>|<reason>"."""
+    parts = key.split("|")
+    if len(parts) != 3 or not all(label in IMPLEMENTED_LABELS for label in parts[:2]) or parts[2] not in REASONS:
+        raise ValueError(f"switch count key {short(key)} is not '<mode>|<mode>|<reason>' (modes "
+                         f"{', '.join(IMPLEMENTED_LABELS)}; reasons {', '.join(REASONS)})")
+    return key
+
+
+class SessionExtra(BaseModel):
+    """What the control session saves with the policy (gatherwise.sidecar.control.session_store)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    last_call_index: int = Field(-1, ge=-1, lt=1 << 63, description="newest call fed to the policy")
+    switch_counts: dict[Annotated[str, AfterValidator(_switch_key)], Annotated[int, Field(ge=0, lt=1 << 63)]] = \
+        Field(default_factory=dict, description="gatherwise_mode_switches_total per series, to continue it")
 
 
 class PolicyState(BaseModel):
@@ -81,7 +100,7 @@ class PolicyState(BaseModel):
     seconds_total: float = Field(0.0, ge=0.0)
     probe_extra_seconds: float = Field(0.0, ge=0.0)
     last_probe_end: dict[Bucket, float] = Field(default_factory=dict)
-    extra: dict[str, Any] = Field(default_factory=dict)  # what the control session saves with it (session_store)
+    extra: SessionExtra = Field(default_factory=SessionExtra)
 
     @model_validator(mode="before")
     @classmethod
@@ -127,7 +146,8 @@ def policy_to_json(policy: ModePolicy, extra: dict[str, Any] | None = None) -> s
         next_decision_id=log.next_id, decisions=list(log.decisions),
         estimates=traffic.estimates.to_json(), kind_estimates=traffic.kind_estimates.to_json(),
         mix={b: list(v.kinds) for b, v in traffic.mix.items() if v.kinds}, seconds_total=budget.seconds_total,
-        probe_extra_seconds=budget.probe_extra_seconds, last_probe_end=probes.last_probe_end, extra=extra or {},
+        probe_extra_seconds=budget.probe_extra_seconds, last_probe_end=probes.last_probe_end,
+        extra=SessionExtra.model_validate(extra or {}),
     ).model_dump_json()
 
 
@@ -163,7 +183,7 @@ def policy_from_json(text: str) -> ModePolicy:
         traffic.mix = {b: KindMix(state.params.window, v) for b, v in state.mix.items()}
     except ValueError as exc:  # a key naming a bucket out of range or a mode this sidecar does not know
         raise ValueError(f"unreadable sidecar state: {exc}") from None
-    policy.restored_extra = state.extra
+    policy.restored_extra = state.extra.model_dump()
     return policy
 
 
