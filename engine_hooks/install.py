@@ -89,9 +89,10 @@ def share_engine_id(comm: Communicator, device: torch.device | str) -> int:
 def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None = None,
                   device: torch.device | str = "cpu", config: GatherwiseConfig | None = None,
                   table: ModeTable | None = None, keep_log: bool = False, engine_kind: str = REFERENCE_ENGINE,
-                  engine_version: str = HOOKS_VERSION, sampler: dict[str, str] | None = None) -> InstalledHooks:
-    """`engine_kind`, `engine_version` and `sampler` (mode label -> who samples in it) go into this rank's info
-    file (gatherwise/shm_format/engine_info.py), for the sidecar to show."""
+                  engine_version: str = HOOKS_VERSION, sampler: dict[str, str] | None = None,
+                  model: str = "") -> InstalledHooks:
+    """`engine_kind`, `engine_version`, `sampler` (mode label -> who samples in it) and `model` (what it serves) go
+    into this rank's info file (gatherwise/shm_format/engine_info.py), for the sidecar to show."""
     cfg = config if config is not None else load_config(os.environ.get("GATHERWISE_CONFIG"))
     dtype = dtype if dtype is not None else logits_dtype(cfg)
     table = table if table is not None else initial_table(cfg)
@@ -110,7 +111,7 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
         from gatherwise.shm_format.engine_info import write_rank_info
 
         try:
-            write_rank_info(engine_dir, comm.rank, engine_kind, engine_version, sampler or GATHERWISE_SAMPLER)
+            write_rank_info(engine_dir, comm.rank, engine_kind, engine_version, sampler or GATHERWISE_SAMPLER, model)
         except OSError as exc:  # only what the sidecar shows about the rank is missing
             log.warning("gatherwise: TP rank %d could not write its info file in %s: %s", comm.rank, engine_dir, exc)
     # Rank 0's control block before its ring: a sidecar attaches once every ring exists, and then finds the block.

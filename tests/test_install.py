@@ -63,7 +63,7 @@ def test_the_engine_plugins_and_the_commands_are_declared_entry_points(installed
     assert "gatherwise = gatherwise.engine_hooks.adapters.sglang_plugin:register" in sections["sglang.srt.plugins"]
     assert "gatherwise = gatherwise.cli:main" in sections["console_scripts"]
     commands = dict(line.split(" = ") for line in sections["gatherwise.commands"].strip().splitlines())
-    assert set(commands) == {"bench", "demo", "engine", "generate", "mode", "sidecar"}
+    assert set(commands) == {"bench", "demo", "engine", "generate", "mode", "models", "sidecar"}
     for value in commands.values():  # every command's module is in the installed tree
         module = value.split(":")[0]
         assert (installed / Path(*module.split("."))).with_suffix(".py").is_file(), value

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=_ranged(int, 1, MAX_LOCAL_RANKS), default=1,
                    help="tensor-parallel size P (ranks of the whole group, over all nodes)")
     p.add_argument("--mode", type=_mode, default="all_gather",
-                   help="all_gather | gather | schedule:SEED (random table switches drawn from SEED)")
+                   help="all_gather | gather | sharded | schedule:SEED (random table switches drawn from SEED)")
     p.add_argument("--prompts", type=_ranged(int, 1, MAX_REQUESTS), default=None,
                    help="number of random-prompt requests (default 8; not with --prompt/--prompt-ids)")
     p.add_argument("--prompt", dest="prompt_items", action="append", type=_text_prompt, default=[], metavar="TEXT",
@@ -96,8 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=LOGITS_DTYPES, default="float32", help="logits dtype")
     p.add_argument("--compute-dtype", choices=("float64", "float32"), default="float64",
                    help="model compute dtype (float64 keeps tokens identical across P; float32 is faster)")
-    p.add_argument("--checkpoint", default=None, help="HF Llama/Qwen2/Gemma3 directory (config.json + *.safetensors), e.g. "
-                        "what `gatherwise models fetch` prints")
+    p.add_argument("--checkpoint", default=None,
+                   help="HF Llama/Qwen2/Gemma3 directory (config.json + *.safetensors), e.g. what `gatherwise models "
+                        "fetch` prints")
     p.add_argument("--weights-seed", type=int, default=0, help="seed of the random model's weights")
     p.add_argument("--max-batch", type=_ranged(int, 1, MAX_BATCH), default=16, help="most requests running at once")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL)")

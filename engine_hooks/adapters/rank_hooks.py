@@ -70,12 +70,17 @@ class RankHooks:
         sampler = self.sampler_labels()
         self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
                                        device=logits.device, config=self.config, engine_kind=self.ENGINE,
-                                       engine_version=self.engine_version(), sampler=sampler)
+                                       engine_version=self.engine_version(), sampler=sampler,
+                                       model=self.model_name())
         atexit.register(self.close)
         self.log.info("gatherwise: hooks installed on TP rank %d/%d, engine %s, table %s", comm.rank,
                       comm.world_size, engine_dir_name(self.installed.engine_id),
                       self.installed.logits_path.table.as_labels())
         return self.installed.logits_path
+
+    def model_name(self) -> str:
+        """The model the engine serves, for the rank info file; "" where the engine does not tell."""
+        return ""
 
     def sampler_labels(self) -> dict[str, str]:
         """Who samples in each mode (the rank info file, `/v1/live`, the page)."""

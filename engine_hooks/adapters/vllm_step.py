@@ -82,6 +82,15 @@ class VllmStepHooks(RankHooks):
         self._gatherwise_call: tuple[torch.Tensor, list[SamplingRow]] | None = None  # shards and rows to draw
         self._stepped_aside: set[str] = set()  # why sampled batches kept vLLM's sampler (each said once)
 
+    def model_name(self) -> str:
+        """The served model name (vLLM's --served-model-name, else the model it loaded), read from the runner of
+        the step that installs the hooks."""
+        model_config = getattr(self._runner, "model_config", None)
+        name = getattr(model_config, "served_model_name", None)
+        name = name[0] if isinstance(name, (list, tuple)) and name else name
+        name = name if isinstance(name, str) and name else getattr(model_config, "model", "")
+        return name if isinstance(name, str) else ""
+
     # -- scope: the step's logits call --------------------------------------------------------------------
     @contextmanager
     def step(self, runner: Any, scheduler_output: Any) -> Iterator[None]:

@@ -1,10 +1,10 @@
 """Rank info files: what each TP rank says about itself that the ring header does not carry (docs/shm-format.md).
 
 `<shm_dir>/<engine id>/info-<rank>.json`, written once by that rank at install time (0600, temporary name then
-rename): the engine's kind and version, the node (host name) the rank runs on, its pid and the sampler each mode
-uses there. The sidecar only shows it (the live page, GET /v1/live); nothing decides on it. So the reader is
-strict about size and types and clips every string: the text is the engine's to choose, and a page shows it as
-text, never as markup. Stdlib only.
+rename): the engine's kind and version, the model it serves, the node (host name) the rank runs on, its pid and
+the sampler each mode uses there. The sidecar only shows it (the live page, GET /v1/live); nothing decides on it.
+So the reader is strict about size and types and clips every string: the text is the engine's to choose, and a
+page shows it as text, never as markup. Stdlib only.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class RankInfo:
     node: str
     pid: int
     sampler: dict[str, str] = field(default_factory=dict)  # mode label -> who samples in that mode
+    model: str = ""  # the model the engine serves (its name or directory); "" when it did not say
 
     def to_json(self) -> bytes:
         return record_json(self, FORMAT)
@@ -41,16 +42,17 @@ class RankInfo:
         """Parse an info file; ValueError for anything that is not one."""
         obj = parse_record(data, FORMAT, "rank info file")
         kind, version, node = obj.get("kind"), obj.get("version"), obj.get("node")
-        rank, pid, sampler = obj.get("rank"), obj.get("pid"), obj.get("sampler", {})
-        if not (isinstance(kind, str) and isinstance(version, str) and isinstance(node, str)):
-            raise ValueError("kind, version or node missing or not a string")
+        rank, pid, sampler, model = obj.get("rank"), obj.get("pid"), obj.get("sampler", {}), obj.get("model", "")
+        if not (isinstance(kind, str) and isinstance(version, str) and isinstance(node, str)
+                and isinstance(model, str)):
+            raise ValueError("kind, version, node or model missing or not a string")
         if not (is_u63(rank) and is_u63(pid)):
             raise ValueError("rank or pid not a non-negative integer")
         if not isinstance(sampler, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                     for k, v in sampler.items()):
             raise ValueError("sampler is not an object of strings")
         return cls(_clip(kind), _clip(version), rank, _clip(node), pid,
-                   {_clip(k): _clip(v) for k, v in list(sampler.items())[:MAX_SAMPLER_MODES]})
+                   {_clip(k): _clip(v) for k, v in list(sampler.items())[:MAX_SAMPLER_MODES]}, _clip(model))
 
 
 def _clip(text: str) -> str:
@@ -62,10 +64,10 @@ def info_path(engine_dir: str | os.PathLike[str], rank: int) -> str:
 
 
 def write_rank_info(engine_dir: str | os.PathLike[str], rank: int, kind: str, version: str,
-                    sampler: dict[str, str]) -> RankInfo:
+                    sampler: dict[str, str], model: str = "") -> RankInfo:
     """This process's info file for `rank` (OSError when it cannot be written)."""
     info = RankInfo(_clip(kind), _clip(version), rank, _clip(socket.gethostname()), os.getpid(),
-                    {k: _clip(v) for k, v in sampler.items()})
+                    {k: _clip(v) for k, v in sampler.items()}, _clip(model))
     write_private_file(info_path(engine_dir, rank), info.to_json())
     return info
 

@@ -10,7 +10,7 @@ import struct
 from collections.abc import Iterator
 
 from gatherwise.modes import Mode
-from gatherwise.shm_format import control, engine_info, hooks_off, node_ranks, ring
+from gatherwise.shm_format import control, engine_info, engine_sample, hooks_off, node_ranks, ring
 from gatherwise.sidecar.policy.saved_state import READ_VERSIONS, STATE_VERSION, PolicyState
 from tests.docs.markdown import code_spans, read, table
 
@@ -98,6 +98,7 @@ def shm_differences(text: str) -> list[str]:
     # the JSON files: heading's format, the example's format and keys
     for heading, module, record in (("Hooks-off notice", hooks_off, hooks_off.HooksOffNotice),
                                     ("Rank info", engine_info, engine_info.RankInfo),
+                                    ("Sample", engine_sample, engine_sample.EngineSample),
                                     ("Node file", node_ranks, node_ranks.NodeRanks)):
         section = re.search(rf"## {heading}.*?, format (\d+)\n(.*?)(?=\n## )", text, re.S)
         if section is None:
