@@ -29,7 +29,7 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ engine_hooks/_ring_
   "${PIP[@]}" jsonschema soundfile==0.13.1 datasets
   "${PIP[@]}" ./tests/sglang/stand_in_sgl_kernel
   # the bench extra (matplotlib: `gatherwise bench serve` draws its PNG here); SGLang pins python-dateutil<3
-  "${PIP[@]}" -e ".[sidecar,bench]" "python-dateutil<3" pytest pytest-timeout
+  "${PIP[@]}" -e ".[sidecar,bench,models]" "python-dateutil<3" pytest pytest-timeout
   touch "$STAMP"
 fi
 [ "${GATHERWISE_SGLANG_INSTALL_ONLY:-0}" = 1 ] && exit 0
@@ -37,4 +37,6 @@ MODEL_DIR=$(mktemp -d "${TMPDIR:-/tmp}/gatherwise-tiny-llama.XXXXXX")
 trap 'rm -rf "$MODEL_DIR"' EXIT
 "$VENV/bin/python" scripts/tiny_checkpoint.py "$MODEL_DIR" --for-engines >/dev/null
 export GATHERWISE_SGLANG_MODEL=$MODEL_DIR
+# the trained models the tests run (tests/sglang/test_sglang_trained_models.py): fetched once into the user's cache
+for name in $(tr , ' ' <<<"${GATHERWISE_TRAINED_MODELS:-smollm2}"); do "$VENV/bin/gatherwise" models fetch "$name" >/dev/null; done
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs tests/sglang "$@"

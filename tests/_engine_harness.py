@@ -19,9 +19,12 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from gatherwise.dashboards.child_process import stop_child
+
+if TYPE_CHECKING:
+    from gatherwise.sidecar.control.block_client import ControlClient
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT_TIMEOUT_S = 300
@@ -235,3 +238,34 @@ def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', labels_text))
             out.append((labels, float(value)))
     return out
+
+
+class Control:
+    """The engine's control block (absent for the plain engine), and where rank 0's calls stand."""
+
+    def __init__(self, shm_dir: str | None) -> None:
+        self.shm_dir = shm_dir
+        self.client: ControlClient | None = None
+
+    def _client(self):
+        if self.client is None and self.shm_dir:
+            from gatherwise.sidecar.control.block_client import ControlClient
+            from gatherwise.sidecar.ingest.ring_reader import discover_engines
+
+            engines = discover_engines(self.shm_dir)
+            if engines and engines[0].control is not None:  # the hooks install at the first hooked call
+                self.client = ControlClient(engines[0].control)
+        return self.client
+
+    def set(self, mode: str) -> bool:
+        from gatherwise.modes import Mode, ModeTable
+
+        client = self._client()
+        if client is None:
+            return False
+        client.write_command(ModeTable.uniform(Mode.parse(mode)))
+        return True
+
+    def call_index(self) -> int | None:
+        client = self._client()
+        return None if client is None else client.heartbeat().call_index

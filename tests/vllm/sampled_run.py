@@ -1,7 +1,7 @@
-"""One vLLM engine (TP=2 on CPU, the tiny Llama with its BPE tokenizer) in its own process: structured outputs,
-sampled, seeded, mixed and logprob requests; prints one JSON object on its last line.
+"""One vLLM engine (TP=2 on CPU, the tiny Llama with its BPE tokenizer, or a trained model at its TP) in its own
+process: structured outputs, sampled, seeded, mixed and logprob requests; prints one JSON object on its last line.
 
-`python -m tests.vllm.sampled_run --model DIR [--shm-dir DIR --switch]`
+`python -m tests.vllm.sampled_run --model DIR [--tp N --shm-dir DIR --switch]`
 
 The same requests run in ROUNDS rounds. With --switch (the plugin on), each round starts by setting the table
 through the engine's real control block (sidecar.control_block_client, what the sidecar writes) to that round's mode,
@@ -24,12 +24,8 @@ served which phase.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
-from tests._engine_harness import engine_run_arguments, http, read_rings
-
-if TYPE_CHECKING:
-    from gatherwise.sidecar.control.block_client import ControlClient
+from tests._engine_harness import Control, engine_run_arguments, http, read_rings
 
 ROUNDS = ("all_gather", "gather", "sharded")  # the plugin's table in each round
 FLIPS = {1: "gather", 4: "sharded", 6: "all_gather", 8: "gather", 11: "all_gather", 13: "gather"}  # step -> mode
@@ -109,37 +105,6 @@ def summary(output) -> dict:
     return result
 
 
-class Control:
-    """The engine's control block (absent for the plain engine), and where rank 0's calls stand."""
-
-    def __init__(self, shm_dir: str | None) -> None:
-        self.shm_dir = shm_dir
-        self.client: ControlClient | None = None
-
-    def _client(self):
-        if self.client is None and self.shm_dir:
-            from gatherwise.sidecar.control.block_client import ControlClient
-            from gatherwise.sidecar.ingest.ring_reader import discover_engines
-
-            engines = discover_engines(self.shm_dir)
-            if engines and engines[0].control is not None:  # the hooks install at the first hooked call
-                self.client = ControlClient(engines[0].control)
-        return self.client
-
-    def set(self, mode: str) -> bool:
-        from gatherwise.modes import Mode, ModeTable
-
-        client = self._client()
-        if client is None:
-            return False
-        client.write_command(ModeTable.uniform(Mode.parse(mode)))
-        return True
-
-    def call_index(self) -> int | None:
-        client = self._client()
-        return None if client is None else client.heartbeat().call_index
-
-
 def run_stepped(llm, control: Control | None, name: str, params: list) -> tuple[list[dict], list[dict]]:
     from vllm.inputs import TextPrompt
 
@@ -178,12 +143,14 @@ def main() -> None:
     p.add_argument("--phases", help="only these offline phases, in this order (all by default)")
     p.add_argument("--stepped", help="only these stepped phases (all by default)")
     p.add_argument("--runners", action="store_true", help="report each worker's model runner class")
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--dtype", default="auto")
     args = p.parse_args()
 
     from vllm import LLM
 
-    llm = LLM(model=args.model, tensor_parallel_size=2, enforce_eager=True, max_model_len=256,
-              distributed_executor_backend="mp", seed=0)
+    llm = LLM(model=args.model, tensor_parallel_size=args.tp, enforce_eager=True, max_model_len=256,
+              distributed_executor_backend="mp", seed=0, dtype=args.dtype)
     control = Control(args.shm_dir) if args.switch else None
     rounds, phases = [], []
     for mode in args.rounds.split(","):

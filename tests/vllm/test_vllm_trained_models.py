@@ -1,0 +1,78 @@
+"""vLLM V1 on CPU with a trained model (SmolLM2-135M-Instruct at TP=3; Gemma-3-270M at TP=2 in the model matrix):
+the plugin gives plain vLLM's tokens, logprobs and text on real text, in every mode and across mid-generation
+switches through the engine's control block, for greedy, seeded top-p and structured requests (a regex and a JSON
+schema, valid); every rank runs the same mode per call, and sharded greedy calls really ran sharded.
+
+Two engines per model, one at a time (tests/vllm/sampled_run.py): plain vLLM, then the plugin. CI runs one round
+(the sharded table) with greedy, structured and seeded phases and the stepped phase whose flips cross the modes;
+`make test-models` (GATHERWISE_TRAINED_FULL=1) runs every round and phase for each model it names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import pytest
+
+from gatherwise.modes import Mode
+from gatherwise.tp_engine.trained_models import MODELS
+from tests._engine_harness import assert_ranks_ran_the_same_calls
+from tests._trained_models import assert_schema_json, engine_models, full_matrix, model_directory
+from tests.vllm.harness import base_env, run_engine
+from tests.vllm.sampled_run import REGEX
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+RUN = "tests.vllm.sampled_run"
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+SHORT = ("--rounds", "sharded", "--phases", "greedy,structured,seeded", "--stepped", "stepped")
+APPLY_DELAY = 2
+
+
+def _run(name: str, *extra: str, env: dict[str, str]) -> dict:
+    args = ["--tp", str(MODELS[name].engine_tp), "--dtype", "float32", *(() if full_matrix() else SHORT), *extra]
+    return run_engine(str(model_directory(name)), env, *args, module=RUN)
+
+
+@pytest.fixture(scope="module", params=engine_models())
+def runs(request) -> tuple[dict, dict]:
+    """(plain vLLM, the plugin) on one trained model."""
+    name = request.param
+    plain = _run(name, env=base_env(**IN_PROCESS))
+    shm = f"/dev/shm/gatherwise-vllm-trained-{os.getpid()}"
+    try:
+        ours = _run(name, "--shm-dir", shm, "--switch",
+                    env=base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, **IN_PROCESS))
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    return plain, ours
+
+
+def test_every_phase_gives_plain_vllms_tokens(runs):
+    plain, ours = runs
+    assert len(ours["rounds"]) == len(plain["rounds"])
+    for mine, theirs in zip(ours["rounds"], plain["rounds"], strict=True):
+        assert set(mine) == set(theirs)
+        for phase in theirs:
+            assert mine[phase] == theirs[phase], phase
+
+
+def test_real_text_and_valid_structured_outputs(runs):
+    plain, _ = runs
+    for tokens in plain["rounds"]:
+        assert all(o["text"].strip() for o in tokens["greedy"])
+        regex, _, schema = (o["text"] for o in tokens["structured"][:3])
+        assert re.fullmatch(REGEX, regex), regex
+        assert_schema_json(schema)
+
+
+def test_every_mode_ran_and_ranks_agree(runs):
+    _, ours = runs
+    assert_ranks_ran_the_same_calls(ours["rings"])
+    modes = {c[1] for c in ours["rings"]["0"]["calls"]}
+    assert {Mode.ALL_GATHER, Mode.GATHER, Mode.SHARDED} <= modes, modes
+    (greedy,) = [p for p in ours["phases"] if p["round"] == "sharded" and p["phase"] == "greedy"]
+    ring = {c[0]: c[1] for c in ours["rings"]["0"]["calls"]}
+    assert {ring[c] for c in range(greedy["after"] + 1 + APPLY_DELAY, greedy["last"] + 1)} == {Mode.SHARDED}
+    assert "hooks stay off" not in ours["log"]
