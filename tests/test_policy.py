@@ -13,7 +13,7 @@ from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_of
 from gatherwise.sidecar.policy.auto_choice import should_switch
 from gatherwise.sidecar.policy.estimates import Estimate, WindowEstimates
 from gatherwise.sidecar.policy.mode_policy import ModePolicy, PolicyParams
-from gatherwise.sidecar.policy.saved_state import policy_from_json, policy_to_json
+from gatherwise.sidecar.policy.saved_state import MAX_STATE_BYTES, policy_from_json, policy_to_json, state_text
 
 A, G = Mode.ALL_GATHER, Mode.GATHER
 TWO = (A, G)  # tests whose costs tell only these two apart; three-mode tests pass their own list
@@ -193,6 +193,24 @@ def test_a_state_file_of_the_previous_codec_loads_and_is_written_back_with_every
     assert {b: [p[:4] for p in v] for b, v in new["pairs"].items()} == old["pairs"]
     again = policy_from_json(json.dumps(new))
     assert again.pairs == restored.pairs and again.estimates.to_json() == restored.estimates.to_json()
+
+
+def test_a_state_above_the_cap_is_saved_without_its_sample_windows_and_reads_back():
+    """What a sidecar writes it can read: a window large enough to pass MAX_STATE_BYTES leaves the windows out,
+    never the pins, parameters or decisions."""
+    doc = json.loads(STATE_V2.read_text())
+    window = 4096
+    doc["params"]["window"] = window
+    doc["estimates"] = {f"{b}:{m}": [[1000.0 + i * 0.123456789, 0.000123456789 + i * 1e-9] for i in range(window)]
+                        for b in range(NUM_BUCKETS) for m in ("all_gather", "gather")}
+    policy = policy_from_json(json.dumps(doc))
+    assert len(policy.estimates.to_json()) == 2 * NUM_BUCKETS
+    text, trimmed = state_text(policy, policy.restored_extra)
+    assert trimmed and len(text.encode()) <= MAX_STATE_BYTES
+    again = policy_from_json(text)
+    assert again.pins == policy.pins and again.params == policy.params and again.estimates.to_json() == {}
+    assert [d.id for d in again.decisions] == [d.id for d in policy.decisions]
+    assert state_text(again, again.restored_extra) == (text, False)
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -17,7 +17,7 @@ from gatherwise.modes import Mode, ModeTable
 from gatherwise.sidecar.control.block_client import ControlSnapshot
 from gatherwise.sidecar.control.session import ControlSession, readable_table
 from gatherwise.sidecar.policy.mode_policy import ModePolicy
-from gatherwise.sidecar.policy.saved_state import load_state, policy_from_json, policy_to_json, save_state
+from gatherwise.sidecar.policy.saved_state import MAX_STATE_BYTES, load_state, policy_from_json, save_state, state_text
 
 log = logging.getLogger("gatherwise.sidecar.control")
 SAVE_INTERVAL_S = 1.0
@@ -30,6 +30,7 @@ class SessionStore:
         policy.mode == "auto")."""
         self.initial_mode, self.auto = initial_mode, auto
         self._unsaved: set[str] = set()  # state files a save failed for (warned once)
+        self._trimmed: set[str] = set()  # state files saved without their sample windows (warned once)
 
     def recover(self, state_path: str, snap: ControlSnapshot, params: PolicyParams
                 ) -> tuple[ModePolicy, dict[str, Any]]:
@@ -63,8 +64,14 @@ class SessionStore:
         if session.read_only:
             return
         try:
-            save_state(session.state_path, policy_to_json(session.policy, {
-                "last_call_index": session.last_call_index, "switch_counts": session.switch_counts}))
+            text, trimmed = state_text(session.policy, {
+                "last_call_index": session.last_call_index, "switch_counts": session.switch_counts})
+            if trimmed and session.state_path not in self._trimmed:
+                self._trimmed.add(session.state_path)
+                log.warning("%s: the sidecar state with its sample windows is above %d bytes (policy.window %d); "
+                            "it is saved without them, and a restarted sidecar relearns them", session.state_path,
+                            MAX_STATE_BYTES, session.policy.params.window)
+            save_state(session.state_path, text)
             session.dirty = session.decided = False
             session.saved_at = time.monotonic()
         except FileNotFoundError as exc:  # the engine directory vanished (engine exited): nothing to keep

@@ -38,7 +38,12 @@ from gatherwise.validation_errors import dotted_location, error_text, joined_err
 # traffic mix, probe cost in seconds). A version 2 file is read (its pairs as kind 0) and written back as 3.
 STATE_VERSION = 3
 READ_VERSIONS = (2, 3)
-MAX_STATE_BYTES = 64 << 20  # far above what the bounded decision log and sample windows produce
+# What a sidecar writes with the default window is ~0.1-0.5 MB (decision log, pairs, sample windows). The cap is
+# what a file may hold, read or written: the whole file is parsed at attach, on the thread every request and
+# scrape waits for (a parse holds the GIL wherever it runs), so its size is what that pause costs (~0.05 s per MB
+# on an idle core, several times that on a loaded one). A state that would be larger is written without its sample
+# windows (what a restart relearns fastest); a larger file is not read.
+MAX_STATE_BYTES = 4 << 20
 
 Bucket = Annotated[int, Field(ge=0, lt=NUM_BUCKETS)]
 BucketMode = Annotated[str, Field(pattern=r"^\d+:[a-z_]+$", description='"<bucket index>:<mode label>"')]
@@ -128,6 +133,19 @@ def _parse_key(key: str) -> tuple[int, Mode]:
 
 def policy_to_json(policy: ModePolicy, extra: dict[str, Any] | None = None) -> str:
     """The document of every part's state (policy_from_json fills the same parts back)."""
+    return state_text(policy, extra)[0]
+
+
+def state_text(policy: ModePolicy, extra: dict[str, Any] | None = None) -> tuple[str, bool]:
+    """(the document, whether its sample windows were left out to keep it within MAX_STATE_BYTES)."""
+    state = _policy_state(policy, extra)
+    text = state.model_dump_json()
+    if len(text.encode()) <= MAX_STATE_BYTES:
+        return text, False
+    return state.model_copy(update={"estimates": {}, "kind_estimates": {}}).model_dump_json(), True
+
+
+def _policy_state(policy: ModePolicy, extra: dict[str, Any] | None) -> PolicyState:
     choice, probes, traffic, log = policy.auto_choice, policy.probes, policy.traffic, policy.log
     probe, budget, backoff = probes.probe, probes.budget, probes.backoff
     return PolicyState(
@@ -148,7 +166,7 @@ def policy_to_json(policy: ModePolicy, extra: dict[str, Any] | None = None) -> s
         mix={b: list(v.kinds) for b, v in traffic.mix.items() if v.kinds}, seconds_total=budget.seconds_total,
         probe_extra_seconds=budget.probe_extra_seconds, last_probe_end=probes.last_probe_end,
         extra=SessionExtra.model_validate(extra or {}),
-    ).model_dump_json()
+    )
 
 
 def policy_from_json(text: str) -> ModePolicy:
