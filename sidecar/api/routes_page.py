@@ -1,6 +1,6 @@
 """The live page: GET / (the page), GET /page/{asset} (its script and style sheet) and GET /v1/live (what the
-page needs beyond the rest of the API: the engine's rank info, its counters per mode and op, and the logits path
-over time).
+page needs beyond the rest of the API: the engine's rank info, its counters per mode and op, the logits path over
+time and the engine's newest sample output).
 
 Every asset ships in the package (`page_assets/`) and is served with a Content-Security-Policy that allows
 nothing but this origin: no inline script, no other host to load from or send to. The page reads the API as
@@ -26,6 +26,7 @@ from gatherwise.sidecar.api.routes_control import mode_state
 from gatherwise.sidecar.control.block_client import InvalidTableWordError
 from gatherwise.sidecar.control.control_api import NotAttached
 from gatherwise.sidecar.ingest.live_history import MAX_POINTS, HistoryPoint
+from gatherwise.sidecar.ingest.live_sample import LiveSample, live_sample
 from gatherwise.sidecar.metrics.header_counters import OP_LABELS, EngineCounters, seconds_series
 from gatherwise.sidecar.state import SidecarState
 
@@ -61,6 +62,8 @@ class LiveEngine(BaseModel):
     kind: str | None = Field(description="what its ranks' info files name (vLLM, SGLang, the reference engine); "
                                          "null before they are read")
     version: str | None
+    model: str | None = Field(description="the model it serves, as its ranks' info files name it; null before "
+                                          "they are read or where the engine does not say")
     tp_size: int
     dtype: str
     vocab: int
@@ -83,6 +86,9 @@ class LiveResponse(BaseModel):
                                                      "mode_error says why): the page polls one endpoint")
     mode_error: str | None = None
     history: list[HistoryPoint] = Field(default_factory=list, description="oldest first, at most `points`")
+    sample: LiveSample | None = Field(None, description="the engine's newest sample output (its sample.json: "
+                                                        "prompt, text, tokens, wall_ns) and its age; null where "
+                                                        "it wrote none (only the reference engine's demo load does)")
 
 
 def per_call(counters: EngineCounters) -> dict[str, dict[str, float]]:
@@ -124,7 +130,8 @@ def live_response(state: SidecarState, points: int) -> LiveResponse:
     ranks = state.live.rank_infos(eng)
     first = ranks[0] if ranks else None
     engine = LiveEngine(engine=eng.label, kind=first.kind if first else None,
-                        version=first.version if first else None, tp_size=eng.tp_size, dtype=eng.dtype,
+                        version=first.version if first else None, model=(first.model or None) if first else None,
+                        tp_size=eng.tp_size, dtype=eng.dtype,
                         vocab=eng.vocab, ranks=ranks, up=counters.up, stopped=eng.stopped_reason())
     dropped: dict[str, int] = {}
     for rc in counters.ranks:
@@ -132,4 +139,4 @@ def live_response(state: SidecarState, points: int) -> LiveResponse:
             dropped[reason] = dropped.get(reason, 0) + n
     calls = dict(counters.ranks[0].calls) if counters.ranks else {}
     return LiveResponse(engine=engine, calls=calls, op_seconds_per_call=per_call(counters), dropped=dropped,
-                        hooks_off=hooks_off, history=history)
+                        hooks_off=hooks_off, history=history, sample=live_sample(eng.dir))

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import field
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic.dataclasses import dataclass as validated_dataclass
 
 from gatherwise.config import ModeOrAuto
@@ -21,6 +21,42 @@ from gatherwise.modes import Mode, bucket_label
 DECISION_LOG = 256  # decisions kept (also the largest `limit` of GET /v1/decisions)
 Reason = Literal["manual", "auto", "probe", "table_file"]
 REASONS: tuple[str, ...] = get_args(Reason)
+
+
+class KindEvidence(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    probes: int = 0
+    ratio: float = 1.0
+
+
+class PairedEvidence(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    probes: int = 0
+    ratio: float = 1.0
+    coverage: float = 0.0
+    kinds: dict[str, KindEvidence] = Field(default_factory=dict)
+
+
+class EvidenceShape(BaseModel):
+    """The keys of a decision's evidence that its readers interpret (the live page), with their types: a value of
+    another type (null where a number or an object belongs) is refused where the decision is made or read back
+    from the saved state, never handed to a reader. The defaults only stand for absent keys: the evidence itself
+    is kept as written, other keys included."""
+
+    model_config = ConfigDict(extra="allow")
+    phase: Literal["start", "end"] = "start"
+    probe_calls: int = 0
+    probe_cost_share: float = 0.0
+    mix: dict[str, float] = Field(default_factory=dict)
+    paired: dict[str, PairedEvidence] = Field(default_factory=dict)
+
+
+_EVIDENCE = TypeAdapter(EvidenceShape)
+
+
+def _typed_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
+    _EVIDENCE.validate_python(evidence)
+    return evidence
 
 
 # Also the item of GET /v1/decisions; a pydantic dataclass, so a decision is validated when made.
@@ -34,7 +70,8 @@ class Decision:
     mode: Annotated[ModeOrAuto, Field(description="the mode the buckets go to")]
     buckets: Annotated[list[str], Field(description='bucket labels ("1", "2", "4", ...)')]
     previous: Annotated[dict[str, str], Field(description="bucket -> mode before the decision (changed buckets)")]
-    evidence: Annotated[dict[str, Any], Field(description="estimates, samples, margin (auto, probe); pins (manual)")
+    evidence: Annotated[dict[str, Any], AfterValidator(_typed_evidence),
+                        Field(description="estimates, samples, margin (auto, probe); pins (manual)")
                         ] = field(default_factory=dict)
     command_seq: Annotated[int | None, Field(description="set once written to the control block")] = None
 

@@ -82,6 +82,7 @@ function showEngine(live) {
   if (!eng) { pairs($("engine"), [["engine", "none attached"]]); fill($("ranks").tBodies[0], []); return; }
   pairs($("engine"), [
     ["engine id", eng.engine], ["kind", eng.kind ?? "unknown"], ["version", eng.version ?? "unknown"],
+    ["model", eng.model ?? "unknown"],
     ["TP ranks", eng.tp_size], ["logits", `${eng.dtype}, vocab ${eng.vocab}`], ["role", role(live.mode)],
     ["calls", MODES.filter(m => live.calls[m]).map(m => `${m} ${live.calls[m]}`).join(", ") || "none yet"],
   ]);
@@ -197,6 +198,25 @@ function showPlots(live) {
                               `now ${pct(history.length ? history[history.length - 1].path_share : null)}`, "plot-share", pct)]);
 }
 
+function ago(seconds) {
+  if (seconds == null) return "–";
+  const s = Math.round(seconds);
+  return s < 120 ? `${s} s ago` : s < 7200 ? `${Math.round(s / 60)} min ago` : `${Math.round(s / 3600)} h ago`;
+}
+
+// The engine's newest finished request, beside its logits path: its own text, shown as text.
+function showSample(live) {
+  const s = live.sample;
+  if (!s) {
+    fill($("sample"), [el("p", { class: "muted" }, "none: this engine writes no sample (the reference engine's demo load does)")]);
+    return;
+  }
+  fill($("sample"), [el("dl", {}, el("dt", {}, "prompt"), el("dd", { class: "prompt" }, s.prompt),
+                             el("dt", {}, "output"), el("dd", { class: "output" }, s.text),
+                             el("dt", {}, "tokens"), el("dd", { class: "tokens" }, s.tokens),
+                             el("dt", {}, "finished"), el("dd", { class: "age" }, ago(s.age_seconds)))]);
+}
+
 function showCosts(live) {
   const modes = Object.keys(live.op_seconds_per_call || {});
   const ops = [...new Set(modes.flatMap(m => Object.keys(live.op_seconds_per_call[m])))];
@@ -233,12 +253,27 @@ function showDecisions(decisions, stats, policy) {
   text($("probe-budget"), `probe budget spent: ${pct(stats.probe_cost_share)} of ${pct(budget)} ` +
                           `(${stats.probe_calls ?? 0} probe calls of ${stats.calls_observed ?? 0})`);
   const list = (decisions.decisions || []).slice().reverse();
-  fill($("decisions"), list.map(d => el("li", { class: d.reason, "data-decision": d.id },
+  fill($("decisions"), list.map(d => drawn(() => decisionItem(d),
+    e => el("li", { class: "unreadable", "data-decision": String(d && d.id) }, `decision ${d && d.id}: unreadable (${e})`))));
+}
+
+function decisionItem(d) {
+  return el("li", { class: d.reason, "data-decision": d.id },
     el("div", {}, `${new Date(d.time * 1000).toLocaleTimeString()} #${d.id} ${d.reason}: ` +
                   `bucket ${d.buckets.join(", ")} → ${d.mode}` +
                   (Object.keys(d.previous).length ? ` (was ${Object.entries(d.previous).map(([b, m]) => `${b}:${m}`).join(", ")})` : "") +
                   (d.command_seq != null ? `, command ${d.command_seq}` : "")),
-    el("div", { class: "evidence" }, evidenceText(d)))));
+    el("div", { class: "evidence" }, drawn(() => evidenceText(d), e => `evidence unreadable (${e})`)));
+}
+
+// One item or panel that cannot be drawn (a value of a shape this page does not expect) says so in its place;
+// the rest of the page is drawn as usual.
+function drawn(draw, instead) {
+  try {
+    return draw();
+  } catch (e) {
+    return instead(e && e.message ? e.message : String(e));
+  }
 }
 
 // -- the poll loop ----------------------------------------------------------------------------------------
@@ -249,13 +284,14 @@ async function poll() {
       api("/v1/policy")]);
     if (live.status !== 200) throw new Error(`GET /v1/live answered ${live.status}`);
     showStatus(live.body, null);
-    showBanners(live.body, null);
-    showEngine(live.body);
-    showModes(live.body);
-    showPlots(live.body);
-    showCosts(live.body);
-    showStats(stats.body);
-    showDecisions(decisions.body, stats.body, policy.body);
+    const panels = [
+      ["banners", () => showBanners(live.body, null)], ["engine", () => showEngine(live.body)],
+      ["modes", () => showModes(live.body)], ["plots", () => showPlots(live.body)],
+      ["sample", () => showSample(live.body)],
+      ["costs", () => showCosts(live.body)], ["stats", () => showStats(stats.body)],
+      ["decisions", () => showDecisions(decisions.body, stats.body, policy.body)]];
+    const failed = panels.flatMap(([name, show]) => drawn(() => { show(); return []; }, e => [`${name}: ${e}`]));
+    fill($("page-errors"), failed.map(f => el("div", { class: "banner bad" }, `not drawn: ${f}`)));
     document.body.dataset.polls = String(Number(document.body.dataset.polls || 0) + 1);
   } catch (e) {
     showStatus(null, String(e));
