@@ -36,7 +36,7 @@ class SidecarState:
     ingest: Ingest
     schedule: SidecarSchedule  # the sidecar's loop; started and stopped with the app
     control: ControlApi
-    live: LiveHistory  # the live page's path over time
+    live: LiveHistory  # the live page's path over time (points taken by the schedule)
     tracer: CallTracer | None = None
     started_at: float = field(default_factory=time.time)
 
@@ -61,11 +61,12 @@ def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = Non
     store = SessionStore(config.engine.initial_mode, auto=config.policy.mode == "auto")
     publisher = DecisionPublisher(events, store)
     sessions = SessionLifecycle(config, events, store, publisher)
-    schedule = SidecarSchedule(ingest, sessions, publisher, store, poll_interval=poll)
+    live = LiveHistory(ingest)
+    schedule = SidecarSchedule(ingest, sessions, publisher, store, live, poll_interval=poll)
     control = ControlApi(sessions, publisher, store, schedule.loop, api_token=api_token(config.sidecar.api_token, env),
                          shm_dir=str(config.engine.shm_dir), attached=lambda: ingest.engine)
     metrics = SidecarMetrics(histograms, [HeaderCountersCollector(ingest.counters),
                                           HooksOffCollector(lambda: hooks_off.notices), events.mode_switches,
                                           ControlGaugesCollector(control.control_view),
                                           RoleCollector(control.attached_role, ROLES)])
-    return SidecarState(config, metrics, ingest, schedule, control, LiveHistory(ingest), tracer)
+    return SidecarState(config, metrics, ingest, schedule, control, live, tracer)

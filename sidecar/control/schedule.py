@@ -1,16 +1,20 @@
-"""The sidecar's schedule: poll the rings, feed the policy, follow the attached engine, step the policy.
+"""The sidecar's schedule: poll the rings, feed the policy, follow the attached engine, step the policy, take the
+live page's history points.
 
 One thread (gatherwise.sidecar.control.loop) does it all, in this order, at the deadlines computed here: poll the rings
 (batching calls: see BATCH_RECORDS; at each discovery deadline while no engine is attached), hand every joined
 call to the policy (a probe ends the moment its last call arrives), follow the engine ingest reads (opening and
-ending control sessions: gatherwise.sidecar.control.session_lifecycle), and step the policy (every STEP_INTERVAL_S while
-calls arrive; while none do, every IDLE_TICK_S for probe timeouts and saves). The control API runs on the same
-thread (gatherwise.sidecar.control.control_api), so the policy has one thread and no lock.
+ending control sessions: gatherwise.sidecar.control.session_lifecycle), take a point of the logits path over time
+when one is due (gatherwise.sidecar.ingest.live_history: here, not when a page asks, so a page opened late shows the
+recent past), and step the policy (every STEP_INTERVAL_S while calls arrive; while none do, every IDLE_TICK_S for
+probe timeouts and saves). The control API runs on the same thread (gatherwise.sidecar.control.control_api), so the
+policy has one thread and no lock.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 from gatherwise.modes import Mode
@@ -22,6 +26,7 @@ from gatherwise.sidecar.control.session_lifecycle import SessionLifecycle
 from gatherwise.sidecar.control.session_store import SessionStore
 from gatherwise.sidecar.ingest.attached_engine import AttachedEngine
 from gatherwise.sidecar.ingest.joined_call import JoinedCall
+from gatherwise.sidecar.ingest.live_history import LiveHistory
 from gatherwise.sidecar.ingest.poll import Ingest
 
 log = logging.getLogger("gatherwise.sidecar.control")
@@ -45,12 +50,13 @@ ATTACH_RETRY_S = 0.5
 
 class SidecarSchedule:
     def __init__(self, ingest: Ingest, sessions: SessionLifecycle, publisher: DecisionPublisher, store: SessionStore,
-                 *, poll_interval: float) -> None:
+                 history: LiveHistory, *, poll_interval: float) -> None:
         self.ingest, self.sessions, self.publisher, self.store = ingest, sessions, publisher, store
+        self.history = history
         self.poll_interval = poll_interval
         self.step_interval = max(poll_interval, STEP_INTERVAL_S)
         self.loop = Loop("gatherwise-sidecar", self._step, log)
-        self._next_poll = self._next_attach = self._last_tick = self._polled_at = 0.0
+        self._next_poll = self._next_attach = self._last_tick = self._polled_at = self._next_point = 0.0
         self._called = False  # calls fed to the policy since its last step
 
     def start(self) -> None:
@@ -76,16 +82,26 @@ class SidecarSchedule:
             if poll.engine is not controlled and now >= self._next_attach:
                 self._next_attach = now + ATTACH_RETRY_S
                 sessions.follow(poll.engine)
+        next_point = self._history(now)
         session = sessions.current
         if session is None:
-            return self._next_poll - time.monotonic()
+            return min(self._next_poll, next_point) - time.monotonic()
         tick_at = self._last_tick + (self.step_interval if self._called else IDLE_TICK_S)
         if now >= tick_at:
             self._tick(session, now)
             self._last_tick, tick_at = now, now + IDLE_TICK_S
             if sessions.current is not None and sessions.current.policy.probe is not None:  # it waits on its calls
                 self._next_poll = min(self._next_poll, now + self.poll_interval)
-        return min(self._next_poll, tick_at) - time.monotonic()
+        return min(self._next_poll, tick_at, next_point) - time.monotonic()
+
+    def _history(self, now: float) -> float:
+        """Take a history point when one is due, after the poll (so it holds the newest calls); returns when the
+        next is due, never while no engine is attached (an idle sidecar wakes for nothing)."""
+        if self.ingest.engine is None:
+            return math.inf
+        if now >= self._next_point:
+            self._next_point = now + self.history.take()
+        return self._next_point
 
     def _poll_wait(self, eng: AttachedEngine, read: int, now: float) -> float:
         """Seconds until the next poll of the attached engine, after one that read `read` records."""

@@ -4,14 +4,16 @@ A point is the difference between two readings of the attached engine's histogra
 per (mode, bucket) the calls of the interval and the p50/p99 of their critical path (interpolated inside the
 histogram's power-of-two buckets, as Prometheus' histogram_quantile does, so the page and a dashboard agree),
 and the share of rank 0's wall time spent in the logits path (while the engine is busy, the wall time between
-calls is its steps: the path's share of the step). Points are taken when the page asks, at most one per
-`min_interval` seconds, and the newest `max_points` are kept: the history costs bounded memory whoever polls, and
-nothing on the ingest schedule. Like every read of the sidecar's moving state, it runs on the loop thread
+calls is its steps: the path's share of the step). The sidecar's schedule takes a point every `min_interval`
+seconds while an engine is attached, whether or not a page asks, so a page opened late shows the recent past at
+once; the newest `max_points` are kept, so the history costs bounded memory and one small reading a second. A
+request only copies points out. Like every read of the sidecar's moving state, it runs on the loop thread
 (gatherwise.sidecar.control.loop): no lock of its own.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -76,12 +78,13 @@ class LiveHistory:
         self._last_at = float("-inf")
         self._rank_infos: tuple[str, list[RankInfo]] | None = None
 
-    def newest(self, limit: int) -> tuple[str | None, list[HistoryPoint]]:
-        """(engine label, its newest `limit` points, oldest first); takes a point first when one is due."""
+    def take(self) -> float:
+        """Take a point when one is due (the first reading of a new engine starts its own history); returns the
+        seconds until the next is due, inf while no engine is attached (the schedule calls it again once one is)."""
         eng = self.ingest.engine
-        now = self.clock()
         if eng is None:
-            return None, []
+            return math.inf
+        now = self.clock()
         if self._last is None or self._last.engine != eng.label:  # a new engine: its own history
             self.points.clear()
             self._last, self._last_at = self._read(eng), now
@@ -89,6 +92,15 @@ class LiveHistory:
             reading = self._read(eng)
             self.points.append(self._point(self._last, reading))
             self._last, self._last_at = reading, now
+        return max(0.0, self._last_at + self.min_interval - now)
+
+    def newest(self, limit: int) -> tuple[str | None, list[HistoryPoint]]:
+        """(engine label, its newest `limit` points, oldest first); takes none (`take` does, on the schedule)."""
+        eng = self.ingest.engine
+        if eng is None:
+            return None, []
+        if self._last is None or self._last.engine != eng.label:  # attached since the last point: none of its own
+            return eng.label, []
         return eng.label, list(self.points)[-limit:]
 
     def rank_infos(self, eng: AttachedEngine) -> list[RankInfo]:
