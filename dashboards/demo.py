@@ -19,6 +19,7 @@ import signal
 import sys
 import tempfile
 import time
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,32 @@ def fastest(stats: dict, bucket: str) -> str:
     return f"{mode} {second / best:.2f}x"
 
 
+def printable(text: str) -> str:
+    """The engine's text on one terminal line: whitespace runs as one space, and no control, format (bidi) or other
+    non-printing character of its reaches the terminal (an escape sequence would repaint the screen)."""
+    flat = " ".join(text.split())
+    return "".join(c if unicodedata.category(c)[0] != "C" else "\ufffd" for c in flat)
+
+
+def clip(line: str, width: int) -> str:
+    return line if len(line) <= width else line[:max(width - 1, 0)] + "…"
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
+
+
+def sample_lines(live: dict[str, Any], width: int) -> list[str]:
+    """The engine's newest output (GET /v1/live's `sample`) beside its model: the prompt, then the generated text,
+    each clipped to `width` columns."""
+    sample = live.get("sample")
+    model = (live.get("engine") or {}).get("model") or "model not named"
+    if not sample:
+        return [clip(f"latest output ({printable(model)}): none (this engine writes no sample)", width)]
+    head = f"latest output ({printable(model)}, {sample['tokens']} tokens, {_ago(sample['age_seconds'])}): "
+    return [clip(head + printable(sample["prompt"]), width), clip("  → " + printable(sample["text"]), width)]
+
+
 def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None) -> str:
     mode = api.get("/v1/mode")
     engine = api.get("/v1/engine").json()
@@ -88,6 +115,8 @@ def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None)
             continue
         lines.append(f"{bucket:>6}  {active:<10}  " + "".join(f"{_cell(s):>22}" for s in per_mode)
                      + f"   {fastest(stats, bucket)}")
+    live = api.get("/v1/live", params={"points": 1}).json()
+    lines += ["", *sample_lines(live, shutil.get_terminal_size().columns)]
     lines += ["", f"recent switches (and {probes} probe decisions, not shown):"]
     for d in decisions or []:
         when = time.strftime("%H:%M:%S", time.localtime(d["time"]))
