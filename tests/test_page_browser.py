@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import httpx
@@ -19,6 +20,7 @@ import yaml
 
 from gatherwise.modes import LABEL_OF_CODE, bucket_label, bucket_of
 from gatherwise.shm_format.engine_info import RankInfo, info_path, read_rank_info
+from gatherwise.shm_format.engine_sample import EngineSample, write_sample
 from gatherwise.shm_format.hooks_off import NoticeWriter
 from gatherwise.shm_format.private_files import write_private_file
 from gatherwise.shm_format.ring import ring_path
@@ -66,11 +68,17 @@ def write_config(tmp_path: Path, shm_dir: str) -> str:
     return str(path)
 
 
-def forge_rank0_kind(engine_dir: str) -> None:
-    """Rewrite rank 0's info file as an engine could: its kind is whatever text the engine chose."""
+def forge_rank0_info(engine_dir: str) -> None:
+    """Rewrite rank 0's info file as an engine could: its kind and model are whatever text the engine chose."""
     info = wait_for(lambda: read_rank_info(engine_dir, 0), 60, "rank 0's info file")
-    forged = RankInfo(FORGED, info.version, 0, info.node, info.pid, info.sampler)
+    forged = RankInfo(FORGED, info.version, 0, info.node, info.pid, info.sampler, f"model {FORGED}")
     write_private_file(info_path(engine_dir, 0), forged.to_json())
+
+
+def forge_sample(engine_dir: str) -> None:
+    """A sample as an engine could write it (this engine, the random model's load, writes none)."""
+    write_sample(engine_dir, EngineSample(f"prompt {FORGED}", f"output {FORGED}\nits second line", 9,
+                                          time.time_ns()))
 
 
 def records_from(shm_dir: str, engine_id: str, first_call: int) -> list:
@@ -95,7 +103,8 @@ def test_live_page_in_a_real_browser(tmp_path, shm_dir):
     sidecar = None
     try:
         engine_id = engine.wait_line(r"gatherwise engine ([0-9a-f]{16}):", 120).group(1)
-        forge_rank0_kind(os.path.join(shm_dir, engine_id))
+        forge_rank0_info(os.path.join(shm_dir, engine_id))
+        forge_sample(os.path.join(shm_dir, engine_id))
         notices.publish(shm_dir, "vLLM", "unsupported_version", f"forged detail {FORGED}")
         sidecar, url = start_sidecar(shm_dir, config=config, env_extra={"GATHERWISE_API_TOKEN": TOKEN})
         wait_for(lambda: httpx.get(f"{url}/v1/mode", timeout=10).status_code == 200, 90, "the engine to attach")
@@ -120,6 +129,13 @@ def test_live_page_in_a_real_browser(tmp_path, shm_dir):
                 # the engine and its forged strings, shown as text
                 expect(page.locator("#engine")).to_contain_text(engine_id, timeout=30_000)
                 expect(page.locator("#engine")).to_contain_text(FORGED)
+                expect(page.locator("#engine")).to_contain_text(f"model {FORGED}")
+                # the engine's newest output beside its logits path, as text too
+                expect(page.locator("#sample .prompt")).to_have_text(f"prompt {FORGED}")
+                expect(page.locator("#sample .output")).to_contain_text(f"output {FORGED}")
+                expect(page.locator("#sample .output")).to_contain_text("its second line")
+                expect(page.locator("#sample .tokens")).to_have_text("9")
+                expect(page.locator("#sample .age")).to_contain_text("s ago")
                 expect(page.locator("#banners .hooks-off")).to_contain_text(f"forged detail {FORGED}")
                 assert page.locator("img").count() == 0 and page.locator("body script").count() == 0
                 assert page.title() == "gatherwise live"
