@@ -153,12 +153,17 @@ function plot(points, series, yMax, label, id, format) {
   for (const s of series) {  // one polyline per run of points: an interval without calls leaves a gap
     let run = [];
     const flush = () => {
-      if (run.length) box.append(svg("polyline", { points: run.join(" "), class: s.cls, "data-series": s.name }));
+      // a run of one point (a mode that ran within one interval: every probe) is a marker, since a polyline of
+      // one point draws nothing
+      if (run.length === 1) box.append(svg("circle", { cx: run[0][0], cy: run[0][1], r: 2.5,
+                                                       class: `${s.cls} marker`, "data-series": s.name }));
+      else if (run.length) box.append(svg("polyline", { points: run.map(([px, py]) => `${px},${py}`).join(" "),
+                                                        class: s.cls, "data-series": s.name }));
       run = [];
     };
     points.forEach((p, i) => {
       const v = s.value(p);
-      if (v == null) flush(); else run.push(`${x(i).toFixed(1)},${y(v).toFixed(1)}`);
+      if (v == null) flush(); else run.push([x(i).toFixed(1), y(v).toFixed(1)]);
     });
     flush();
   }
