@@ -4,7 +4,9 @@ page in chromium."""
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -15,6 +17,11 @@ from tests.test_page_browser import CHROMIUM_ARGS, browser_or_skip
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 BUCKET = "2"  # the fixed:2 workload's batches
 FLIPS = 3  # each flip is one interval's worth of sharded calls, or two where it straddles a boundary
+
+
+def closed_after(newest_point: Callable[[], float], flipped: float) -> bool:
+    """A point newer than a second after the flip: the interval holding the flip is in the history."""
+    return newest_point() > flipped + 1.0
 
 
 def test_a_mode_seen_in_one_interval_is_drawn(shm_dir):
@@ -35,8 +42,7 @@ def test_a_mode_seen_in_one_interval_is_drawn(shm_dir):
             for mode in ("sharded", "all_gather"):
                 put = api.put("/v1/mode", params={"wait": 60}, json={"mode": mode, "buckets": [int(BUCKET)]})
                 assert put.status_code == 200, put.text
-            flipped = time.time()
-            wait_for(lambda t=flipped: newest_point() > t + 1.0, 30, "the flip's interval closed")
+            wait_for(functools.partial(closed_after, newest_point, time.time()), 30, "the flip's interval closed")
 
         def sharded_points() -> int:
             history = api.get("/v1/live", params={"points": 120}).json()["history"]
