@@ -2,7 +2,7 @@
 
 Starts `gatherwise engine` (TP=2, a workload whose batch size moves across 1..64) and `gatherwise sidecar`
 with the auto policy on, in a private shared-memory directory; then prints, every second, per-bucket latency
-by mode, the active table and recent switches, read from the sidecar's own HTTP API. Ctrl-C, SIGTERM (or
+by mode, the active table, switches and the engine's latest output, from the sidecar's HTTP API. Ctrl-C, SIGTERM (or
 --duration) stops every process it started, removes the shared-memory files and exits 0 — however the demo was
 started: a shell that runs it in the background starts it with SIGINT ignored, so the handlers are installed
 explicitly, and the children run in their own session with the parent-death signal (dashboards/child_process.py),
