@@ -1,7 +1,7 @@
 """The sidecar's FastAPI app: metrics, health, engine info, the /v1 control routes and the live page.
 
 create_app() starts the sidecar's loop (gatherwise.sidecar.control.schedule) with the app's lifespan and stops it
-on shutdown. OpenAPI at /docs.
+on shutdown. OpenAPI at /openapi.json, drawn as text at /docs.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ def create_app(state: SidecarState) -> FastAPI:
             if state.tracer is not None:
                 state.tracer.shutdown()
 
-    app = FastAPI(title="gatherwise sidecar", version=HOOKS_VERSION, lifespan=lifespan,
-                  description="Metrics, traces and control for the logits collective of a TP engine.")
+    # No Swagger UI or ReDoc: they load their scripts from a CDN; /docs is the page's own (routes_page)
+    app = FastAPI(title="gatherwise sidecar", version=HOOKS_VERSION, lifespan=lifespan, docs_url=None,
+                  redoc_url=None, description="Metrics, traces and control for the logits collective of a TP engine.")
     app.state.gatherwise = state
     for router, prefix in ROUTERS:
         app.include_router(router, prefix=prefix)

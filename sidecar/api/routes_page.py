@@ -33,7 +33,8 @@ from gatherwise.sidecar.state import SidecarState
 router = APIRouter()
 
 # what /page/{name} serves; nothing else
-ASSETS = {"page.js": "text/javascript", "page.css": "text/css", "favicon.svg": "image/svg+xml"}
+ASSETS = {"page.js": "text/javascript", "page.css": "text/css", "favicon.svg": "image/svg+xml",
+          "docs.js": "text/javascript"}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 PAGE_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
@@ -47,6 +48,13 @@ def asset(name: str) -> bytes:
 @router.get("/", include_in_schema=False)
 async def page() -> Response:
     return Response(asset("index.html"), media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
+
+
+@router.get("/docs", include_in_schema=False)
+async def api_docs() -> Response:
+    """The API reference, drawn from /openapi.json by a script that ships here, under the page's CSP (FastAPI's
+    Swagger UI would load its script from a CDN into this origin, where the page keeps the token)."""
+    return Response(asset("docs.html"), media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
 
 
 @router.get("/page/{name}", include_in_schema=False)
