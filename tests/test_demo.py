@@ -20,16 +20,19 @@ def test_demo_shows_live_numbers_and_ctrl_c_cleans_up():
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     output: list[str] = []
     deadline = time.monotonic() + 240
-    seen_numbers = False
+    seen_numbers = seen_text = False
     assert proc.stdout is not None
     try:
-        for line in proc.stdout:  # read until one whole screen with a latency row has been printed
+        for line in proc.stdout:  # read until a whole screen with a latency row and a real answer was printed
             output.append(line)
             seen_numbers = seen_numbers or bool(re.match(r"\s+\d+\s+(all_gather|gather)\s+\d+\.\d+", line))
-            if (seen_numbers and line.startswith("flip by hand")) or time.monotonic() > deadline:
+            seen_text = seen_text or bool(re.match(r"\s+→ .*[A-Za-z]{3}", line))
+            if (seen_numbers and seen_text and line.startswith("flip by hand")) or time.monotonic() > deadline:
                 break
         text = "".join(output)
-        assert re.search(r"engine [0-9a-f]{16}\s+tp=2", text), text[-3000:]
+        assert re.search(r"engine [0-9a-f]{16}\s+tp=3", text), text[-3000:]  # SmolLM2 by default
+        # the model's own answer to a real question, next to the logits path's numbers
+        assert re.search(r"latest output \(smollm2-float32, \d+ tokens.*\n\s+→ .*[A-Za-z]{3}", text), text[-3000:]
         assert "API docs http://127.0.0.1:" in text
         assert re.search(r"live page http://127\.0\.0\.1:\d+/ ", text), text[-3000:]
         proc.send_signal(signal.SIGINT)

@@ -1,7 +1,13 @@
-"""`gatherwise engine`: the TP engine with the gatherwise hooks under a synthetic decode load.
+"""`gatherwise engine`: the TP engine with the gatherwise hooks under a synthetic decode load, or real traffic.
 
     gatherwise engine --tp P [--workload mixed|fixed:ROWS] [--sampling greedy|mixed] [--duration SECONDS]
+                      [--checkpoint DIR [--max-new-tokens N]]
                       [--shm-dir DIR] [--config FILE] [--nnodes N --node-rank K --dist-init-addr HOST:PORT]
+
+Without a checkpoint, each call is one synthetic decode step of the seeded random model. With `--checkpoint` (a
+trained model, e.g. `gatherwise models fetch smollm2`), rounds of real questions are answered by that model
+(tp_engine/chat_load.py): B requests per round, B drawn as the workload says (mixed: 1..16 here, a real model's
+rounds being longer), and rank 0 publishes each round's first answer for the page to show.
 
 Runs until the duration ends or the parent gets SIGINT/SIGTERM. Ranks must stop at the same call (a rank that
 stops alone leaves the others blocked in a collective), so rank 0 decides and broadcasts "go on / stop" every
@@ -14,6 +20,7 @@ On exit rank 0 removes the engine's shared-memory directory (install_hooks' clos
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import signal
@@ -21,6 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gatherwise.config import GatherwiseConfig
@@ -29,6 +37,7 @@ from gatherwise.tp_engine.launch import MAX_LOCAL_RANKS
 from gatherwise.tp_engine.nodes import add_node_args, nodes_from_args
 
 MIXED_MAX_ROWS = 64
+CHAT_MAX_ROWS = 16  # the mixed workload's largest round of real requests: rounds of 64 answers last minutes on a CPU
 FIXED_MAX_ROWS = 1024  # the largest batch `fixed:ROWS` takes
 CALLS_PER_CHECK = 8  # logits calls between two stop checks (one tiny broadcast each)
 MIXED_DWELL = 32  # calls at one batch size before the mixed workload moves on
@@ -50,6 +59,8 @@ class LoadSpec:
     device: str = "cpu"
     seed: int = 0
     sampling: str = "greedy"  # a key of SAMPLING_MIXES
+    checkpoint: str | None = None  # a trained model: real questions answered instead of synthetic calls
+    max_new_tokens: int = 48  # of each answer (with a checkpoint)
 
 
 @dataclass(frozen=True)
@@ -78,21 +89,21 @@ def parse_workload(text: str) -> str:
     raise argparse.ArgumentTypeError(f"invalid workload {text!r}: expected mixed or fixed:ROWS (1..{FIXED_MAX_ROWS})")
 
 
-def batch_sizes(workload: str, seed: int) -> Iterator[int]:
-    """Endless batch sizes, identical on every rank. mixed: log-uniform over 1..64, held MIXED_DWELL calls."""
+def batch_sizes(workload: str, seed: int, dwell: int = MIXED_DWELL, largest: int = MIXED_MAX_ROWS) -> Iterator[int]:
+    """Endless batch sizes, identical on every rank. mixed: log-uniform over 1..`largest`, held `dwell` calls."""
     if workload.startswith("fixed:"):
         rows = int(workload[6:])
         while True:
             yield rows
     rng = random.Random(seed)
     while True:
-        rows = max(1, min(MIXED_MAX_ROWS, round(2 ** rng.uniform(0, 6))))
-        for _ in range(MIXED_DWELL):
+        rows = max(1, min(largest, round(2 ** rng.uniform(0, math.log2(largest)))))
+        for _ in range(dwell):
             yield rows
 
 
-def max_rows(workload: str) -> int:
-    return int(workload[6:]) if workload.startswith("fixed:") else MIXED_MAX_ROWS
+def max_rows(workload: str, largest: int = MIXED_MAX_ROWS) -> int:
+    return int(workload[6:]) if workload.startswith("fixed:") else largest
 
 
 def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: int) -> RankSummary:
@@ -110,18 +121,31 @@ def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: in
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     tp = TPGroup.from_dist()
-    model = ModelSpec(vocab=spec.vocab, compute_dtype="float32", device=spec.device).load(tp)
+    model = ModelSpec(vocab=spec.vocab, checkpoint=spec.checkpoint, compute_dtype="float32",
+                      device=spec.device).load(tp)
+    vocab = model.config.vocab_size
     comm = default_communicator()
-    hooks = install_hooks(comm, vocab=spec.vocab, dtype=logits_dtype(spec.config), device=model.device,
-                          config=spec.config)
+    hooks = install_hooks(comm, vocab=vocab, dtype=logits_dtype(spec.config), device=model.device,
+                          config=spec.config, model=Path(spec.checkpoint).name if spec.checkpoint else "random")
     engine_id = engine_dir_name(hooks.engine_id)
     if rank == 0:
         print(f"gatherwise engine {engine_id}: tp={world} workload={spec.workload} "
-              f"shm={spec.config.engine.shm_dir}", flush=True)
-    engine = Engine(model, hooks.logits_path, max_batch=max_rows(spec.workload))
+              f"model={spec.checkpoint or 'random'} shm={spec.config.engine.shm_dir}", flush=True)
+    largest = CHAT_MAX_ROWS if spec.checkpoint else MIXED_MAX_ROWS
+    engine = Engine(model, hooks.logits_path, max_batch=max_rows(spec.workload, largest))
     flag = torch.zeros(1, dtype=torch.int64, device=model.device)
-    sizes = batch_sizes(spec.workload, spec.seed)
     params = tuple(SamplingParams(**kind) for kind in SAMPLING_MIXES[spec.sampling])
+    if spec.checkpoint:
+        from gatherwise.tp_engine.chat_load import ChatLoad
+
+        chat = ChatLoad(engine, spec.checkpoint, params, spec.max_new_tokens,
+                        hooks.engine_dir if rank == 0 else None)
+        rounds = batch_sizes(spec.workload, spec.seed, dwell=1, largest=CHAT_MAX_ROWS)
+        step: Callable[[], object] = lambda: chat.round(next(rounds))
+    else:
+        sizes = batch_sizes(spec.workload, spec.seed)
+        step = lambda: engine.synthetic([next(sizes) for _ in range(CALLS_PER_CHECK)], params,
+                                        path=hooks.logits_path)
     t0 = time.monotonic()
     deadline = t0 + spec.duration if spec.duration is not None else float("inf")
 
@@ -130,7 +154,7 @@ def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: in
 
     try:
         while True:
-            engine.synthetic([next(sizes) for _ in range(CALLS_PER_CHECK)], params, path=hooks.logits_path)
+            step()
             if stop_on_every_rank(comm, flag, finished):
                 break
     finally:
@@ -140,16 +164,22 @@ def engine_rank(rank: int, world: int, spec: LoadSpec, stop: Any, parent_pid: in
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gatherwise engine",
-                                description="Run the TP engine with gatherwise hooks under a synthetic load.")
+                                description="Run the TP engine with gatherwise hooks under a synthetic load, or "
+                                            "answering real questions with a trained model.")
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel size P (ranks of the whole group)")
     p.add_argument("--workload", type=parse_workload, default="mixed",
-                   help="mixed (batch sizes moving across 1..64) or fixed:ROWS")
+                   help="mixed (batch sizes moving across 1..64; 1..16 requests per round with --checkpoint) or "
+                        "fixed:ROWS")
     p.add_argument("--sampling", choices=tuple(SAMPLING_MIXES), default="greedy",
                    help="sampling kinds of the rows: greedy, or mixed (greedy, top-k, top-p, temperature in turn)")
     p.add_argument("--duration", type=float, default=None, help="seconds to run (default: until SIGINT/SIGTERM)")
     p.add_argument("--shm-dir", help="where the rings and control block go (default: engine.shm_dir)")
     p.add_argument("--config", help="YAML config file (default: built-in defaults + GATHERWISE_* env)")
     p.add_argument("--vocab", type=int, default=32000, help="vocab of the random model")
+    p.add_argument("--checkpoint", default=None,
+                   help="a trained model's HF directory (e.g. from `gatherwise models fetch smollm2`): real questions "
+                        "answered in rounds instead of synthetic calls")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens of each answer (with --checkpoint)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL)")
     p.add_argument("--seed", type=int, default=0, help="seed of the mixed workload's batch sizes")
     add_node_args(p)
@@ -184,8 +214,17 @@ def engine_main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"gatherwise engine: engine.shm_dir: {exc}", file=sys.stderr)
             return 2
+    if not 1 <= args.max_new_tokens <= 4096:
+        parser.error(f"--max-new-tokens must be in 1..4096, got {args.max_new_tokens}")
+    if args.checkpoint is not None:
+        from gatherwise.tp_engine.hf_config import UnsupportedConfig, load_hf_config
+
+        try:
+            load_hf_config(args.checkpoint)
+        except (OSError, ValueError, UnsupportedConfig) as exc:
+            parser.error(f"--checkpoint {args.checkpoint}: {exc}")
     spec = LoadSpec(args.tp, args.workload, args.duration, cfg, args.vocab, args.device, args.seed,
-                    args.sampling)
+                    args.sampling, args.checkpoint, args.max_new_tokens)
     # A pipe, not an Event: no named semaphore to leave in /dev/shm if the whole tree is killed. Rank 0 polls the
     # reading end; a byte, or the end of the pipe when this process dies, both mean stop.
     stop, stop_writer = mp.get_context("spawn").Pipe(duplex=False)

@@ -45,6 +45,13 @@ class CheckpointTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=True)
 
+    def has_chat_template(self) -> bool:
+        try:
+            self.chat_template()
+        except ValueError:
+            return False
+        return True
+
     def chat_template(self) -> str:
         """chat_template.jinja, else tokenizer_config.json's `chat_template` (a string, or named templates)."""
         path = self.directory / "chat_template.jinja"
