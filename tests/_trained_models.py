@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 
+from gatherwise.tp_engine.chat_load import QUESTIONS
 from gatherwise.tp_engine.trained_models import MODELS, cached, fetch
 
 # The engines' tests run these models (comma-separated names); the model matrix target runs them all.
@@ -14,13 +15,8 @@ MODELS_VARIABLE = "GATHERWISE_TRAINED_MODELS"
 # Set by the model matrix target: every round and phase, not the short set CI runs per model.
 FULL_VARIABLE = "GATHERWISE_TRAINED_FULL"
 
-# Real questions a chat user asks, and plain text for the base model to continue.
-CHAT_PROMPTS = (
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Give me three tips for a good night's sleep.",
-    "Explain what a prime number is in one sentence.",
-)
+# Real questions a chat user asks (the first of the engine's demo questions), and plain text for the base model
+CHAT_PROMPTS = QUESTIONS[:4]
 TEXT_PROMPTS = (
     "The capital of France is",
     "Once upon a time, in a small village by the sea,",

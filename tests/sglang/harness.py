@@ -18,7 +18,7 @@ SGLANG_SHM_LEFTOVERS = ("sglang_loads_*", "sgl_shm_mq_*", "sem.mp-*")
 
 
 def base_env(**extra: str) -> dict[str, str]:
-    return clean_env(**SGLANG_ENV, **extra)
+    return clean_env(**{**SGLANG_ENV, **extra})
 
 
 def run_engine(model: str, env: dict[str, str], *args: str, module: str = "tests.sglang.engine_run") -> dict:

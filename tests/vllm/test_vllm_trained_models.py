@@ -36,8 +36,8 @@ def _run(name: str, *extra: str, env: dict[str, str]) -> dict:
 
 
 @pytest.fixture(scope="module", params=engine_models())
-def runs(request) -> tuple[dict, dict]:
-    """(plain vLLM, the plugin) on one trained model."""
+def runs(request) -> tuple[dict, dict, int]:
+    """(plain vLLM, the plugin, TP) on one trained model."""
     name = request.param
     plain = _run(name, env=base_env(**IN_PROCESS))
     shm = f"/dev/shm/gatherwise-vllm-trained-{os.getpid()}"
@@ -46,11 +46,11 @@ def runs(request) -> tuple[dict, dict]:
                     env=base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, **IN_PROCESS))
     finally:
         shutil.rmtree(shm, ignore_errors=True)
-    return plain, ours
+    return plain, ours, MODELS[name].engine_tp
 
 
 def test_every_phase_gives_plain_vllms_tokens(runs):
-    plain, ours = runs
+    plain, ours, _ = runs
     assert len(ours["rounds"]) == len(plain["rounds"])
     for mine, theirs in zip(ours["rounds"], plain["rounds"], strict=True):
         assert set(mine) == set(theirs)
@@ -59,7 +59,7 @@ def test_every_phase_gives_plain_vllms_tokens(runs):
 
 
 def test_real_text_and_valid_structured_outputs(runs):
-    plain, _ = runs
+    plain, _, _ = runs
     for tokens in plain["rounds"]:
         assert all(o["text"].strip() for o in tokens["greedy"])
         regex, _, schema = (o["text"] for o in tokens["structured"][:3])
@@ -68,8 +68,8 @@ def test_real_text_and_valid_structured_outputs(runs):
 
 
 def test_every_mode_ran_and_ranks_agree(runs):
-    _, ours = runs
-    assert_ranks_ran_the_same_calls(ours["rings"])
+    _, ours, tp = runs
+    assert_ranks_ran_the_same_calls(ours["rings"], tp)
     modes = {c[1] for c in ours["rings"]["0"]["calls"]}
     assert {Mode.ALL_GATHER, Mode.GATHER, Mode.SHARDED} <= modes, modes
     (greedy,) = [p for p in ours["phases"] if p["round"] == "sharded" and p["phase"] == "greedy"]
