@@ -147,6 +147,9 @@ class SidecarSection(Schema):
     heartbeat_stale_seconds: float = Field(5.0, ge=0.1, le=3600.0)
     max_records_per_poll: int = Field(16384, ge=64, le=1 << 22)
     header_timeout_seconds: float = Field(10.0, ge=0.1, le=3600.0)  # a request's headers, then its body, within this
+    # the Host header names answered (DNS rebinding); empty: the bound address (and localhost names when it is
+    # loopback; any name when it is 0.0.0.0 or ::); "*": any
+    allowed_hosts: tuple[str, ...] = Field((), strict=False)  # lax only to take YAML's list for the tuple
 
 
 class TracesSection(Schema):
@@ -272,6 +275,8 @@ def _is_text(field: FieldInfo | None) -> bool:
     hint, args = field.annotation, get_args(field.annotation)
     if get_origin(hint) is Literal:
         return all(isinstance(a, str) for a in args)
+    if get_origin(hint) in (tuple, list):  # a list of strings is written as a YAML list
+        return False
     return hint is str or str in args
 
 

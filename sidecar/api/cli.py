@@ -20,6 +20,7 @@ import uvicorn
 from gatherwise.config import ConfigError, GatherwiseConfig, load_config
 from gatherwise.sidecar.api.app import create_app
 from gatherwise.sidecar.api.header_timeout import header_timeout_protocol
+from gatherwise.sidecar.api.host_check import HostCheck, allowed_hosts
 from gatherwise.sidecar.state import build_state
 
 TICKS_PER_SECOND = 10  # uvicorn.Server.on_tick's counter unit: it expects to run every 0.1 s
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gatherwise sidecar: {exc}", file=sys.stderr)
         return 2
     app = create_app(build_state(cfg))
+    # where the socket is bound, outermost: requests reach it by name only through the socket
+    app.add_middleware(HostCheck, allowed=allowed_hosts(cfg.sidecar.host, cfg.sidecar.allowed_hosts))
     try:
         sock = bind(cfg.sidecar.host, cfg.sidecar.port)
     except OSError as exc:
