@@ -45,19 +45,23 @@ def asset(name: str) -> bytes:
     return resources.files("gatherwise.sidecar.api").joinpath("page_assets").joinpath(name).read_bytes()
 
 
-@router.get("/", include_in_schema=False)
+# GET and HEAD: `curl -I` shows the page's headers (its CSP) without the body
+PAGE_METHODS = ["GET", "HEAD"]
+
+
+@router.api_route("/", methods=PAGE_METHODS, include_in_schema=False)
 async def page() -> Response:
     return Response(asset("index.html"), media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
 
 
-@router.get("/docs", include_in_schema=False)
+@router.api_route("/docs", methods=PAGE_METHODS, include_in_schema=False)
 async def api_docs() -> Response:
     """The API reference, drawn from /openapi.json by a script that ships here, under the page's CSP (FastAPI's
     Swagger UI would load its script from a CDN into this origin, where the page keeps the token)."""
     return Response(asset("docs.html"), media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
 
 
-@router.get("/page/{name}", include_in_schema=False)
+@router.api_route("/page/{name}", methods=PAGE_METHODS, include_in_schema=False)
 async def page_asset(name: str) -> Response:
     media_type = ASSETS.get(name)
     if media_type is None:
