@@ -55,12 +55,33 @@ function showBanners(live, error) {
                                                 `engine ${eng.engine} is not running: ${eng.stopped}`));
   else if (eng && !eng.up) banners.push(el("div", { class: "banner bad", id: "banner-engine" },
                                             `engine ${eng.engine}: no call for a while (heartbeat stale)`));
-  for (const n of (live && live.hooks_off) || []) {
-    banners.push(el("div", { class: "banner hooks-off" },
-                    `gatherwise hooks are off in ${n.engine} process ${n.pid}` +
-                    (n.tp_rank == null ? "" : ` (TP rank ${n.tp_rank})`) + ` — ${n.reason}: ${n.detail}`));
-  }
+  banners.push(...hooksOffBanners((live && live.hooks_off) || []));
   fill($("banners"), banners);
+}
+
+// One banner per (engine, reason), however many processes say it: a few hundred notices (every worker of a big
+// engine) must not push the page thousands of pixels down. A group names its first processes and its first
+// detail; GET /v1/engine lists every notice.
+const GROUP_PIDS = 8;
+function hooksOffBanners(notices) {
+  const groups = new Map();
+  for (const n of notices) {
+    const key = `${n.engine}\u0000${n.reason}`;
+    if (!groups.has(key)) groups.set(key, []);
+    groups.get(key).push(n);
+  }
+  return [...groups.values()].map(group => {
+    const n = group[0];
+    if (group.length === 1) {
+      return el("div", { class: "banner hooks-off" }, `gatherwise hooks are off in ${n.engine} process ${n.pid}` +
+                (n.tp_rank == null ? "" : ` (TP rank ${n.tp_rank})`) + ` — ${n.reason}: ${n.detail}`);
+    }
+    const pids = group.slice(0, GROUP_PIDS).map(g => g.pid).join(", ") + (group.length > GROUP_PIDS ? ", …" : "");
+    const others = new Set(group.map(g => g.detail)).size - 1;
+    return el("div", { class: "banner hooks-off", "data-count": group.length },
+              `gatherwise hooks are off in ${group.length} ${n.engine} processes (pids ${pids}) — ${n.reason}: ` +
+              `${n.detail}` + (others ? ` (and ${others} other detail${others > 1 ? "s" : ""}: GET /v1/engine)` : ""));
+  });
 }
 
 function showStatus(live, error) {
