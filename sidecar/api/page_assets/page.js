@@ -12,10 +12,16 @@ const SVG = "http://www.w3.org/2000/svg";
 const TOKEN_KEY = "gatherwise-token";
 
 // -- DOM helpers: text only ---------------------------------------------------------------------------------
+// Bidirectional controls in a string (an engine's, a notice's) would reorder what the page shows around them
+// (U+202E turns "gather" into "rehtag" and can make one value read as another): each is shown as its code instead.
+const BIDI_CONTROLS = /[\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069]/g;
+function shown(value) {
+  return String(value).replace(BIDI_CONTROLS, c => `⟨U+${c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0")}⟩`);
+}
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
-  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(shown(c)));
   return node;
 }
 function svg(tag, attrs) {
@@ -23,7 +29,7 @@ function svg(tag, attrs) {
   for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
   return node;
 }
-function text(node, value) { node.textContent = value == null ? "" : String(value); }
+function text(node, value) { node.textContent = value == null ? "" : shown(value); }
 function fill(parent, children) { parent.replaceChildren(...children); }
 function $(id) { return document.getElementById(id); }
 function ms(seconds) { return seconds == null ? "–" : (seconds * 1e3).toFixed(seconds < 1e-3 ? 3 : 2); }
@@ -190,7 +196,7 @@ function plot(points, series, yMax, label, id, format) {
   }
   const t = (tx, ty, value, anchor) => {
     const node = svg("text", { x: tx, y: ty, "text-anchor": anchor || "start" });
-    node.textContent = value;
+    node.textContent = shown(value);
     box.append(node);
   };
   t(2, 12, label);
