@@ -108,7 +108,7 @@ class ControlApi:
         session = self.sessions.current
         if session is not None and session.engine is eng:
             return eng.label, "observer" if session.read_only else "controller"
-        return eng.label, "controller" if has_control_block(eng) else "observer"
+        return eng.label, "observer"  # a controller is one that opened and verified the block: a session
 
     def _observed_only(self) -> AttachedEngine | None:
         """The attached engine, when its control block is not in this sidecar's directory."""

@@ -9,6 +9,8 @@ observes too (gatherwise.sidecar.control.session_lifecycle), until the first one
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Literal
 
@@ -20,8 +22,15 @@ ROLES: tuple[Role, ...] = ("controller", "observer")
 
 
 def has_control_block(eng: AttachedEngine) -> bool:
-    """The engine's control block is in the directory this sidecar reads."""
-    return (Path(eng.dir) / CONTROL_NAME).is_file()
+    """The engine's control block can be in the directory this sidecar reads: the directory holds rank 0 (which
+    creates the block in its own directory) and a regular file of that name, not a link. Whether it is rank 0's
+    block is known once it is opened (SessionLifecycle.open checks its writer); only a session makes a controller."""
+    if 0 not in eng.ranks:
+        return False
+    try:
+        return stat.S_ISREG(os.lstat(Path(eng.dir) / CONTROL_NAME).st_mode)
+    except OSError:
+        return False
 
 
 def observer_reason(eng: AttachedEngine) -> str:

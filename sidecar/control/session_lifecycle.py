@@ -11,6 +11,7 @@ and never tried again: one warning, not one per poll.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from gatherwise.shm_format.control import CONTROL_NAME, ControlFormatError, side
 from gatherwise.sidecar.control.block_client import AreaMidWriteError, ControlClient
 from gatherwise.sidecar.control.decision_events import DecisionEvents
 from gatherwise.sidecar.control.decision_publisher import DecisionPublisher
+from gatherwise.sidecar.control.role import has_control_block
 from gatherwise.sidecar.control.session import ControlSession, readable_table
 from gatherwise.sidecar.control.session_store import SessionStore
 from gatherwise.sidecar.ingest.attached_engine import AttachedEngine
@@ -53,7 +55,7 @@ class SessionLifecycle:
         current = self.current
         if (current is not None and current.engine is eng) or eng.engine_id in self._unusable:
             return False
-        return _block_path(eng).exists()
+        return has_control_block(eng)
 
     def take_over_if_free(self, session: ControlSession) -> None:
         """A read-only session becomes the owner once the sidecar that held the lock is gone (its state is in
@@ -77,7 +79,11 @@ class SessionLifecycle:
 
     def open(self, eng: AttachedEngine) -> None:
         engine_id = eng.engine_id
-        if engine_id in self._unusable:
+        if engine_id in self._unusable or not has_control_block(eng):
+            if engine_id not in self._unusable and 0 not in eng.ranks and os.path.lexists(_block_path(eng)):
+                self._unusable.add(engine_id)  # rank 0 writes its block into its own directory only
+                log.warning("engine %s: %s is in a directory without TP rank 0, so it is not the engine's control "
+                            "block; this sidecar observes the engine", eng.label, _block_path(eng))
             return
         block_path = _block_path(eng)
         client = None
@@ -102,6 +108,14 @@ class SessionLifecycle:
             self._unusable.add(engine_id)
             log.warning("engine %s: its control block %s belongs to engine %016x: control API disabled for it",
                         eng.label, block_path, snap.header.engine_id)
+            return
+        rank0_pid = eng.readers[eng.ranks.index(0)].header().writer_pid
+        if snap.header.writer_pid != rank0_pid:  # a copy of the block (another node's): rank 0 never reads it
+            client.close()
+            self._unusable.add(engine_id)
+            log.warning("engine %s: %s was written by pid %d, not by TP rank 0 (pid %d, its ring's writer): not the "
+                        "engine's control block, control API disabled for it", eng.label, block_path,
+                        snap.header.writer_pid, rank0_pid)
             return
         state_path = sidecar_state_path(block_path)
         policy, extra = self.store.recover(state_path, snap, self.params)

@@ -5,17 +5,22 @@ does (a liveness lock per rank, rings), without torch, so hundreds of them cost 
                                                 a SIGKILL): locks free, rings written
 `python -m tests.faults._writers full SHM CAP` one live single-rank engine whose ring of capacity CAP is full;
                                                 prints READY, then runs until stdin closes
+`python -m tests.faults._writers node1 SHM ID` node 1 of a TP=2 group across two nodes (rank 1's lock and ring, a
+                                                node file naming rank 1): prints READY, then records a call every
+                                                10 ms until stdin closes
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.shm_format.liveness import LivenessLock
+from gatherwise.shm_format.node_ranks import write_node_ranks
 from gatherwise.shm_format.private_files import ensure_private_dir
 from gatherwise.shm_format.ring import engine_dir, ring_path
 
@@ -34,8 +39,29 @@ def fill(ring: RingRecorder, n: int) -> None:
         ring.record(CallMarks(i, 0, 1, 0, 4096, t, t + 1, t + 2, 0, 0, t + 2, t + 3, t + 4))
 
 
+def node1(shm: str, engine_id: int) -> None:
+    directory = ensure_private_dir(engine_dir(shm, engine_id))
+    lock = LivenessLock(directory, 1)
+    ring = RingRecorder(ring_path(shm, engine_id, 1), engine_id=engine_id, rank=1, tp_size=2, vocab=1024,
+                        dtype="float32", capacity=1024)
+    write_node_ranks(directory, 2, (1,), 1, 2)
+    print("READY", flush=True)
+    closed = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), closed.set()), daemon=True).start()
+    call = 0
+    while not closed.wait(0.01):
+        t = time.perf_counter_ns()
+        ring.record(CallMarks(call, 0, 1, 0, 4096, t, t + 1, t + 2, 0, 0, t + 2, t + 3, t + 4))
+        call += 1
+    ring.close()
+    lock.close()
+
+
 def main() -> None:
     what, shm, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if what == "node1":
+        node1(shm, count)
+        return
     if what == "dead":
         for _ in range(count):
             lock, ring = make_engine(shm, int.from_bytes(os.urandom(8), "little") >> 1, 16)
