@@ -47,7 +47,12 @@ def node1(shm: str, engine_id: int) -> None:
     write_node_ranks(directory, 2, (1,), 1, 2)
     print("READY", flush=True)
     closed = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), closed.set()), daemon=True).start()
+
+    def wait_for_stdin() -> None:
+        sys.stdin.read()
+        closed.set()
+
+    threading.Thread(target=wait_for_stdin, daemon=True).start()
     call = 0
     while not closed.wait(0.01):
         t = time.perf_counter_ns()
