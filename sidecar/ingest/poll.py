@@ -227,7 +227,12 @@ class Ingest:
         """True when `files` is the attached engine (kept) or attaches now (switched to)."""
         if current is not None and files.engine_id == current.engine_id:
             if current.node is None and files.node_file is not None:  # attached before its node file was written
-                current.node = self._node_ranks(files)
+                node = self._node_ranks(files)
+                if node is not None and node.ranks != current.ranks:
+                    self._warn_dir(f"node:{files.dir}", f"engine {files.engine_id:016x}: its node file names TP "
+                                   f"ranks {list(node.ranks)}, this sidecar reads {list(current.ranks)}; not used")
+                else:
+                    current.node = node
             return True  # the attached engine is still the newest one running
         attached = self._try_open_rings(files, now)
         if attached is not None:
@@ -296,31 +301,39 @@ class Ingest:
             self._warned_dirs.add(key)
             log.warning(message)
 
-    @staticmethod
-    def _node_ranks(files: EngineFiles) -> NodeRanks | None:
-        """The directory's node file; None without one, or for one that does not parse (never raises)."""
+    def _node_ranks(self, files: EngineFiles) -> NodeRanks | None:
+        """The directory's node file; None without one, or for one that does not parse (never raises; said once)."""
         try:
             return read_node_ranks(files.dir) if files.node_file is not None else None
         except (OSError, ValueError) as exc:
-            log.debug("engine %016x: node file not used: %s", files.engine_id, exc)
+            self._warn_dir(f"node:{files.dir}", f"engine {files.engine_id:016x}: node file not used: {exc}")
             return None
 
     def _open_rings(self, files: EngineFiles, now: int) -> AttachedEngine | None:
-        """Attach once every rank of the group has its ring here (whatever the engine wrote), or, once the engine
+        """Attach once every rank of the group has its ring here, whatever the node file says, or, once the engine
         wrote the directory's node file, every rank that file names: a node of a multi-node group. Rings alone
-        never attach a subset, so a single-node engine's directory is never read while still being built."""
+        never attach a subset, so a single-node engine's directory is never read while still being built. A node
+        file that the rings contradict is said once: it is written after every rank's ring, so it is damaged."""
         if not files.rings:
             return None
         node = self._node_ranks(files)
-        if node is not None:
-            tp, ranks = node.tp_size, node.ranks
-        else:
-            if 0 not in files.rings:
-                return None
+        ranks: tuple[int, ...] = ()
+        if 0 in files.rings:
             with RingReader(files.rings[0]) as probe:
                 tp = probe.header().tp_size
-            ranks = tuple(range(tp))
-        if tuple(files.rings) != ranks:
+            if tuple(files.rings) == tuple(range(tp)):  # every rank of the group is here
+                ranks = tuple(range(tp))
+                if node is not None and node.ranks != ranks:
+                    self._warn_dir(f"node:{files.dir}", f"engine {files.engine_id:016x}: its node file names TP "
+                                   f"ranks {list(node.ranks)} but every rank's ring is here; reading every rank")
+                    node = None
+        if not ranks and node is not None:
+            tp, ranks = node.tp_size, node.ranks
+            if tuple(files.rings) != ranks:
+                self._warn_dir(f"node:{files.dir}", f"engine {files.engine_id:016x}: its node file names TP ranks "
+                               f"{list(node.ranks)}, the directory holds the rings of {list(files.rings)}; not read")
+                return None
+        if not ranks:
             return None  # not every rank has created its ring yet
         readers: list[RingReader] = []
         try:
