@@ -121,7 +121,7 @@ def read_notices(shm_dir: str | os.PathLike[str], remove_dead: bool = True) -> l
     for name in names:
         path = os.path.join(os.fspath(shm_dir), name)
         try:
-            fd = open_regular_file(path)
+            fd = open_regular_file(path, owner_of_dir=True)  # a notice of shm_dir's user (or this one's)
         except OSError:
             continue
         try:

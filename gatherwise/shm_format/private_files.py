@@ -209,8 +209,9 @@ def write_private_file(path: str | os.PathLike[str], data: bytes) -> None:
 
 def open_regular_file(path: str | os.PathLike[str], flags: int = os.O_RDONLY, *, owner_of_dir: bool = False) -> int:
     """Open without following a symlink and without blocking on a FIFO; raise UnsafePathError unless the result
-    is a regular file (and, with `owner_of_dir`, owned by whoever owns its directory: a reader running as root
-    then never opens somebody else's file linked into an engine directory). The caller owns the descriptor."""
+    is a regular file (and, with `owner_of_dir`, owned by whoever owns its directory, or by this process's user,
+    who wrote it: a reader running as root then never opens somebody else's file linked into an engine
+    directory). The caller owns the descriptor."""
     path = os.fspath(path)
     try:
         fd = os.open(path, flags | _OPEN)
@@ -224,7 +225,7 @@ def open_regular_file(path: str | os.PathLike[str], flags: int = os.O_RDONLY, *,
             raise UnsafePathError(f"{path}: not a regular file (mode {mode:o}); ignored")
         if owner_of_dir:
             uid, dir_uid = os.fstat(fd).st_uid, os.stat(os.path.dirname(path) or ".", follow_symlinks=False).st_uid
-            if uid != dir_uid:
+            if uid not in (dir_uid, os.geteuid()):
                 raise UnsafePathError(f"{path}: owned by uid {uid}, its directory by uid {dir_uid}; ignored")
     except BaseException:
         os.close(fd)
@@ -233,8 +234,9 @@ def open_regular_file(path: str | os.PathLike[str], flags: int = os.O_RDONLY, *,
 
 
 def read_small_file(path: str | os.PathLike[str], limit: int) -> bytes:
-    """The content of a regular file of at most `limit` bytes (ValueError beyond), opened as above."""
-    fd = open_regular_file(path)
+    """The content of a regular file of at most `limit` bytes (ValueError beyond), opened as above and owned as
+    its directory is (every such file lives in a directory of the engine's user)."""
+    fd = open_regular_file(path, owner_of_dir=True)
     try:
         chunks: list[bytes] = []
         total = 0
