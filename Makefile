@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 APT_PACKAGES := prometheus docker-compose chromium
 
-.PHONY: demo test test-vllm test-sglang test-multinode bench-serve lint typecheck deps apt clean
+.PHONY: demo test test-vllm test-sglang test-models test-multinode bench-serve lint typecheck deps apt clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt engine_hooks/_ring_writer.c
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,16 @@ test-vllm:
 
 test-sglang:
 	bash scripts/test_sglang.sh
+
+# The trained-model matrix (docs/models.md): SmolLM2-135M-Instruct and Gemma-3-270M through the reference engine at
+# every TP their heads allow, and through vLLM and SGLang (every round and phase); fetched once into the cache.
+test-models: $(STAMP)
+	GATHERWISE_TRAINED_MODELS=smollm2,gemma3 GATHERWISE_TRAINED_FULL=1 \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider -rs tests/test_trained_models.py
+	GATHERWISE_TRAINED_MODELS=smollm2,gemma3 GATHERWISE_TRAINED_FULL=1 \
+	  GATHERWISE_TEST_PATHS=tests/vllm/test_vllm_trained_models.py bash scripts/test_vllm.sh
+	GATHERWISE_TRAINED_MODELS=smollm2,gemma3 GATHERWISE_TRAINED_FULL=1 \
+	  GATHERWISE_TEST_PATHS=tests/sglang/test_sglang_trained_models.py bash scripts/test_sglang.sh
 
 # SGLang, vLLM and the reference engine TP=2 across two "nodes" made of network and mount namespaces on this host,
 # a sidecar on each node and one Prometheus (root; docs/deployment.md, "Two nodes on one host").

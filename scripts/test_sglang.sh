@@ -39,4 +39,5 @@ trap 'rm -rf "$MODEL_DIR"' EXIT
 export GATHERWISE_SGLANG_MODEL=$MODEL_DIR
 # the trained models the tests run (tests/sglang/test_sglang_trained_models.py): fetched once into the user's cache
 for name in $(tr , ' ' <<<"${GATHERWISE_TRAINED_MODELS:-smollm2}"); do "$VENV/bin/gatherwise" models fetch "$name" >/dev/null; done
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs tests/sglang "$@"
+# GATHERWISE_TEST_PATHS: only these test files (make test-models), else every SGLang test
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs ${GATHERWISE_TEST_PATHS:-tests/sglang} "$@"

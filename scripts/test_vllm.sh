@@ -35,4 +35,5 @@ export GATHERWISE_VLLM_MODEL=$MODEL_DIR GATHERWISE_VLLM_TOKENIZER_MODEL=$TOKENIZ
 # the trained models the tests run (tests/vllm/test_vllm_trained_models.py): fetched once into the user's cache
 for name in $(tr , ' ' <<<"${GATHERWISE_TRAINED_MODELS:-smollm2}"); do "$VENV/bin/gatherwise" models fetch "$name" >/dev/null; done
 export VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs tests/vllm "$@"
+# GATHERWISE_TEST_PATHS: only these test files (make test-models), else every vLLM test
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs ${GATHERWISE_TEST_PATHS:-tests/vllm} "$@"
