@@ -1,5 +1,5 @@
-"""One vLLM engine (TP=2 on CPU, tiny Llama, token-id prompts) with `engine.sampler: gatherwise`, in its own
-process; prints one JSON object on its last line.
+"""One vLLM engine (TP=2 on CPU, tiny Llama, or a trained model at its TP; token-id prompts) with
+`engine.sampler: gatherwise`, in its own process; prints one JSON object on its last line.
 
 `python -m tests.vllm.gatherwise_sampler_run --model DIR --shm-dir DIR [--rounds all_gather,gather,...]`
 
@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import json
 
-from tests._engine_harness import engine_run_arguments, read_rings
-from tests.vllm.sampled_run import Control
+from tests._engine_harness import Control, engine_run_arguments, read_rings
 
 ROUNDS = ("all_gather", "gather", "sharded", "switched")
 ALONE_ROUNDS = ("sharded",)
@@ -67,12 +66,14 @@ def run_stepped(llm, control: Control, requests: dict[str, dict], flips: dict[in
 def main() -> None:
     p = engine_run_arguments()
     p.add_argument("--rounds", default=",".join(ROUNDS))
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--dtype", default="auto")
     args = p.parse_args()
 
     from vllm import LLM
 
-    llm = LLM(model=args.model, tensor_parallel_size=2, enforce_eager=True, max_model_len=256,
-              distributed_executor_backend="mp", skip_tokenizer_init=True, seed=0)
+    llm = LLM(model=args.model, tensor_parallel_size=args.tp, enforce_eager=True, max_model_len=256,
+              distributed_executor_backend="mp", skip_tokenizer_init=True, seed=0, dtype=args.dtype)
     control = Control(args.shm_dir)
     rounds: dict[str, dict[str, object]] = {}
     phases = []

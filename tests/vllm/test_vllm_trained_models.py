@@ -1,7 +1,11 @@
 """vLLM V1 on CPU with a trained model (SmolLM2-135M-Instruct at TP=3; Gemma-3-270M at TP=2 in the model matrix):
 the plugin gives plain vLLM's tokens, logprobs and text on real text, in every mode and across mid-generation
 switches through the engine's control block, for greedy, seeded top-p and structured requests (a regex and a JSON
-schema, valid); every rank runs the same mode per call, and sharded greedy calls really ran sharded.
+schema, valid); every rank runs the same mode per call, and sharded greedy calls really ran sharded. In the model
+matrix also `engine.sampler: gatherwise`: a batch of top-p, top-k, min-p, seeded and greedy requests draws the same
+tokens under all_gather, gather, sharded and a mid-generation switch schedule, sharded batches running sharded;
+and Model Runner V2 (vLLM's kernels under Triton's interpreter, tests/vllm/test_vllm_model_runner_v2.py): greedy
+and keyed sampled requests (temperature only, seeded or not), stepped with flips, equal plain V2's in every round.
 
 Two engines per model, one at a time (tests/vllm/sampled_run.py): plain vLLM, then the plugin. CI runs one round
 (the sharded table) with greedy, structured and seeded phases and the stepped phase whose flips cross the modes;
@@ -53,6 +57,60 @@ def runs(request) -> tuple[dict, dict, int]:
     finally:
         shutil.rmtree(shm, ignore_errors=True)
     return plain, ours, MODELS[name].engine_tp
+
+
+@pytest.fixture(scope="module", params=engine_models())
+def sampler_rounds(request) -> dict:
+    """`engine.sampler: gatherwise` on one trained model: tests/vllm/gatherwise_sampler_run.py's rounds."""
+    name = request.param
+    shm = f"/dev/shm/gatherwise-vllm-trained-gws-{os.getpid()}"
+    env = base_env(GATHERWISE_ENGINE_SHM_DIR=shm, GATHERWISE_ENGINE_SAMPLER_SEED="7", GATHERWISE_ENABLE="1",
+                   GATHERWISE_ENGINE_SAMPLER="gatherwise", VLLM_DISABLE_REQUEST_ID_RANDOMIZATION="1", **IN_PROCESS)
+    try:
+        return run_engine(str(model_directory(name)), env, "--shm-dir", shm, "--tp", str(MODELS[name].engine_tp),
+                          "--dtype", "float32", module="tests.vllm.gatherwise_sampler_run")
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+@pytest.mark.skipif(not full_matrix(), reason="the model matrix (make test-models) runs the gatherwise sampler")
+def test_the_gatherwise_sampler_draws_alike_in_every_mode(sampler_rounds):
+    batches = {name: sampler_rounds["rounds"][name]["batch"] for name in sampler_rounds["rounds"]}
+    reference = batches["all_gather"]
+    assert set(batches) == {"all_gather", "gather", "sharded", "switched"}
+    for name, tokens in batches.items():
+        assert tokens == reference, name
+    assert sampler_rounds["rounds"]["sharded"]["alone"] == reference
+    ring = {c[0]: c[1] for c in sampler_rounds["rings"]["0"]["calls"]}
+    (batch,) = [p for p in sampler_rounds["phases"] if p["round"] == "sharded" and p["phase"] == "batch"]
+    assert {ring[c] for c in range(batch["after"] + 1 + APPLY_DELAY, batch["last"] + 1)} == {Mode.SHARDED}
+
+
+@pytest.fixture(scope="module", params=engine_models())
+def v2_runs(request) -> tuple[dict, dict]:
+    """(plain Model Runner V2, V2 with the plugin) on one trained model: greedy and keyed phases, every round."""
+    from tests.vllm.test_vllm_model_runner_v2 import v2_env
+
+    name = request.param
+    args = ("--tp", str(MODELS[name].engine_tp), "--dtype", "float32", "--phases", "greedy,keyed", "--stepped",
+            "stepped_keyed")
+    plain = run_engine(str(model_directory(name)), v2_env(OMP_WAIT_POLICY="PASSIVE"), *args, module=RUN)
+    shm = f"/dev/shm/gatherwise-vllm-trained-v2-{os.getpid()}"
+    try:
+        ours = run_engine(str(model_directory(name)), v2_env(OMP_WAIT_POLICY="PASSIVE", GATHERWISE_ENABLE="1",
+                                                             GATHERWISE_ENGINE_SHM_DIR=shm), *args, "--shm-dir", shm,
+                          "--switch", module=RUN)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    return plain, ours
+
+
+@pytest.mark.skipif(not full_matrix(), reason="the model matrix (make test-models) runs Model Runner V2")
+def test_model_runner_v2_keyed_sampling_equals_plain(v2_runs):
+    plain, ours = v2_runs
+    assert ours["rounds"] == plain["rounds"]
+    modes = {c[1] for c in ours["rings"]["0"]["calls"]}
+    assert Mode.SHARDED in modes, modes  # keyed temperature batches sample on the shards
 
 
 def test_every_phase_gives_plain_vllms_tokens(runs):
