@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 APT_PACKAGES := prometheus docker-compose chromium
 
-.PHONY: demo test test-vllm test-sglang test-models test-multinode bench-serve lint typecheck deps apt clean
+.PHONY: demo models test test-vllm test-sglang test-models test-multinode bench-serve lint typecheck deps apt clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt engine_hooks/_ring_writer.c
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,14 @@ apt:
 	  else echo "note: missing$$missing (run as root or install them; their tests skip locally)"; fi; \
 	fi
 
-demo: $(STAMP)
+demo: $(STAMP) models
 	$(BIN)/gatherwise demo
 
-test: $(STAMP) apt
+# The trained model the tests and the demo run (SmolLM2-135M-Instruct): fetched into the user's cache once.
+models: $(STAMP)
+	$(BIN)/gatherwise models fetch smollm2 >/dev/null
+
+test: $(STAMP) apt models
 	$(BIN)/ruff check .
 	$(MAKE) --no-print-directory typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
