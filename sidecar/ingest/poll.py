@@ -205,10 +205,18 @@ class Ingest:
             for name in set(cache) - names:
                 del cache[name]
         current = self.engine
+        # Only a newer engine replaces the attached one: a dead engine's numbers stay (engine_up 0) until a new one
+        # starts, and an older directory whose locks are held (a look-alike) is never switched to.
+        since = current.headers[0].created_ns if current is not None and current.headers else None
+
+        def older(files: EngineFiles) -> bool:
+            return since is not None and current is not None and files.engine_id != current.engine_id \
+                and files.created_ns <= since
+
         without_locks = []  # directories with no liveness locks: tried after every one whose lock is held
         for files in found:  # newest first
-            state = self._state(files)
-            if state is Liveness.DEAD:
+            state = self._state(files)  # (removes an exited engine's directory: older ones too)
+            if state is Liveness.DEAD or older(files):
                 continue
             if state is Liveness.UNKNOWN:
                 without_locks.append(files)
@@ -220,7 +228,7 @@ class Ingest:
             # as it was, and the cached listing would miss it for as long as nothing else changes there.
             self._dir_cache.pop(files.dir.name, None)
         for files in without_locks:
-            if self._attach_or_keep(files, current, now):
+            if not older(files) and self._attach_or_keep(files, current, now):
                 return
 
     def _attach_or_keep(self, files: EngineFiles, current: AttachedEngine | None, now: int) -> bool:
