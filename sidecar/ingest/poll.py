@@ -255,6 +255,8 @@ class Ingest:
         name = files.dir.name
         if name in self._dead:
             return Liveness.DEAD
+        if not files.rings and self._remove_if_empty(files):
+            return Liveness.DEAD
         if self._no_locks.get(name) is files:
             return Liveness.UNKNOWN  # no lock files in this very listing: a lock file appearing changes it
         try:
@@ -276,6 +278,22 @@ class Ingest:
             except OSError as exc:
                 log.debug("cannot remove %s: %s", files.dir, exc)
         return Liveness.DEAD
+
+    def _remove_if_empty(self, files: EngineFiles) -> bool:
+        """An engine directory left empty for longer than liveness.EMPTY_DIR_GRACE_S (an engine killed while it
+        made it) is removed like a dead one. Its listing does not change, so this is asked at every pass."""
+        if not self.remove_dead_dirs:
+            return False
+        try:
+            if liveness(files.dir) is not Liveness.UNKNOWN or not is_removable(files.dir):
+                return False
+            shutil.rmtree(files.dir)
+        except OSError as exc:
+            log.debug("cannot remove %s: %s", files.dir, exc)
+            return False
+        self._dead.add(files.dir.name)
+        log.info("removed %s: an engine directory left empty", files.dir)
+        return True
 
     def _try_open_rings(self, files: EngineFiles, now: int) -> AttachedEngine | None:
         name = files.dir.name
