@@ -78,7 +78,11 @@ def start_sidecar(shm_dir: str, *, config: str | None = None, env_extra: dict[st
                   ) -> tuple[Proc, str]:
     args = ["sidecar", "--port", "0", "--shm-dir", str(shm_dir)] + (["--config", config] if config else [])
     proc = spawn(args, env_extra)
-    url = proc.wait_line(r"listening on (http://127\.0\.0\.1:\d+)", 60).group(1)
+    try:
+        url = proc.wait_line(r"listening on (http://127\.0\.0\.1:\d+)", 60).group(1)
+    except BaseException:  # a sidecar that never said where it listens is stopped, not left behind
+        proc.stop()
+        raise
     return proc, url
 
 

@@ -54,7 +54,12 @@ def sidecar_with_token(shm: str, token: str = "fault-token", *, config: str | No
     api = httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {token}"},
                        event_hooks={"response": [no_server_error]}, limits=httpx.Limits(max_keepalive_connections=0))
     # "listening" is printed once the socket is bound; uvicorn accepts connections a moment later
-    wait_for(lambda: api.get("/healthz").status_code == 200, 60, "the sidecar to serve")
+    try:
+        wait_for(lambda: api.get("/healthz").status_code == 200, 60, "the sidecar to serve")
+    except BaseException:  # the caller never gets the process to stop: stop it here
+        api.close()
+        proc.stop()
+        raise
     return proc, url, api
 
 
