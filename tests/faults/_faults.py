@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
 import httpx
 
-from gatherwise.shm_format.ring import ring_path
+from gatherwise.shm_format.control import SIDECAR_STATE_NAME
+from gatherwise.shm_format.ring import engine_dir, ring_path
 from gatherwise.sidecar.ingest.ring_reader import RingReader
 from gatherwise.sidecar.metrics.header_counters import total_calls
 from tests._sidecar import Proc, spawn, start_engine, start_sidecar, wait_for
@@ -87,3 +89,33 @@ def engine_refuses(shm: str) -> str:
     output = "".join(proc.output)
     assert "Traceback" not in output and output.startswith("gatherwise engine: engine.shm_dir: "), output
     return output
+
+
+def state_saved_after_a_switch(shm_dir: str) -> tuple[Proc, str, dict]:
+    """A running engine, the path of the sidecar-state.json a first sidecar saved when it stopped after one manual
+    switch (bucket 2 to gather), and that state as saved. The engine is the caller's to stop."""
+    engine, engine_id = running_engine(shm_dir)
+    state_path = os.path.join(engine_dir(shm_dir, engine_id), SIDECAR_STATE_NAME)
+    try:
+        first, _url, api = sidecar_with_token(shm_dir)
+        try:
+            wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the first sidecar attached")
+            assert api.put("/v1/mode", params={"wait": 60}, json={"mode": "gather", "buckets": [2]}).status_code == 200
+            assert first.stop() == 0, "".join(first.output)
+        finally:
+            api.close()
+            if first.popen.poll() is None:
+                first.popen.kill()
+        with open(state_path) as f:
+            return engine, state_path, json.load(f)
+    except BaseException:
+        engine.stop()
+        raise
+
+
+def write_state(path: str, text: str) -> None:
+    """Replace a sidecar-state.json as a process of the engine's user could: 0600, temporary name then rename."""
+    tmp = path + ".test"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

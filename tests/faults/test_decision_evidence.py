@@ -9,11 +9,15 @@ import os
 
 import pytest
 
-from gatherwise.shm_format.control import SIDECAR_STATE_NAME
 from gatherwise.shm_format.hooks_off import NoticeWriter
-from gatherwise.shm_format.ring import engine_dir
 from tests._sidecar import wait_for
-from tests.faults._faults import assert_sidecar_serves, running_engine, sidecar_with_token
+from tests.faults._faults import (
+    assert_sidecar_serves,
+    running_engine,
+    sidecar_with_token,
+    state_saved_after_a_switch,
+    write_state,
+)
 from tests.test_page_browser import CHROMIUM_ARGS, browser_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -22,19 +26,12 @@ BAD_EVIDENCE = [{"paired": {"gather": None}}, {"paired": None}, {"mix": None}, {
 
 
 def test_null_evidence_in_the_saved_state_is_refused(shm_dir):
-    engine, engine_id = running_engine(shm_dir)
-    state_path = os.path.join(engine_dir(shm_dir, engine_id), SIDECAR_STATE_NAME)
-    proc, _url, api = sidecar_with_token(shm_dir)
+    engine, state_path, saved = state_saved_after_a_switch(shm_dir)
+    proc = None
     try:
-        wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the sidecar attached")
-        assert api.put("/v1/mode", params={"wait": 60}, json={"mode": "gather", "buckets": [2]}).status_code == 200
-        assert proc.stop() == 0, "".join(proc.output)
-        saved = json.loads(open(state_path).read())
         for evidence in BAD_EVIDENCE:
             doc = {**saved, "decisions": [{**saved["decisions"][-1], "evidence": evidence}]}
-            with open(os.open(state_path + ".test", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-                json.dump(doc, f)
-            os.replace(state_path + ".test", state_path)
+            write_state(state_path, json.dumps(doc))
             proc, _url, api = sidecar_with_token(shm_dir)
             wait_for(lambda: api.get("/readyz").status_code == 200, 120, "control attached")  # noqa: B023
             decisions = api.get("/v1/decisions").json()["decisions"]
@@ -44,7 +41,7 @@ def test_null_evidence_in_the_saved_state_is_refused(shm_dir):
             output = "".join(proc.output)
             assert f"{state_path}: unreadable sidecar state: decisions.0.evidence" in output, output
     finally:
-        if proc.popen.poll() is None:
+        if proc is not None and proc.popen.poll() is None:
             proc.popen.kill()
             proc.popen.wait(30)
         engine.stop()

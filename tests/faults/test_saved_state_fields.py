@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 
 import httpx
 import pytest
 
-from gatherwise.shm_format.control import SIDECAR_STATE_NAME
-from gatherwise.shm_format.ring import engine_dir
 from tests._sidecar import wait_for
-from tests.faults._faults import assert_sidecar_serves, running_engine, sidecar_with_token
+from tests.faults._faults import assert_sidecar_serves, sidecar_with_token, state_saved_after_a_switch, write_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -38,29 +35,12 @@ def fed(api: httpx.Client) -> bool:
     return api.get("/v1/stats").json()["calls_observed"] > 0
 
 
-def write_state(path: str, doc: dict) -> None:
-    tmp = path + ".test"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, path)
-
-
 def test_bad_fields_of_the_saved_extra_neither_block_control_nor_starve_the_policy(shm_dir):
-    engine, engine_id = running_engine(shm_dir)
-    state_path = os.path.join(engine_dir(shm_dir, engine_id), SIDECAR_STATE_NAME)
-    first, _url, api = sidecar_with_token(shm_dir)
-    try:
-        wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the first sidecar attached")
-        assert api.put("/v1/mode", params={"wait": 60}, json={"mode": "gather", "buckets": [2]}).status_code == 200
-        assert first.stop() == 0, "".join(first.output)
-        saved = json.loads(open(state_path).read())
-        assert set(saved["extra"]) == {"last_call_index", "switch_counts"}
-    finally:
-        if first.popen.poll() is None:
-            first.popen.kill()
+    engine, state_path, saved = state_saved_after_a_switch(shm_dir)
+    assert set(saved["extra"]) == {"last_call_index", "switch_counts"}
     try:
         for extra in BAD_EXTRAS:
-            write_state(state_path, {**saved, "extra": extra})
+            write_state(state_path, json.dumps({**saved, "extra": extra}))
             proc, _url, api = sidecar_with_token(shm_dir)
             try:
                 wait_for(functools.partial(ready, api), 120, f"control attached with extra {extra}")

@@ -5,15 +5,12 @@ holds the file's parsed form in memory."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-from gatherwise.shm_format.control import SIDECAR_STATE_NAME
-from gatherwise.shm_format.ring import engine_dir
 from tests._processes import vm_kib
 from tests._sidecar import wait_for
-from tests.faults._faults import assert_sidecar_serves, running_engine, sidecar_with_token
+from tests.faults._faults import assert_sidecar_serves, sidecar_with_token, state_saved_after_a_switch, write_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 HUGE_BYTES = 57 << 20
@@ -21,27 +18,15 @@ PEAK_RSS_KIB = 300 * 1024  # parsing the file took 625 MB resident; the sidecar 
 
 
 def test_a_state_file_above_the_cap_is_not_parsed(shm_dir):
-    engine, engine_id = running_engine(shm_dir)
-    state_path = os.path.join(engine_dir(shm_dir, engine_id), SIDECAR_STATE_NAME)
-    first, _url, api = sidecar_with_token(shm_dir)
-    try:
-        wait_for(lambda: api.get("/readyz").status_code == 200, 120, "the first sidecar attached")
-        assert api.put("/v1/mode", params={"wait": 60}, json={"mode": "gather", "buckets": [2]}).status_code == 200
-        assert first.stop() == 0, "".join(first.output)
-    finally:
-        if first.popen.poll() is None:
-            first.popen.kill()
+    engine, state_path, doc = state_saved_after_a_switch(shm_dir)
     proc = None
     try:
-        doc = json.loads(open(state_path).read())
         sample = [1000.123456789, 0.000123456789]
         per_window = HUGE_BYTES // (16 * 2 * len(json.dumps(sample)))
         doc["estimates"] = {f"{b}:{m}": [sample] * per_window for b in range(16) for m in ("all_gather", "gather")}
         text = json.dumps(doc)
         assert len(text) > 50 << 20
-        with open(os.open(state_path + ".test", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            f.write(text)
-        os.replace(state_path + ".test", state_path)
+        write_state(state_path, text)
         del doc, text
 
         proc, _url, api = sidecar_with_token(shm_dir)
