@@ -23,6 +23,14 @@ TEXT_PROMPTS = (
     "The three primary colors are",
     "def fibonacci(n):",
 )
+# More plain text, for runs that need more distinct prompts than the four above
+MORE_TEXT_PROMPTS = (
+    "The recipe calls for two cups of flour and",
+    "In 1969, the first humans to walk on the Moon",
+    "A prime number is a natural number that",
+    "The train left the station at dawn, and",
+    "Photosynthesis is the process by which",
+)
 
 
 def model_directory(name: str) -> Path:
@@ -37,6 +45,19 @@ def engine_models(default: str = "smollm2") -> list[str]:
     if unknown:
         raise ValueError(f"{MODELS_VARIABLE}: unknown model {unknown[0]!r}; expected names from {', '.join(MODELS)}")
     return names
+
+
+def prompt_ids(model: str | Path, count: int = 4) -> list[list[int]]:
+    """`count` real prompts of the model as token ids: chat questions through its chat template, else plain text."""
+    from gatherwise.tp_engine.tokenizer import CheckpointTokenizer
+
+    tok = CheckpointTokenizer(model)
+    if (tok.directory / "chat_template.jinja").is_file():
+        return [tok.encode_chat(q) for q in QUESTIONS[:count]]
+    texts = (TEXT_PROMPTS + MORE_TEXT_PROMPTS)[:count]
+    if len(texts) < count:
+        raise ValueError(f"{count} text prompts asked for; {len(texts)} exist")
+    return [tok.encode(t) for t in texts]
 
 
 def full_matrix() -> bool:

@@ -142,6 +142,8 @@ def run_phases(phases: Callable[[Any, Controller, PhaseMarks, argparse.Namespace
     parser.add_argument("--tp", type=int, default=ENGINE_ARGS["tp_size"])
     parser.add_argument("--tokenizer", action="store_true", help="start SGLang's tokenizer (grammars need it)")
     parser.add_argument("--mem-fraction-static", type=float, default=ENGINE_ARGS["mem_fraction_static"])
+    parser.add_argument("--real-prompts", action="store_true",
+                        help="the model's real prompts (a trained model's) where the phases take prompts")
     args = parser.parse_args()
 
     import sglang

@@ -1,7 +1,9 @@
-"""One SGLang engine (TP=2 on CPU, tiny Llama) with `engine.sampler: gatherwise`, next to a sidecar; prints one
-JSON object on its last line (the phases below, the rings, the log).
+"""One SGLang engine (TP=2 on CPU, tiny Llama; or a trained model at its TP) with `engine.sampler: gatherwise`,
+next to a sidecar; prints one JSON object on its last line (the phases below, the rings, the log).
 
-`python -m tests.sglang.engine_run_sampler --model DIR --shm-dir DIR --sidecar URL --token T`
+`python -m tests.sglang.engine_run_sampler --model DIR --shm-dir DIR --sidecar URL --token T [--tp N --real-prompts]`
+With --real-prompts the requests keep their ids and sampling parameters and take the model's real prompts (chat
+questions through its template, or plain text).
 The environment switches the plugin on and picks the sampler (GATHERWISE_ENGINE_SAMPLER=gatherwise); the engine
 starts in sharded mode. Every request carries a fixed request id, so gatherwise's sampler keys it the same way
 wherever it runs: a request must draw the same tokens alone or batched, in every mode, and across switches.
@@ -36,6 +38,18 @@ OTHERS = [("other-1", [500, 501], {"temperature": 1.0, "top_p": 0.9}),
 SEEDED = ([11, 22, 33], {"temperature": 0.8, "top_p": 0.95, "sampling_seed": SEED})
 PENALTY = ("penalty", [4, 5, 6], {"temperature": 0.8, "top_p": 0.95, "frequency_penalty": 0.5})
 LOGPROBS = ("logprobs", [6, 5, 4], {"temperature": 0.8, "top_p": 0.95})
+Request = tuple[str, list[int], dict]
+
+
+def with_real_prompts(model: str) -> tuple[list[Request], list[Request], tuple[list[int], dict], Request, Request]:
+    """REQUESTS, OTHERS, SEEDED, PENALTY and LOGPROBS with the model's real prompts in place of the ids."""
+    from tests._trained_models import prompt_ids
+
+    texts = iter(prompt_ids(model, len(REQUESTS) + len(OTHERS) + 3))
+    requests = [(rid, next(texts), extra) for rid, _, extra in REQUESTS]
+    others = [(rid, next(texts), extra) for rid, _, extra in OTHERS]
+    seeded = (next(texts), SEEDED[1])
+    return requests, others, seeded, (PENALTY[0], next(texts), PENALTY[2]), (LOGPROBS[0], next(texts), LOGPROBS[2])
 
 
 def params(extra: dict) -> dict:
@@ -52,9 +66,9 @@ def batch(engine, requests: list[tuple[str, list[int], dict]]) -> dict[str, list
     return {rid: out["output_ids"] for (rid, _, _), out in zip(requests, outs, strict=True)}
 
 
-def streamed(engine, ctl: Controller) -> tuple[list[int], int]:
-    """The top-p request streamed; the mode cycles between chunks. Returns its ids and the switches made."""
-    rid, prompt, extra = REQUESTS[0]
+def streamed(engine, ctl: Controller, request: Request) -> tuple[list[int], int]:
+    """The (top-p) request streamed; the mode cycles between chunks. Returns its ids and the switches made."""
+    rid, prompt, extra = request
     ids: list[int] = []
     cycle = ("all_gather", "gather", "sharded")
     made = 0
@@ -68,29 +82,31 @@ def streamed(engine, ctl: Controller) -> tuple[list[int], int]:
 
 
 def phases(engine, ctl: Controller, marks: PhaseMarks, args: argparse.Namespace) -> dict:
+    requests, others, seeded, penalty, logprobs = (with_real_prompts(args.model) if args.real_prompts
+                                                   else (REQUESTS, OTHERS, SEEDED, PENALTY, LOGPROBS))
     result: dict = {}
-    result["alone_sharded"] = {rid: one(engine, rid, prompt, extra) for rid, prompt, extra in REQUESTS}
+    result["alone_sharded"] = {rid: one(engine, rid, prompt, extra) for rid, prompt, extra in requests}
     marks.mark("alone_sharded")
     ctl.wait_attached()
-    result["batch_sharded"] = batch(engine, REQUESTS + OTHERS)
+    result["batch_sharded"] = batch(engine, requests + others)
     marks.mark("batch_sharded")
-    rid, prompt, extra = LOGPROBS
+    rid, prompt, extra = logprobs
     out = engine.generate(input_ids=prompt, sampling_params=params(extra), rid=rid, return_logprob=True)
-    result["stepped_aside"] = {PENALTY[0]: one(engine, *PENALTY), rid: out["output_ids"],
+    result["stepped_aside"] = {penalty[0]: one(engine, *penalty), rid: out["output_ids"],
                                "logprob_count": len(out["meta_info"]["output_token_logprobs"])}
     marks.mark("stepped_aside")
-    result["seeded_sharded"] = one(engine, "seeded-a", *SEEDED)
+    result["seeded_sharded"] = one(engine, "seeded-a", *seeded)
     marks.mark("seeded_sharded")
     ctl.put({"mode": "all_gather"}, "batch_all_gather")
-    result["batch_all_gather"] = batch(engine, REQUESTS + OTHERS)
+    result["batch_all_gather"] = batch(engine, requests + others)
     marks.mark("batch_all_gather")
-    result["seeded_batch"] = batch(engine, [OTHERS[1], ("seeded-b", *SEEDED), OTHERS[0]])["seeded-b"]
+    result["seeded_batch"] = batch(engine, [others[1], ("seeded-b", *seeded), others[0]])["seeded-b"]
     marks.mark("seeded_batch")
     ctl.put({"mode": "gather"}, "batch_gather")
-    result["batch_gather"] = batch(engine, REQUESTS + OTHERS)
+    result["batch_gather"] = batch(engine, requests + others)
     marks.mark("batch_gather")
     ctl.put({"mode": "sharded"}, "streamed_switch")
-    result["streamed_switch"], result["switches"] = streamed(engine, ctl)
+    result["streamed_switch"], result["switches"] = streamed(engine, ctl, requests[0])
     marks.mark("streamed_switch")
     result["puts"] = ctl.puts
     return result

@@ -6,7 +6,8 @@ batches with a penalty or logprobs keep SGLang's sampler (all_gather in a sharde
 same mode per call.
 
 One engine next to a sidecar, its own process (startup dominates; see engine_run_sampler for the phases), on the
-tiny checkpoint with its logits scaled to a trained model's entropy (`peaked`).
+tiny checkpoint with its logits scaled to a trained model's entropy (`peaked`); in the model matrix
+(GATHERWISE_TRAINED_FULL=1) also on each trained model at its TP with its real prompts.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import pytest
 
 from gatherwise.engine_hooks.deferred_word import ADOPT_LAG
 from gatherwise.modes import Mode
+from gatherwise.tp_engine.trained_models import MODELS
 from tests._engine_harness import assert_ranks_ran_the_same_calls, mode_runs, run_next_to_sidecar
+from tests._trained_models import engine_models, full_matrix, model_directory
 from tests.sglang.engine_run_sampler import OTHERS, REQUESTS, TOKENS
 from tests.sglang.harness import base_env, phase_calls, run_engine
 
@@ -50,15 +53,28 @@ def peaked(model, tmp_path_factory) -> str:
     return str(out)
 
 
-@pytest.fixture(scope="module")
-def run(peaked) -> dict:
+SUBJECTS = ["tiny"] + (engine_models() if full_matrix() else [])
+
+
+@pytest.fixture(scope="module", params=SUBJECTS)
+def run(request) -> dict:
+    """The run on the peaked tiny checkpoint (TP 2), or on a trained model at its TP with its real prompts."""
+    tp, args, omp = 2, (), {}
+    if request.param == "tiny":
+        model = request.getfixturevalue("peaked")
+    else:
+        model, tp = str(model_directory(request.param)), MODELS[request.param].engine_tp
+        # a trained model's weights need more of SGLang's static memory share than the tiny one's; ranks past the
+        # second share the two cores and sleep rather than spin while they wait (docs/sglang.md, "On a CPU host")
+        args = ("--tp", str(tp), "--mem-fraction-static", "0.2", "--real-prompts")
+        omp = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(r % 2) for r in range(tp)), "OMP_WAIT_POLICY": "PASSIVE"}
     shm = f"/dev/shm/gatherwise-sglang-sampler-test-{os.getpid()}-{os.urandom(4).hex()}"
     os.makedirs(shm)
     try:
         env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, GATHERWISE_ENGINE_INITIAL_MODE="sharded",
-                       GATHERWISE_ENGINE_SAMPLER="gatherwise", GATHERWISE_ENGINE_SAMPLER_SEED="31")
+                       GATHERWISE_ENGINE_SAMPLER="gatherwise", GATHERWISE_ENGINE_SAMPLER_SEED="31", **omp)
         engine = functools.partial(run_engine, module="tests.sglang.engine_run_sampler")
-        return run_next_to_sidecar(engine, peaked, shm, env)
+        return {**run_next_to_sidecar(lambda *a: engine(*a, *args), model, shm, env), "tp": tp}
     finally:
         shutil.rmtree(shm, ignore_errors=True)
 
@@ -70,8 +86,8 @@ def _modes(run: dict, phase: str) -> set[int]:
 def test_requests_generate_and_sample(run):
     alone = run["alone_sharded"]
     assert all(len(alone[rid]) == TOKENS for rid, _, _ in REQUESTS)
-    assert "hooks installed on TP rank 0/2" in run["log"] and "hooks installed on TP rank 1/2" in run["log"]
-    assert all(len(set(alone[rid])) > 1 for rid in SAMPLED)  # a near-uniform tiny model: sampling varies
+    assert all(f"hooks installed on TP rank {r}/{run['tp']}" in run["log"] for r in range(run["tp"]))
+    assert all(len(set(alone[rid])) > 1 for rid in SAMPLED)  # sampled text varies
 
 
 @pytest.mark.parametrize("phase", BATCH_PHASES)
@@ -112,4 +128,4 @@ def test_batches_with_a_penalty_or_logprobs_keep_sglangs_sampler(run):
 
 
 def test_every_rank_runs_the_same_mode_per_call(run):
-    assert_ranks_ran_the_same_calls(run["rings"])
+    assert_ranks_ran_the_same_calls(run["rings"], run["tp"])

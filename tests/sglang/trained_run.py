@@ -22,6 +22,7 @@ import json
 from typing import Any
 
 from tests._engine_harness import Control
+from tests._trained_models import prompt_ids
 from tests.sglang.engine_run import FLIP_EVERY, Controller, PhaseMarks, run_phases
 
 REGEX = "[0-9]{4}"
@@ -31,24 +32,13 @@ MAX_NEW = 16
 STREAM_FLIPS = ("gather", "sharded", "all_gather")
 
 
-def prompts(model: str) -> list[list[int]]:
-    """The model's real prompts as token ids: chat questions through its chat template, else plain text."""
-    from gatherwise.tp_engine.tokenizer import CheckpointTokenizer
-    from tests._trained_models import CHAT_PROMPTS, TEXT_PROMPTS
-
-    tok = CheckpointTokenizer(model)
-    if (tok.directory / "chat_template.jinja").is_file():
-        return [tok.encode_chat(q) for q in CHAT_PROMPTS]
-    return [tok.encode(t) for t in TEXT_PROMPTS]
-
-
 def greedy(**extra: Any) -> dict:
     return {"temperature": 0.0, "max_new_tokens": MAX_NEW, **extra}
 
 
 def phases(engine, ctl: Controller, marks: PhaseMarks, args: argparse.Namespace) -> dict:
     control = Control(args.shm_dir)
-    ids = prompts(args.model)
+    ids = prompt_ids(args.model)
 
     def batch(params: list[dict] | dict, batch_ids: list[list[int]] = ids) -> list[dict]:
         return [{"ids": o["output_ids"], "text": o["text"]}
