@@ -4,16 +4,20 @@ tests/sglang (test_*_bench_serve.py, `--quick`)."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
 
 import pytest
 
 from gatherwise.bench.cli import main
+from gatherwise.bench.serve.cells import build_cells
 from gatherwise.bench.serve.configurations import interleaved
 from gatherwise.bench.serve.engine_spec import Workload
 from gatherwise.bench.serve.greedy_match import TokenCounter, compare_outputs
 from gatherwise.bench.serve.logits_share import logits_share
-from gatherwise.bench.serve.run import ServeBench, phases, server_environment
+from gatherwise.bench.serve.real_prompts import RealPrompts, documentation_paragraphs
+from gatherwise.bench.serve.run import ServeBench, phases, real_prompts, server_environment
 from gatherwise.bench.serve.sglang_engine import SglangEngine
 from gatherwise.bench.serve.tokenizer import write_tokenizer
 from gatherwise.bench.serve.vllm_engine import VllmEngine
@@ -39,9 +43,13 @@ def test_servers_get_the_cpu_settings_and_a_callers_omp_wait_policy_wins(monkeyp
     sglang = server_environment(SglangEngine())
     assert sglang["OMP_WAIT_POLICY"] == "PASSIVE" and sglang["SGLANG_USE_CPU_ENGINE"] == "1"
     assert sglang["HF_HUB_OFFLINE"] == "1" and "GATHERWISE_ENABLE" not in sglang
-    assert "OMP_WAIT_POLICY" not in server_environment(VllmEngine())
+    assert server_environment(VllmEngine())["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert server_environment(SglangEngine())["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert server_environment(VllmEngine())["OMP_WAIT_POLICY"] == "ACTIVE"
+    # a rank per OpenMP core, ranks past the host's cores sharing them
+    cores = os.cpu_count() or 1
+    assert SglangEngine().tp_env(3)["SGLANG_CPU_OMP_THREADS_BIND"] == "|".join(str(r % cores) for r in range(3))
 
 
 def test_the_gatherwise_sampler_variant_is_opt_in_and_reaches_the_engine_through_its_environment():
@@ -118,3 +126,42 @@ def test_greedy_outputs_are_compared_token_for_token(tmp_path):
     assert same == {"requests": 2, "equal": 2, "all_equal": True, "first_difference": None}
     differ = compare_outputs([" ab cd", " ef"], [" ab cd", " ef ab"], tokens)
     assert not differ["all_equal"] and differ["first_difference"] == {"request": 1, "token": 1}
+
+
+def test_real_prompts_fit_the_input_length_and_every_round_and_cell_gets_its_own(tmp_path):
+    write_tokenizer(tmp_path, 32000)
+    (tmp_path / "config.json").write_text("{}")
+    pool = RealPrompts.for_model(tmp_path, input_len=64)
+    tokens = TokenCounter(tmp_path)
+    paragraphs = documentation_paragraphs()
+    assert not pool.chat and len(pool.prompts) > 500  # no chat template: the text itself, to continue
+    assert all(len(tokens.ids(p)) <= 64 and any(par.startswith(p) for par in paragraphs) for p in pool.prompts)
+    cells = build_cells(("greedy", "sampled"), (1, 8), prompts_per_slot=2, min_prompts=8)
+    bench = ServeBench(VllmEngine(), tmp_path, cells, Workload(64, 32, seed=3), "python", tmp_path, None, 0.0, 1,
+                       prompts=pool)
+    drawn = [real_prompts(bench, r, cell) for r in (0, 1) for cell in cells]
+    flat = [p for prompts in drawn for p in prompts or []]
+    assert [len(p or []) for p in drawn] == [c.num_prompts for c in cells] * 2
+    assert len(set(flat)) == len(flat)  # no prompt twice: warm-up rounds never hand the measured pass a prefix
+    assert real_prompts(bench, 1, cells[0]) == drawn[len(cells)]  # the same for every configuration
+    assert real_prompts(ServeBench(VllmEngine(), tmp_path, cells, Workload(64, 32, 3), "python", tmp_path, None,
+                                   0.0, 1), 0, cells[0]) is None
+
+
+@pytest.mark.parametrize("engine", [VllmEngine(), SglangEngine()], ids=["vllm", "sglang"])
+def test_real_prompts_reach_each_client_as_its_own_dataset_file(engine, tmp_path):
+    cell = build_cells(("greedy",), (2,), prompts_per_slot=2, min_prompts=4)[0]
+    prompts = ["Why is the sky blue?", 'A "quoted"\nline']
+    command = engine.client_command("python", tmp_path, "127.0.0.1", 1, cell, Workload(64, 32, 0),
+                                    tmp_path / "client.json", prompts)
+    path = command[command.index("--dataset-path") + 1]
+    text = open(path).read()
+    if engine.name == "vllm":
+        assert [json.loads(line)["prompt"] for line in text.splitlines()] == prompts
+        assert "--skip-chat-template" in command and command[command.index("--custom-output-len") + 1] == "32"
+    else:
+        assert [c["conversations"][0]["value"] for c in json.loads(text)] == prompts
+        assert "--apply-chat-template" not in command and command[command.index("--sharegpt-output-len") + 1] == "32"
+    random_dataset = engine.client_command("python", tmp_path, "127.0.0.1", 1, cell, Workload(64, 32, 0),
+                                           tmp_path / "client.json")
+    assert "--dataset-path" not in random_dataset and "64" in random_dataset

@@ -11,8 +11,9 @@ import platform
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatherwise.bench.arg_types import at_least, int_list, name_list
 from gatherwise.bench.host_cpu import cpu_description
@@ -24,6 +25,9 @@ from gatherwise.bench.serve.configurations import (
     interleaved,
 )
 from gatherwise.bench.serve.engine_spec import EngineSpec, Workload
+
+if TYPE_CHECKING:
+    from gatherwise.bench.serve.run import ServeBench
 
 # What an option left out means, for the full benchmark and for --quick (explicit options win in both).
 # The full defaults are what one run per engine on a 2-core host can do in about an hour (58 min SGLang, 53
@@ -49,14 +53,21 @@ def _choice(what: str, choices: Any) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gatherwise bench serve",
-        description="Start the engine's OpenAI-compatible server at TP=2 once per configuration (interleaved), "
+        description="Start the engine's OpenAI-compatible server once per configuration (interleaved), "
                     "drive it with the engine's own benchmark client, and report throughput, latency, the logits "
                     "path's share and greedy equality against the plain engine (results.json, serve.png).")
     p.add_argument("--engine", choices=("sglang", "vllm"), required=True)
     p.add_argument("--quick", action="store_true",
                    help="function check: tiny model, plain and pinned gather, one concurrency, greedy, 8 requests")
-    p.add_argument("--model", help="comma-separated checkpoint shapes built locally "
+    p.add_argument("--model", help="comma-separated: trained models fetched into the user's cache "
+                   f"({', '.join(_trained_names())}: `gatherwise models fetch`), checkpoint shapes built locally "
                    f"({', '.join(_shape_names())}) or checkpoint directories; default {DEFAULTS['model']}")
+    p.add_argument("--tp", type=at_least("--tp", 1),
+                   help="tensor-parallel size; default the trained model's engine TP (SmolLM2 3, Gemma 2), else 2")
+    p.add_argument("--prompts", choices=("real", "random"),
+                   help="real: text from Python's documentation as the model is used (chat questions through its "
+                        "template, or text to continue; docs/bench_serve.md); random: the engine's random dataset; "
+                        "default real for a trained model, else random")
     p.add_argument("--models-dir", type=Path, default=Path("out/bench_serve/models"),
                    help="where the built checkpoints are kept (reused), default out/bench_serve/models")
     p.add_argument("--head-entropy", type=float, default=None, metavar="NATS",
@@ -105,6 +116,12 @@ def _shape_names() -> list[str]:
     return list(MODEL_SHAPES)
 
 
+def _trained_names() -> list[str]:
+    from gatherwise.tp_engine.trained_models import MODELS
+
+    return list(MODELS)
+
+
 def _engine(name: str) -> EngineSpec:
     if name == "vllm":
         from gatherwise.bench.serve.vllm_engine import VllmEngine
@@ -115,20 +132,38 @@ def _engine(name: str) -> EngineSpec:
     return SglangEngine()
 
 
-def _checkpoint(name: str, models_dir: Path, head_entropy: float | None = None) -> tuple[Path, str]:
-    from gatherwise.bench.serve.checkpoints import MODEL_SHAPES, build_checkpoint
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    about: str
+    trained: bool
+    engine_tp: int = 2  # the TP the model is served at unless --tp says otherwise
 
+
+def _checkpoint(name: str, models_dir: Path, head_entropy: float | None = None) -> Checkpoint:
+    from gatherwise.bench.serve.checkpoints import MODEL_SHAPES, build_checkpoint
+    from gatherwise.tp_engine.trained_models import MODELS, FetchError, cached, fetch
+
+    if name in MODELS:
+        if head_entropy is not None:
+            raise SystemExit(f"--head-entropy scales built shapes only; {name} is a trained model")
+        model = MODELS[name]
+        try:
+            path = cached(name) or fetch(name)
+        except FetchError as exc:
+            raise SystemExit(f"--model {name}: {exc}") from None
+        return Checkpoint(path, model.title, trained=True, engine_tp=model.engine_tp)
     if name in MODEL_SHAPES:
         shape = MODEL_SHAPES[name]
         about = shape.about if head_entropy is None else f"{shape.about}, logits scaled to {head_entropy} nats"
         print(f"[bench serve] checkpoint {name}: {about}", file=sys.stderr)
         directory = models_dir / (name if head_entropy is None else f"{name}-h{head_entropy:g}")
-        return build_checkpoint(shape, directory, head_entropy=head_entropy), about
+        return Checkpoint(build_checkpoint(shape, directory, head_entropy=head_entropy), about, trained=False)
     path = Path(name)
     if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
-        raise SystemExit(f"--model {name}: neither a built-in shape nor a directory with config.json and "
-                         f"tokenizer.json")
-    return path, f"checkpoint directory {path}"
+        raise SystemExit(f"--model {name}: neither a trained model, a built-in shape nor a directory with "
+                         f"config.json and tokenizer.json")
+    return Checkpoint(path, f"checkpoint directory {path}", trained=False)
 
 
 def _engine_version(engine: str) -> str | None:
@@ -156,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    from gatherwise.bench.serve.real_prompts import RealPrompts
     from gatherwise.bench.serve.run import ServeBench, run_configuration
 
     engine = _engine(args.engine)
@@ -165,20 +201,29 @@ def main(argv: list[str] | None = None) -> int:
     workload = Workload(args.input_len, args.output_len, args.seed)
     with _network(args.nodes, args.link_rate):
         for model_name in args.model.split(","):
-            model, about = _checkpoint(model_name.strip(), args.models_dir, args.head_entropy)
+            checkpoint = _checkpoint(model_name.strip(), args.models_dir, args.head_entropy)
+            model, about = checkpoint.path, checkpoint.about
+            tp = args.tp or checkpoint.engine_tp
+            if args.nodes > 1 and tp != 2:
+                parser.error(f"--nodes 2 runs one rank on each node: TP 2, not {tp} ({model_name})")
+            prompts = None
+            if (args.prompts or ("real" if checkpoint.trained else "random")) == "real":
+                prompts = RealPrompts.for_model(model, args.input_len)
+                about += f"; prompts: {len(prompts.prompts)} paragraphs of Python's documentation" + (
+                    " as chat questions" if prompts.chat else " to continue")
             out_dir = args.out / f"{engine.name}-{model.name}{_layout_suffix(args.nodes, args.link_rate)}"
             work_dir = out_dir / "work"
             work_dir.mkdir(parents=True, exist_ok=True)
             bench = ServeBench(engine, model.resolve(), cells, workload, args.python, work_dir.resolve(),
-                               args.max_load, args.max_load_wait, args.warmup_rounds, args.nodes)
+                               args.max_load, args.max_load_wait, args.warmup_rounds, args.nodes, tp, prompts)
             started, load_start = time.time(), os.getloadavg()
             runs = []
             seen: dict[str, int] = {}
             for name in order:
                 runs.append(run_configuration(bench, name, seen.get(name, 0)))
                 seen[name] = seen.get(name, 0) + 1
-            _write(out_dir, engine, model, about, configurations, order, cells, workload, args.warmup_rounds, runs,
-                   started, load_start, argv, _layout(args.nodes, args.link_rate))
+            _write(out_dir, bench, about, configurations, order, runs, started, load_start, argv,
+                   _layout(args.nodes, args.link_rate))
     return 0
 
 
@@ -205,25 +250,29 @@ def _layout(nodes: int, link_rate: str | None) -> dict[str, Any]:
                      "(docs/bench_serve.md)"}
 
 
-def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configurations: list[str], order: list[str],
-           cells: list, workload: Workload, warmup_rounds: int, runs: list[dict[str, Any]], started: float,
-           load_start: tuple, argv: list[str] | None, layout: dict[str, Any]) -> None:
+def _write(out_dir: Path, bench: ServeBench, about: str, configurations: list[str], order: list[str],
+           runs: list[dict[str, Any]], started: float, load_start: tuple, argv: list[str] | None,
+           layout: dict[str, Any]) -> None:
     from gatherwise.bench.serve.report import auto_decisions, format_decisions, format_table, summarize, write_results
     from gatherwise.bench.serve.run import server_environment
 
-    env = server_environment(engine)
+    engine, model, workload = bench.engine, bench.model, bench.workload
+    env = {**server_environment(engine), **engine.tp_env(bench.tp)}
 
     rows = summarize(runs, model)
     decisions = auto_decisions(runs)
     meta = {"engine": engine.name, "engine_version": _engine_version(engine.name), "model": str(model),
             "model_about": about, "layout": layout, "configurations": configurations, "order": order,
-            "cells": [c.key for c in cells], "workload": vars(workload), "warmup_rounds": warmup_rounds,
+            "tp": bench.tp, "cells": [c.key for c in bench.cells], "workload": vars(workload),
+            "prompts": None if bench.prompts is None else {"source": "pydoc_data.topics", "chat": bench.prompts.chat,
+                                                            "pool": len(bench.prompts.prompts)},
+            "warmup_rounds": bench.warmup_rounds,
             "logits_path_share": "max over ranks of the delta of gatherwise_op_seconds_total{op=logits_path} over "
                                  "the client run, divided by the client's duration (docs/bench_serve.md)",
             "machine": {"cpu_count": os.cpu_count(), **cpu_description(), "platform": platform.platform(),
                         "python": platform.python_version(), "load_avg_at_start": load_start,
                         "load_avg_at_end": os.getloadavg()},
-            "server_env": {k: env[k] for k in (*engine.env_defaults, *engine.env)},
+            "server_env": {k: env[k] for k in (*engine.env_defaults, *engine.env, *engine.tp_env(bench.tp))},
             "seconds": round(time.time() - started, 1), "auto_decisions": decisions,
             "command": "gatherwise bench serve " + " ".join(sys.argv[3:] if argv is None else argv)}
     write_results(out_dir / "results.json", meta, runs, rows)
@@ -236,7 +285,7 @@ def _write(out_dir: Path, engine: EngineSpec, model: Path, about: str, configura
         from gatherwise.bench.serve.plot import plot_serve
 
         plot_serve(out_dir / "serve.png", rows, configurations,
-                   f"gatherwise bench serve: {engine.name} TP=2, {model.name}, {os.cpu_count()} CPU cores"
+                   f"gatherwise bench serve: {engine.name} TP={bench.tp}, {model.name}, {os.cpu_count()} CPU cores"
                    + ("" if layout["nodes"] == 1 else f", 2 nodes, link {layout['link_rate']}"))
         png = "serve.png"
     except ImportError as exc:  # the engine's venv without matplotlib (the `bench` extra)

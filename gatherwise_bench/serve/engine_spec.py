@@ -43,10 +43,14 @@ class EngineSpec(ABC):
 
     @abstractmethod
     def server_command(self, python: str, model: Path, host: str, port: int, context_len: int,
-                       max_total_tokens: int, node: NodeRank | None = None) -> list[str]:
-        """The engine's OpenAI-compatible server at TP=2 on `host`:`port`: requests of up to `context_len` tokens,
-        room for `max_total_tokens` in the KV cache where the engine asks. With `node`, this node's share of a
-        group across nodes (node 0 serves HTTP; the others run their ranks only)."""
+                       max_total_tokens: int, node: NodeRank | None = None, tp: int = 2) -> list[str]:
+        """The engine's OpenAI-compatible server at TP=`tp` on `host`:`port`: requests of up to `context_len`
+        tokens, room for `max_total_tokens` in the KV cache where the engine asks. With `node`, this node's share of
+        a group across nodes, one rank per node (node 0 serves HTTP; the others run their ranks only)."""
+
+    def tp_env(self, tp: int) -> dict[str, str]:
+        """What a server at TP=`tp` sets on top of `env` (the engine's per-rank CPU settings)."""
+        return {}
 
     def node_env(self, node: NodeRank) -> dict[str, str]:
         """What node `node` of a group across nodes sets on top of `env`."""
@@ -54,9 +58,10 @@ class EngineSpec(ABC):
 
     @abstractmethod
     def client_command(self, python: str, model: Path, host: str, port: int, cell: Cell, workload: Workload,
-                       result_file: Path) -> list[str]:
+                       result_file: Path, prompts: list[str] | None = None) -> list[str]:
         """The engine's own benchmark client for one cell against `host`:`port`, writing its JSON result to
-        `result_file`."""
+        `result_file`: on the engine's random dataset, or on `prompts` (rendered text, one request each, sent as
+        they are) written next to `result_file` in the engine's dataset format."""
 
     @abstractmethod
     def read_result(self, result_file: Path) -> ClientResult:

@@ -21,6 +21,7 @@ from gatherwise.bench.serve.engine_spec import LOCAL_HOST, SERVED_MODEL_NAME, En
 from gatherwise.bench.serve.load_wait import wait_for_load
 from gatherwise.bench.serve.logits_share import logits_share
 from gatherwise.bench.serve.node_servers import ENGINE_PORT, NODE_SHM_DIR, NodeServers
+from gatherwise.bench.serve.real_prompts import RealPrompts
 from gatherwise.bench.serve.server_process import ServerProcess
 from gatherwise.bench.serve.sidecar_link import SidecarLink
 from gatherwise.free_port import free_port
@@ -44,6 +45,8 @@ class ServeBench:
     max_load_wait_s: float
     warmup_rounds: int  # every configuration: rounds of every cell before the measured one, prompts of their own
     nodes: int = 1  # 2: one rank on each of two nodes of this host (node_servers.py), the network already up
+    tp: int = 2
+    prompts: RealPrompts | None = None  # real text (a trained model's), else the engine's random dataset
 
     @property
     def context_len(self) -> int:
@@ -65,7 +68,7 @@ def server_environment(engine: EngineSpec) -> dict[str, str]:
 def _environment(bench: ServeBench, conf: Configuration, shm_dir: str) -> dict[str, str]:
     """The server's environment, with gatherwise on only where the configuration says."""
     env = server_environment(bench.engine)
-    env.update(conf.environment(shm_dir))
+    env.update(bench.engine.tp_env(bench.tp), **conf.environment(shm_dir))
     return env
 
 
@@ -87,10 +90,20 @@ def phases(bench: ServeBench) -> list[tuple[str, Workload]]:
     return [*warmup, ("measured", bench.workload)]
 
 
+def real_prompts(bench: ServeBench, round_index: int, cell: Cell) -> list[str] | None:
+    """The cell's prompts in round `round_index` when the benchmark runs real text: a range of the pool of its own
+    (rounds after one another, cells in order within a round)."""
+    if bench.prompts is None:
+        return None
+    per_round = sum(c.num_prompts for c in bench.cells)
+    start = round_index * per_round + sum(c.num_prompts for c in bench.cells[:bench.cells.index(cell)])
+    return bench.prompts.draw(bench.workload.seed, start, cell.num_prompts)
+
+
 def _run_client(bench: ServeBench, server: ServerProcess | NodeServers, cell: Cell, workload: Workload,
-                result_file: Path) -> dict[str, Any]:
+                result_file: Path, prompts: list[str] | None) -> dict[str, Any]:
     command = bench.engine.client_command(bench.python, bench.model, server.host, server.port, cell, workload,
-                                          result_file)
+                                          result_file, prompts)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATHERWISE_")}
     env.update(OFFLINE)
     proc = subprocess.run(command, env=env, cwd=bench.work_dir, capture_output=True, text=True,
@@ -132,7 +145,7 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
                 sidecar = SidecarLink.start(shm_dir, bench.work_dir / f"sidecar-{tag}.yaml")
             port = free_port()
             command = bench.engine.server_command(bench.python, bench.model, LOCAL_HOST, port, bench.context_len,
-                                                  bench.max_total_tokens)
+                                                  bench.max_total_tokens, tp=bench.tp)
             server = ServerProcess(command, _environment(bench, conf, shm_dir), port,
                                    bench.work_dir / f"server-{tag}.log", bench.engine.shm_leftovers)
             record["server_command"] = command
@@ -148,7 +161,8 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
                 before = sidecar.metrics_texts() if sidecar else None
                 started = time.monotonic()
                 ran = _run_client(bench, server, cell, workload,
-                                  bench.work_dir / f"client-{tag}-{phase}{round_index}-{cell.key}.json")
+                                  bench.work_dir / f"client-{tag}-{phase}{round_index}-{cell.key}.json",
+                                  real_prompts(bench, round_index, cell))
                 result = ran["result"]
                 entry = {"phase": phase, "seed": workload.seed, "cell": cell.key, "sampling": cell.sampling.name,
                          "concurrency": cell.concurrency, "num_prompts": cell.num_prompts,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from gatherwise.bench.serve.cells import Cell
@@ -26,13 +27,13 @@ class SglangEngine(EngineSpec):
     shm_leftovers = ("sglang_loads_*", "sgl_shm_mq_*", "sem.mp-*")
 
     def server_command(self, python: str, model: Path, host: str, port: int, context_len: int,
-                       max_total_tokens: int, node: NodeRank | None = None) -> list[str]:
+                       max_total_tokens: int, node: NodeRank | None = None, tp: int = 2) -> list[str]:
         # the engine tests' settings (tests/sglang/engine_run.py ENGINE_ARGS), with room for every running request;
         # --mem-fraction-static must cover the loaded weights (SGLang refuses to start otherwise): a Qwen2.5-0.5B-
         # shaped checkpoint's take about 5.3 % of a 23 GB host's memory, so 0.05 is too little there. The KV cache
         # is bounded by --max-total-tokens whatever the fraction.
         command = [python, "-m", "sglang.launch_server", "--model-path", str(model),
-                   "--served-model-name", SERVED_MODEL_NAME, "--host", host, "--port", str(port), "--tp", "2",
+                   "--served-model-name", SERVED_MODEL_NAME, "--host", host, "--port", str(port), "--tp", str(tp),
                    "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
                    "--dtype", "float32", "--mem-fraction-static", "0.15", "--max-total-tokens", str(max_total_tokens),
                    "--context-length", str(context_len),
@@ -49,18 +50,32 @@ class SglangEngine(EngineSpec):
         # one host do not share a core.
         return {"SGLANG_HOST_IP": node.address, "SGLANG_CPU_OMP_THREADS_BIND": str(node.index)}
 
+    def tp_env(self, tp: int) -> dict[str, str]:
+        # one OpenMP core per rank; ranks past the host's cores share them (its NUMA check wants a core each)
+        cores = os.cpu_count() or 1
+        return {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(r % cores) for r in range(tp))}
+
     def client_command(self, python: str, model: Path, host: str, port: int, cell: Cell, workload: Workload,
-                       result_file: Path) -> list[str]:
+                       result_file: Path, prompts: list[str] | None = None) -> list[str]:
         body = {"temperature": cell.sampling.temperature}
         if not cell.sampling.greedy:
             body["top_p"] = cell.sampling.top_p
-        # random-ids: SGLang's random dataset from token ids; its "random" samples ShareGPT text from the hub.
-        # ignore_eos is its default, so every request makes exactly --random-output-len tokens.
+        if prompts is None:
+            # random-ids: SGLang's random dataset from token ids; its "random" samples ShareGPT text from the hub
+            dataset = ["--dataset-name", "random-ids", "--random-input-len", str(workload.input_len),
+                       "--random-output-len", str(workload.output_len), "--random-range-ratio", "1.0"]
+        else:
+            # ShareGPT's format read from a local file: each prompt one conversation's first turn, sent as it is
+            # (no --apply-chat-template: the text is already rendered), --sharegpt-output-len tokens out
+            path = result_file.with_suffix(".prompts.json")
+            path.write_text(json.dumps([{"conversations": [{"from": "human", "value": text},
+                                                           {"from": "gpt", "value": ""}]} for text in prompts]))
+            dataset = ["--dataset-name", "sharegpt", "--dataset-path", str(path),
+                       "--sharegpt-output-len", str(workload.output_len)]
+        # ignore_eos is its default, so every request makes exactly the output length asked for
         return [python, "-m", "sglang.bench_serving", "--backend", "sglang-oai", "--host", host,
                 "--port", str(port), "--model", str(model), "--served-model-name", SERVED_MODEL_NAME,
-                "--tokenizer", str(model), "--dataset-name", "random-ids",
-                "--random-input-len", str(workload.input_len), "--random-output-len", str(workload.output_len),
-                "--random-range-ratio", "1.0", "--num-prompts", str(cell.num_prompts),
+                "--tokenizer", str(model), *dataset, "--num-prompts", str(cell.num_prompts),
                 "--max-concurrency", str(cell.concurrency), "--request-rate", "inf", "--seed", str(workload.seed),
                 "--extra-request-body", json.dumps(body), "--output-file", str(result_file), "--output-details",
                 "--disable-tqdm"]

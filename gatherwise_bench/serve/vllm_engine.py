@@ -4,6 +4,7 @@ gatherwise.bench.serve.vllm_client, see there why)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from gatherwise.bench.serve.cells import Cell
@@ -12,6 +13,9 @@ from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, No
 
 # As tests/vllm/harness.py: 1 GiB of KV cache, no OpenMP thread pinning (2 shared cores).
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# ranks (and the API server) sharing the cores: idle OpenMP workers sleep instead of spinning on a core another rank
+# needs (docs/vllm.md: 3.5x slower at TP 3 on 2 cores without it); a caller's OMP_WAIT_POLICY wins
+VLLM_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 # `vllm serve` itself: the api_server entry point ignores --headless, which a follower node needs (see there)
 SERVE_MODULE = "gatherwise.bench.serve.vllm_serve"
 
@@ -19,17 +23,18 @@ SERVE_MODULE = "gatherwise.bench.serve.vllm_serve"
 class VllmEngine(EngineSpec):
     name = "vllm"
     env = VLLM_ENV
+    env_defaults = VLLM_ENV_DEFAULTS
     # psm_*: its message queues (Python shared memory), sem.mp-*: multiprocessing semaphores, when killed
     shm_leftovers = ("vllm_dist_*", "psm_*", "sem.mp-*")
 
     def server_command(self, python: str, model: Path, host: str, port: int, context_len: int,
-                       max_total_tokens: int, node: NodeRank | None = None) -> list[str]:
+                       max_total_tokens: int, node: NodeRank | None = None, tp: int = 2) -> list[str]:
         if node is not None:
             return self._node_command(python, model, host, port, context_len, node)
         # --enforce-eager and the mp executor as the engine tests; float32 as the checkpoint (and SGLang's run)
         return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                 "--served-model-name", SERVED_MODEL_NAME, "--host", host, "--port", str(port),
-                "--tensor-parallel-size", "2", "--enforce-eager", "--distributed-executor-backend", "mp",
+                "--tensor-parallel-size", str(tp), "--enforce-eager", "--distributed-executor-backend", "mp",
                 "--dtype", "float32", "--max-model-len", str(context_len), "--seed", "0",
                 "--disable-uvicorn-access-log"]
 
@@ -53,15 +58,24 @@ class VllmEngine(EngineSpec):
         return {"VLLM_HOST_IP": node.address}
 
     def client_command(self, python: str, model: Path, host: str, port: int, cell: Cell, workload: Workload,
-                       result_file: Path) -> list[str]:
+                       result_file: Path, prompts: list[str] | None = None) -> list[str]:
         sampling = ["--temperature", str(cell.sampling.temperature)]
         if not cell.sampling.greedy:
             sampling += ["--top-p", str(cell.sampling.top_p)]
+        if prompts is None:
+            dataset = ["--dataset-name", "random", "--random-input-len", str(workload.input_len),
+                       "--random-output-len", str(workload.output_len), "--random-range-ratio", "0"]
+        else:
+            # its custom dataset: JSON lines of {"prompt"}, sent as they are (already rendered: no chat template of
+            # the client's own), in the file's order, --custom-output-len tokens out
+            path = result_file.with_suffix(".prompts.jsonl")
+            path.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in prompts))
+            dataset = ["--dataset-name", "custom", "--dataset-path", str(path), "--skip-chat-template",
+                       "--disable-shuffle", "--custom-output-len", str(workload.output_len)]
         return [python, "-m", "gatherwise.bench.serve.vllm_client", "--backend", "vllm", "--host", host,
                 "--port", str(port), "--endpoint", "/v1/completions", "--model", str(model),
-                "--served-model-name", SERVED_MODEL_NAME, "--tokenizer", str(model), "--dataset-name", "random",
-                "--random-input-len", str(workload.input_len), "--random-output-len", str(workload.output_len),
-                "--random-range-ratio", "0", "--num-prompts", str(cell.num_prompts),
+                "--served-model-name", SERVED_MODEL_NAME, "--tokenizer", str(model), *dataset,
+                "--num-prompts", str(cell.num_prompts),
                 "--max-concurrency", str(cell.concurrency), "--request-rate", "inf", "--ignore-eos",
                 "--seed", str(workload.seed), *sampling, "--percentile-metrics", "ttft,tpot,itl,e2el",
                 "--metric-percentiles", "50,99", "--save-result", "--save-detailed",
