@@ -243,7 +243,7 @@ def _tp2_rank(rank: int, world: int, device: str, vocab: int, batch: int) -> dic
 
 
 def _tp2_winners(device: str, vocab: int, logits: list) -> dict:
-    """What vLLM Model Runner V2's keyed sharding adds (gatherwise.engine_hooks.adapters.vllm_v2_keyed): each rank's
+    """What vLLM Model Runner V2's keyed sharding adds (gatherwise.engine_hooks.adapters.vllm.v2_keyed): each rank's
     winner per row, here its shard's argmax, exchanged by LogitsPath.run_winners. vLLM's Gumbel kernel itself needs
     vLLM's CUDA wheel, which a lent device does not have."""
     import torch

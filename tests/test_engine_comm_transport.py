@@ -19,8 +19,8 @@ import pytest
 from tests._dist import run_ranks
 
 if TYPE_CHECKING:  # imported where used: the ranks import torch and the adapters, this module does not
-    from gatherwise.engine_hooks.adapters.sglang_comm import SglangGroupCommunicator
-    from gatherwise.engine_hooks.adapters.vllm_comm import VllmGroupCommunicator
+    from gatherwise.engine_hooks.adapters.sglang.comm import SglangGroupCommunicator
+    from gatherwise.engine_hooks.adapters.vllm.comm import VllmGroupCommunicator
 
 
 class ShmOpsStandIn:
@@ -90,13 +90,13 @@ def _rank(rank: int, world: int, engine: str) -> dict:
     group = SimpleNamespace(rank_in_group=rank, world_size=world, ranks=list(range(world)), device_group=None,
                             broadcast=refused, all_gather_into_tensor=refused)
     if engine == "vllm":
-        from gatherwise.engine_hooks.adapters.vllm_comm import VllmGroupCommunicator
+        from gatherwise.engine_hooks.adapters.vllm.comm import VllmGroupCommunicator
 
         fast = ShmOpsStandIn()
         group.device_communicator = SimpleNamespace(dist_module=fast)
         comm, calls = VllmGroupCommunicator(group), fast.calls
     else:
-        from gatherwise.engine_hooks.adapters.sglang_comm import SglangGroupCommunicator
+        from gatherwise.engine_hooks.adapters.sglang.comm import SglangGroupCommunicator
 
         calls = []
         comm = SglangGroupCommunicator(group, shm_allgather=sglang_shm_allgather_stand_in(calls))

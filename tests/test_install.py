@@ -59,8 +59,8 @@ def test_every_package_folder_of_the_checkout_is_installed(installed: Path):
 def test_the_engine_plugins_and_the_commands_are_declared_entry_points(installed: Path):
     text = (_dist_info(installed) / "entry_points.txt").read_text()
     sections = dict(re.findall(r"^\[([^\]]+)\]\n((?:[^\[\n].*\n?)*)", text, flags=re.M))
-    assert "gatherwise = gatherwise.engine_hooks.adapters.vllm_plugin:register" in sections["vllm.general_plugins"]
-    assert "gatherwise = gatherwise.engine_hooks.adapters.sglang_plugin:register" in sections["sglang.srt.plugins"]
+    assert "gatherwise = gatherwise.engine_hooks.adapters.vllm.plugin:register" in sections["vllm.general_plugins"]
+    assert "gatherwise = gatherwise.engine_hooks.adapters.sglang.plugin:register" in sections["sglang.srt.plugins"]
     assert "gatherwise = gatherwise.cli:main" in sections["console_scripts"]
     commands = dict(line.split(" = ") for line in sections["gatherwise.commands"].strip().splitlines())
     assert set(commands) == {"bench", "demo", "engine", "generate", "mode", "models", "sidecar"}

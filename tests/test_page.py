@@ -123,8 +123,8 @@ def test_rank_info_round_trip_and_what_the_reader_refuses(tmp_path):
 def test_adapters_name_their_engine_version_and_sampler():
     from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks
     from gatherwise.engine_hooks.adapters.sampler_rows import sampler_labels
-    from gatherwise.engine_hooks.adapters.sglang_step import SglangStepHooks
-    from gatherwise.engine_hooks.adapters.vllm_step import VllmStepHooks
+    from gatherwise.engine_hooks.adapters.sglang.step import SglangStepHooks
+    from gatherwise.engine_hooks.adapters.vllm.v1_step import VllmStepHooks
     from gatherwise.shm_format.hooks_off import ENGINES
 
     assert (VllmStepHooks.ENGINE, SglangStepHooks.ENGINE) == ENGINES  # spelled as their hooks-off notices

@@ -15,8 +15,12 @@ from types import ModuleType
 
 import pytest
 
-from gatherwise.engine_hooks.adapters import hooks_off, sglang_patches, sglang_plugin, vllm_patches, vllm_plugin
+from gatherwise.engine_hooks.adapters import hooks_off
 from gatherwise.engine_hooks.adapters.patch_targets import Target, target_problems, version_supported
+from gatherwise.engine_hooks.adapters.sglang import patches as sglang_patches
+from gatherwise.engine_hooks.adapters.sglang import plugin as sglang_plugin
+from gatherwise.engine_hooks.adapters.vllm import patches as vllm_patches
+from gatherwise.engine_hooks.adapters.vllm import plugin as vllm_plugin
 from gatherwise.shm_format.hooks_off import read_notices
 
 

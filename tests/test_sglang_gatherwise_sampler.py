@@ -80,14 +80,14 @@ def _batches(reqs, seq_lens, params, *, return_logprob=False, mode="DECODE", **i
     ({"sampling_mask_batch_indices": object()}, "sampling-mask capture"),
 ])
 def test_batches_that_gatherwises_sampler_cannot_honour_are_named(change, why):
-    from gatherwise.engine_hooks.adapters.sglang_sampled_rows import refusal
+    from gatherwise.engine_hooks.adapters.sglang.sampled_rows import refusal
 
     schedule, forward = _batches([_req("a", 3), _req("b", 4)], [4, 6], [TOP_P, TOP_K], **change)
     assert refusal(forward, schedule, SimpleNamespace(sampling_observer=None), 2) == why
 
 
 def test_observers_beam_search_and_unmatched_rows_keep_sglangs_sampler():
-    from gatherwise.engine_hooks.adapters.sglang_sampled_rows import refusal
+    from gatherwise.engine_hooks.adapters.sglang.sampled_rows import refusal
 
     schedule, forward = _batches([_req("a", 3)], [4], [TOP_P])
     active = SimpleNamespace(sampling_observer=SimpleNamespace(is_active=lambda info: True))
@@ -101,7 +101,7 @@ def test_observers_beam_search_and_unmatched_rows_keep_sglangs_sampler():
 
 
 def test_rows_take_sglangs_parameters_with_its_off_encodings_normalised():
-    from gatherwise.engine_hooks.adapters.sglang_sampled_rows import row_params
+    from gatherwise.engine_hooks.adapters.sglang.sampled_rows import row_params
     from gatherwise.engine_hooks.sampling_params import SamplingParams
 
     assert row_params(1.0, 1.0, 1, 0.0, VOCAB) == SamplingParams()  # SGLang's greedy: gatherwise's greedy
@@ -114,7 +114,7 @@ def test_rows_take_sglangs_parameters_with_its_off_encodings_normalised():
 
 def test_rows_are_keyed_by_the_request_and_the_index_of_the_token_it_produces():
     from gatherwise.engine_hooks.adapters.sampler_rows import SEEDED_REQUEST
-    from gatherwise.engine_hooks.adapters.sglang_sampled_rows import batch_rows
+    from gatherwise.engine_hooks.adapters.sglang.sampled_rows import batch_rows
     from gatherwise.stable_hash import stable_hash
 
     # a: prompt of 3, seq_len 7 with this step's token: its fifth output token (index 4); b: its prefill
@@ -137,7 +137,7 @@ def _full_logits(step: int, rows: int) -> torch.Tensor:
 def _expected(logits: torch.Tensor, schedule, info, sampler_seed: int, softcap: float | None) -> list[int]:
     """gatherwise's sampler on each row's full logits (padding at -inf) alone, in the all_gather layout: what a
     request draws whatever the mode and whatever else shares its batch."""
-    from gatherwise.engine_hooks.adapters.sglang_sampled_rows import batch_rows
+    from gatherwise.engine_hooks.adapters.sglang.sampled_rows import batch_rows
     from gatherwise.engine_hooks.sampling import sample
 
     full = logits.clone() if softcap is None else softcap * torch.tanh(logits / softcap)  # SGLang's soft-capping
@@ -169,7 +169,7 @@ SAMPLER_SEED = 5
 
 def _hooks(comm, sampler: Literal["engine", "gatherwise"], graph_modes: str = "all_gather,gather"):
     from gatherwise.config import EngineSection, GatherwiseConfig
-    from gatherwise.engine_hooks.adapters.sglang_step import SglangStepHooks
+    from gatherwise.engine_hooks.adapters.sglang.step import SglangStepHooks
     from gatherwise.engine_hooks.install import InstalledHooks
     from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.engine_hooks.rng_resync import RandomStateResync
@@ -188,8 +188,8 @@ def _hooks(comm, sampler: Literal["engine", "gatherwise"], graph_modes: str = "a
 
 
 def _serve(rank, world, softcap):
-    from gatherwise.engine_hooks.adapters import sglang_patches as p
-    from gatherwise.engine_hooks.adapters.sglang_patches import _HookedGatherer
+    from gatherwise.engine_hooks.adapters.sglang import patches as p
+    from gatherwise.engine_hooks.adapters.sglang.patches import _HookedGatherer
     from gatherwise.engine_hooks.comm import default_communicator
     from gatherwise.modes import Mode, ModeTable
 
@@ -259,8 +259,8 @@ def test_the_engines_sampler_stays_the_default():
 
 
 def _serve_engine_sampler(rank, world):
-    from gatherwise.engine_hooks.adapters import sglang_patches as p
-    from gatherwise.engine_hooks.adapters.sglang_patches import _HookedGatherer
+    from gatherwise.engine_hooks.adapters.sglang import patches as p
+    from gatherwise.engine_hooks.adapters.sglang.patches import _HookedGatherer
     from gatherwise.engine_hooks.comm import default_communicator
     from gatherwise.modes import Mode, ModeTable
 

@@ -6,7 +6,7 @@ structure the patches rely on: a capture loop over batch sizes that keys each gr
 `can_run_graph` padding a batch up to a captured size, `execute` loading the batch, replaying the keyed graph
 and slicing the outputs), and StandInGraph stands in for a CUDA graph: its replay re-runs the captured forward
 with the path in capture mode (device work only, exactly what a CUDA graph replays) into the static output. The
-wrappers driven are the ones sglang_patches registers with SGLang; the hooks, the path and the collectives are
+wrappers driven are the ones sglang.patches registers with SGLang; the hooks, the path and the collectives are
 real (two gloo ranks). The same patches in a real SGLang engine with CUDA graphs need a GPU (docs/sglang.md).
 """
 
@@ -62,7 +62,7 @@ class StandInDecodeGraphRunner:
         self.bs = 0
         self.replayed: list = []  # keys of the graphs execute() replayed
         self.processor = SimpleNamespace(vocab_size=VOCAB)
-        from gatherwise.engine_hooks.adapters.sglang_patches import _HookedGatherer
+        from gatherwise.engine_hooks.adapters.sglang.patches import _HookedGatherer
 
         self.gatherer = _HookedGatherer(self._all_gather, self.processor, hooks)
 
@@ -120,7 +120,7 @@ class StandInDecodeGraphRunner:
 
 
 def _wrapped(hooks) -> dict:
-    from gatherwise.engine_hooks.adapters import sglang_patches as p
+    from gatherwise.engine_hooks.adapters.sglang import patches as p
 
     by_target = {target: fn for target, fn, _ in p.wrappers(hooks)}
     return {"key": by_target[p.GRAPH_KEY], "capture": by_target[p.GRAPH_CAPTURE],
@@ -136,7 +136,7 @@ def _logits_forward(hooks, original, processor, batch):
 
 def _hooks(comm, graph_modes: str, installed: bool = True):
     from gatherwise.config import EngineSection, GatherwiseConfig
-    from gatherwise.engine_hooks.adapters.sglang_step import SglangStepHooks
+    from gatherwise.engine_hooks.adapters.sglang.step import SglangStepHooks
     from gatherwise.engine_hooks.install import InstalledHooks
     from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.engine_hooks.rng_resync import RandomStateResync
@@ -249,7 +249,7 @@ def test_without_active_hooks_sglang_captures_and_replays_as_before(disabled):
 
 def test_graph_modes_setting():
     from gatherwise.config import load_config
-    from gatherwise.engine_hooks.adapters.sglang_graphs import GRAPH_MODES, fold_label, parse_graph_modes
+    from gatherwise.engine_hooks.adapters.sglang.graphs import GRAPH_MODES, fold_label, parse_graph_modes
     from gatherwise.engine_hooks.graphs import CAPTURABLE
     from gatherwise.modes import Mode
 

@@ -1,5 +1,5 @@
 """What an adapter checks before it wraps anything in an engine: a known version, and targets of the shape it
-was written against. Engine-neutral; each adapter lists its own targets (vllm_patches, sglang_patches).
+was written against. Engine-neutral; each adapter lists its own targets (vllm/patches.py, sglang/patches.py).
 
 A check that fails leaves the engine untouched, and the adapter says why in ONE warning: patching an engine
 whose internals moved would risk wrong tokens, which is worse than running without gatherwise.

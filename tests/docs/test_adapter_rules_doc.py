@@ -25,10 +25,10 @@ class Engine:
     aside_columns: tuple[str, str]
 
 
-VLLM = Engine("docs/vllm.md", ("vllm_*.py", "plugin.py"), "Never silently off", "vllm_sampler_rows.py",
+VLLM = Engine("docs/vllm.md", ("vllm/*.py", "plugin.py"), "Never silently off", "vllm/v1_sampler_rows.py",
               "step_aside_reason", ("reason", "a row of the batch …"))
-SGLANG = Engine("docs/sglang.md", ("sglang_*.py", "plugin.py"), "When SGLang is not a version",
-                "sglang_sampled_rows.py", "refusal", ("reason", "the batch …"))
+SGLANG = Engine("docs/sglang.md", ("sglang/*.py", "plugin.py"), "When SGLang is not a version",
+                "sglang/sampled_rows.py", "refusal", ("reason", "the batch …"))
 
 
 def _text(node: ast.expr, constants: dict[str, list[str]]) -> list[str]:

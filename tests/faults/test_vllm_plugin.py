@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from gatherwise.engine_hooks.adapters import vllm_patches, vllm_plugin
+from gatherwise.engine_hooks.adapters.vllm import patches as vllm_patches
+from gatherwise.engine_hooks.adapters.vllm import plugin as vllm_plugin
 from tests._sidecar import ROOT
 
 
@@ -37,7 +38,7 @@ def test_unsafe_shm_dir_turns_the_plugin_off_with_one_warning(monkeypatch, caplo
 
 
 def test_plugin_lines_are_visible_without_logging_configuration():
-    code = ("import logging; from gatherwise.engine_hooks.adapters.vllm_plugin import attach_log_handler; "
+    code = ("import logging; from gatherwise.engine_hooks.adapters.vllm.plugin import attach_log_handler; "
             "attach_log_handler(); "
             "logging.getLogger('gatherwise.vllm').info('gatherwise: hooks installed on TP rank 0/2')")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -1,4 +1,4 @@
-"""Keyed sharded sampling (`engine_hooks/keyed_gumbel.py`) gives SGLang's own deterministic token, bit for bit.
+"""Keyed sharded sampling (`adapters/sglang/keyed_gumbel.py`) gives SGLang's own deterministic token, bit for bit.
 
 Real gloo ranks hold shards of the same logits (vocab 151936, an LM head's width; float32 and bfloat16; peaked
 and flat rows; a padded head whose padding columns would win if they were read; rows built to be near ties across
@@ -240,7 +240,7 @@ def test_hash_is_sglangs_triton_kernel():
     script = textwrap.dedent("""
         import os, sys, torch
         from sglang.kernels.ops.sampling import murmur_hash as mh
-        from gatherwise.engine_hooks.keyed_gumbel import murmur_hash32
+        from gatherwise.engine_hooks.adapters.sglang.keyed_gumbel import murmur_hash32
         seeds = torch.tensor([0, 1, 12345678901234, 2**63 - 1, -1, -2**63, 2**32 - 1, 2**32], dtype=torch.int64)
         positions = torch.tensor([0, 7, 2**31 - 1, 2**32 + 5, 123, 4095, 1, 2**40 + 3], dtype=torch.int64)
         columns = torch.cat([torch.arange(2048), torch.arange(151936 - 2048, 151936), torch.tensor([2**31, 2**32 + 1])])

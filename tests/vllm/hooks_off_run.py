@@ -34,7 +34,7 @@ def main() -> None:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
 
-    from gatherwise.engine_hooks.adapters.vllm_plugin import register
+    from gatherwise.engine_hooks.adapters.vllm.plugin import register
 
     installed = register()
     config = EngineArgs(model=args.model, skip_tokenizer_init=True, max_model_len=256,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from gatherwise.engine_hooks.adapters.sampler_rows import SEEDED_REQUEST
-from gatherwise.engine_hooks.adapters.vllm_sampler_rows import sampler_rows, step_aside_reason
+from gatherwise.engine_hooks.adapters.vllm.v1_sampler_rows import sampler_rows, step_aside_reason
 from gatherwise.engine_hooks.sampling_params import SamplingParams as Params
 from gatherwise.stable_hash import stable_hash
 

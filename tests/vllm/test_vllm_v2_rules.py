@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gatherwise.call_kind import Sampling, call_kind
-from gatherwise.engine_hooks.adapters.vllm_v2_batch import v2_batch
+from gatherwise.engine_hooks.adapters.vllm.v2_batch import v2_batch
 
 VOCAB = 320
 PLAIN = SimpleNamespace(soft_cap=None, scale=1.0)  # vLLM's LogitsProcessor attributes the rule reads

@@ -13,8 +13,8 @@ counts the sampled tokens and takes logprobs) as the place to finish the call:
   generator (its noise is keyed), so nothing else has to be carried to the other ranks.
 - sharded: greedy batches that nothing rewrites take the argmax of the raw shards, as under V1; every other
   batch whose sampling acts on each column by itself (temperature, the native logits processors; see
-  gatherwise.engine_hooks.adapters.vllm_v2_batch) is sampled by V2's own code on each rank's shard and the
-  ranks exchange one (value, id) per row (gatherwise.engine_hooks.adapters.vllm_v2_keyed): the token plain V2
+  gatherwise.engine_hooks.adapters.vllm.v2_batch) is sampled by V2's own code on each rank's shard and the
+  ranks exchange one (value, id) per row (gatherwise.engine_hooks.adapters.vllm.v2_keyed): the token plain V2
   samples, bit for bit, with seeds or without (an unseeded request's seed is drawn at `add_request` by every
   rank alike). The rest run all_gather, recorded as such, and the reason is said once.
 
@@ -37,10 +37,10 @@ import torch
 
 from gatherwise.config import GatherwiseConfig
 from gatherwise.engine_hooks.adapters.rank_hooks import mask_padding
-from gatherwise.engine_hooks.adapters.vllm_step import VllmStepHooks
-from gatherwise.engine_hooks.adapters.vllm_tp_group import tp_rank
-from gatherwise.engine_hooks.adapters.vllm_v2_batch import v2_batch
-from gatherwise.engine_hooks.adapters.vllm_v2_keyed import KeyedShard, kernel_problem
+from gatherwise.engine_hooks.adapters.vllm.tp_group import tp_rank
+from gatherwise.engine_hooks.adapters.vllm.v1_step import VllmStepHooks
+from gatherwise.engine_hooks.adapters.vllm.v2_batch import v2_batch
+from gatherwise.engine_hooks.adapters.vllm.v2_keyed import KeyedShard, kernel_problem
 from gatherwise.modes import Mode
 
 log = logging.getLogger("gatherwise.vllm")

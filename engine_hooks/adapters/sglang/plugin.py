@@ -7,8 +7,8 @@ registry. register() does nothing unless `GATHERWISE_ENABLE=1` (and `SGLANG_PLUG
 `GATHERWISE_<SECTION>_<KEY>` overrides, e.g. `GATHERWISE_ENGINE_SHM_DIR` for where the rings and the control
 block go (the sidecar must read the same directory).
 
-register() only registers wrappers (see sglang_patches); the hooks themselves are installed lazily, in each TP
-scheduler process, at its first step (see sglang_step).
+register() only registers wrappers (see sglang.patches); the hooks themselves are installed lazily, in each TP
+scheduler process, at its first step (see sglang.step).
 """
 
 from __future__ import annotations
@@ -17,6 +17,6 @@ import logging
 
 from gatherwise.engine_hooks.adapters.plugin import EnginePlugin
 
-PLUGIN = EnginePlugin("SGLang", "gatherwise.engine_hooks.adapters.sglang_patches",
+PLUGIN = EnginePlugin("SGLang", "gatherwise.engine_hooks.adapters.sglang.patches",
                       logging.getLogger("gatherwise.sglang"))
 register = PLUGIN.register  # the entry point; leaves SGLang untouched (one warning) when it does not know this SGLang

@@ -3,12 +3,12 @@
 The logits collective, for both of vLLM's model runners:
 - `LogitsProcessor._gather_logits(self, logits)`: the TP logits collective -> engine_hooks' collective.
 
-V1 runner (`vllm.v1.worker.gpu_model_runner`; gatherwise.engine_hooks.adapters.vllm_step):
+V1 runner (`vllm.v1.worker.gpu_model_runner`; gatherwise.engine_hooks.adapters.vllm.v1_step):
 - `GPUModelRunner.execute_model(self, scheduler_output, ...)`: marks the step's logits call, and tells the
   hooks whether the step has structured-output requests.
 - `Sampler.forward(self, logits, sampling_metadata, ...)`: in gather mode rank 0 samples, the others receive.
 
-Model Runner V2 (`vllm.v1.worker.gpu`, vLLM's default on GPUs; gatherwise.engine_hooks.adapters.vllm_v2_step):
+Model Runner V2 (`vllm.v1.worker.gpu`, vLLM's default on GPUs; gatherwise.engine_hooks.adapters.vllm.v2_step):
 - `GPUModelRunner.sample(self, hidden_states, input_batch, grammar_output)`: the step's logits call and its
   sampling.
 - V2 `Sampler.sample(self, logits, expanded_idx_mapping, ...)`: where a call that the hooks sample (gather on the
@@ -17,7 +17,7 @@ Model Runner V2 (`vllm.v1.worker.gpu`, vLLM's default on GPUs; gatherwise.engine
 More only watch, so that the hooks never go off silently: the logits calls vLLM makes outside a step on
 purpose (each runner's `_dummy_sampler_run` warm-up, V1's `_get_prompt_logprobs_dict`, V2's prompt-logprobs
 worker) keep vLLM's all_gather without a warning. Any other logits call outside a hooked step is reported once
-(gatherwise.engine_hooks.adapters.vllm_step).
+(gatherwise.engine_hooks.adapters.vllm.v1_step).
 
 Before patching, the installed vLLM version must be one the adapter was written and tested against, and each
 target must exist with the expected parameters. Otherwise vLLM is left untouched and ONE warning says why.
@@ -82,7 +82,7 @@ def applied() -> bool:
 
 def install(config: Any) -> None:
     """Wrap vLLM around the step hooks of `config` (engine_hooks.adapters.plugin calls this once per process)."""
-    from gatherwise.engine_hooks.adapters.vllm_v2_step import VllmV2StepHooks
+    from gatherwise.engine_hooks.adapters.vllm.v2_step import VllmV2StepHooks
 
     apply(VllmV2StepHooks(config))
 

@@ -5,8 +5,8 @@ once; it does nothing unless `GATHERWISE_ENABLE=1`. The configuration is gatherw
 named by `GATHERWISE_CONFIG` plus `GATHERWISE_<SECTION>_<KEY>` overrides, e.g. `GATHERWISE_ENGINE_SHM_DIR`
 for where the rings and the control block go (the sidecar must read the same directory).
 
-register() only wraps three vLLM functions (see vllm_patches); the hooks themselves are installed lazily, in
-each worker, at its first step (see vllm_step).
+register() only wraps three vLLM functions (see vllm.patches); the hooks themselves are installed lazily, in
+each worker, at its first step (see vllm.v1_step and vllm.v2_step).
 
 Two things vLLM does not do for us:
 - Logging: vLLM configures only its own `vllm` logger, so gatherwise's lines would go nowhere; register() gives
@@ -41,5 +41,5 @@ def attach_log_handler() -> None:
     root.propagate = False  # one line per record even if someone configures the root logger later
 
 
-PLUGIN = EnginePlugin("vLLM", "gatherwise.engine_hooks.adapters.vllm_patches", log, attach_log_handler)
+PLUGIN = EnginePlugin("vLLM", "gatherwise.engine_hooks.adapters.vllm.patches", log, attach_log_handler)
 register = PLUGIN.register  # the entry point; leaves vLLM untouched (one warning) when it does not know this vLLM

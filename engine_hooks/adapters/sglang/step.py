@@ -25,7 +25,7 @@ hooked calls is the same on every rank and each one is followed by exactly one s
   every rank; ranks that skipped draws in gather mode adopt rank 0's generator state right before they draw
   again (gatherwise.engine_hooks.rng_resync), so every rank draws what plain SGLang draws.
 - With `engine.sampler: gatherwise`, sampled batches that gatherwise's sampler can honour exactly
-  (gatherwise.engine_hooks.adapters.sglang_sampled_rows: no logprobs, penalties, logit bias, grammar, custom
+  (gatherwise.engine_hooks.adapters.sglang.sampled_rows: no logprobs, penalties, logit bias, grammar, custom
   logit processor, watermark, sampling-mask capture, sampling observer, beam search) are sampled at the gather
   by the path itself (LogitsPath.run) in the table's mode, sharded included: every rank gets the same tokens,
   keyed by (seed, request, position), identical in every mode. All ranks get placeholder logits, skip SGLang's
@@ -37,7 +37,7 @@ hooked calls is the same on every rank and each one is followed by exactly one s
 
 With CUDA graphs, SGLang's decode graph capture runs once per mode and each step replays the graph of its mode,
 chosen on the host before replay (capture_decode_graphs, can_replay, replay_decode; gatherwise.engine_hooks.adapters.
-sglang_graphs holds the bookkeeping, docs/sglang.md the design).
+sglang.graphs holds the bookkeeping, docs/sglang.md the design).
 
 The hooks are installed lazily at the first hooked call (torch.distributed and SGLang's TP group exist by
 then): handshake, engine id, ring recorder and control block come from gatherwise.engine_hooks.install.install_hooks.
@@ -59,9 +59,9 @@ from gatherwise.config import GatherwiseConfig
 from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
 from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 from gatherwise.engine_hooks.adapters.sampler_rows import gatherwise_samples
-from gatherwise.engine_hooks.adapters.sglang_graphs import DecodeGraphModes, parse_graph_modes
-from gatherwise.engine_hooks.adapters.sglang_sampled_rows import batch_rows, refusal
-from gatherwise.engine_hooks.adapters.sglang_targets import TP_WORKER_FORWARD
+from gatherwise.engine_hooks.adapters.sglang.graphs import DecodeGraphModes, parse_graph_modes
+from gatherwise.engine_hooks.adapters.sglang.sampled_rows import batch_rows, refusal
+from gatherwise.engine_hooks.adapters.sglang.targets import TP_WORKER_FORWARD
 from gatherwise.modes import Mode
 
 log = logging.getLogger("gatherwise.sglang")
@@ -249,7 +249,7 @@ class SglangStepHooks(RankHooks):
             return None
         from sglang.srt.environ import envs
 
-        from gatherwise.engine_hooks.adapters.sglang_comm import SglangGroupCommunicator
+        from gatherwise.engine_hooks.adapters.sglang.comm import SglangGroupCommunicator
         from gatherwise.engine_hooks.rng_resync import RandomStateResync
 
         self._sanitize_nan = bool(envs.SGLANG_SANITIZE_NAN_LOGITS.get())

@@ -8,7 +8,7 @@ recording that mode's device work (gatherwise.engine_hooks.logits_path `capturin
 mode from the table (`LogitsPath.begin_call`, the same on every rank) and keys that mode's graph.
 
 This module holds the bookkeeping only (no SGLang, no torch): what was captured, the keyed mode, which graph a
-batch of `rows` replays. The SGLang wiring is in sglang_patches (targets) and sglang_step (the hooks).
+batch of `rows` replays. The SGLang wiring is in sglang.patches (targets) and sglang.step (the hooks).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Every place gatherwise touches SGLang, in one list: the functions the adapter wraps, with the leading
 parameters the wrappers rely on, and the other SGLang names the hooks use at run time.
 
-Its own module so that the wrappers (sglang_patches) and the hooks (sglang_step) can both read a target's shape
+Its own module so that the wrappers (sglang.patches) and the hooks (sglang.step) can both read a target's shape
 without importing each other.
 """
 

@@ -1,4 +1,4 @@
-"""How gatherwise wraps SGLang, and the check that SGLang is what the adapter expects (its targets: sglang_targets).
+"""How gatherwise wraps SGLang, and the check that SGLang is what the adapter expects (its targets: sglang.targets).
 
 The wrappers are registered with SGLang's own plugin hook registry (`sglang.srt.plugins.hook_registry`), which
 SGLang applies in every process right after loading its general plugins; nothing else in SGLang is replaced:
@@ -15,7 +15,7 @@ SGLang applies in every process right after loading its general plugins; nothing
   reach them anyway).
 - `DecodeCudaGraphRunner._capture_one_stream(self, stream_idx)` (around): SGLang's decode graph capture loop,
   run once per mode of `engine.graph_modes`, the logits gatherer recording that mode (gatherwise.engine_hooks.adapters.
-  sglang_graphs).
+  sglang.graphs).
 - `DecodeCudaGraphRunner._make_graph_key(self, size, stream_idx, variant_label, attention_variant)` (around):
   folds the mode being captured or replayed into `variant_label`, so each mode has its own graph per size.
 - `DecodeCudaGraphRunner.can_run_graph(self, forward_batch)` (around): picks this step's mode on the host before
@@ -33,8 +33,8 @@ from typing import Any
 
 from gatherwise.engine_hooks.adapters import patch_targets
 from gatherwise.engine_hooks.adapters.patch_targets import Target
-from gatherwise.engine_hooks.adapters.sglang_graphs import fold_label
-from gatherwise.engine_hooks.adapters.sglang_targets import (
+from gatherwise.engine_hooks.adapters.sglang.graphs import fold_label
+from gatherwise.engine_hooks.adapters.sglang.targets import (
     GRAPH_CAN_RUN,
     GRAPH_CAPTURE,
     GRAPH_EXECUTE,
@@ -71,7 +71,7 @@ def applied() -> bool:
 def install(config: Any) -> None:
     """Register the wrappers around the step hooks of `config` (engine_hooks.adapters.plugin calls this once per
     process)."""
-    from gatherwise.engine_hooks.adapters.sglang_step import SglangStepHooks
+    from gatherwise.engine_hooks.adapters.sglang.step import SglangStepHooks
 
     apply(SglangStepHooks(config))
 

@@ -12,7 +12,7 @@ logprobs from the full logits and may build a sampling mask from them.
   column's own counts, bias, ban; temperature divides it), so a rank that runs V2's own functions on a
   full-width row holding only its shard (-inf elsewhere) gets, on its columns, the values V2 computes on the
   full row, bit for bit, and the full row's winner is the best of the shards' winners
-  (gatherwise.engine_hooks.adapters.vllm_v2_keyed). What needs the whole row steps aside to all_gather: min-p,
+  (gatherwise.engine_hooks.adapters.vllm.v2_keyed). What needs the whole row steps aside to all_gather: min-p,
   top-k, top-p, logprobs, the sampling mask, the NaN count, a custom logits processor (it may look across the
   row), the thinking budget (it forces tokens over the whole row), the grammar bitmask, the LM head's soft cap
   or scale (applied after the gather, to the logits gatherwise hands on), and any sampler other than V2's own

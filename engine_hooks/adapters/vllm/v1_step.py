@@ -24,7 +24,7 @@ reported once, by name, in the log and to the sidecar (gatherwise.engine_hooks.a
   logits); other batches in a sharded bucket run all_gather, recorded as such.
 - `engine.sampler: gatherwise`: a sampled batch that gatherwise's sampler honours exactly (temperature,
   top-k, top-p, min-p, greedy rows among them; nothing else vLLM would apply to its logits:
-  gatherwise.engine_hooks.adapters.vllm_sampler_rows) is sampled by it in the table's mode, sharded included,
+  gatherwise.engine_hooks.adapters.vllm.v1_sampler_rows) is sampled by it in the table's mode, sharded included,
   keyed per request and output position: every rank gets the same tokens, whatever the mode or the batch, and
   skips vLLM's sampler. A sharded call runs whole in the logits call (LogitsPath.run), as a sharded greedy
   one; an all_gather or gather call runs its collective there and its draw (and gather's token broadcast) at
@@ -57,8 +57,8 @@ from gatherwise.config import GatherwiseConfig
 from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
 from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, mask_padding, shard_shape_problem
 from gatherwise.engine_hooks.adapters.sampler_rows import gatherwise_samples
-from gatherwise.engine_hooks.adapters.vllm_sampler_rows import builtin_is_idle, sampler_rows, step_aside_reason
-from gatherwise.engine_hooks.adapters.vllm_tp_group import tp_rank, tp_world_size
+from gatherwise.engine_hooks.adapters.vllm.tp_group import tp_rank, tp_world_size
+from gatherwise.engine_hooks.adapters.vllm.v1_sampler_rows import builtin_is_idle, sampler_rows, step_aside_reason
 from gatherwise.engine_hooks.sampling_params import SamplingRow, kind_of_rows
 from gatherwise.modes import Mode
 
@@ -166,7 +166,7 @@ class VllmStepHooks(RankHooks):
         if problem:
             self._disable("logits_shape", problem, rank)
             return None
-        from gatherwise.engine_hooks.adapters.vllm_comm import VllmGroupCommunicator
+        from gatherwise.engine_hooks.adapters.vllm.comm import VllmGroupCommunicator
         from gatherwise.engine_hooks.rng_resync import RandomStateResync
 
         comm = VllmGroupCommunicator(get_tp_group())
