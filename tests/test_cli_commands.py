@@ -11,7 +11,7 @@ from pathlib import Path
 from gatherwise import commands
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = {"bench", "demo", "engine", "generate", "mode", "models", "sidecar"}
+COMMANDS = {"bench", "demo", "doctor", "engine", "generate", "mode", "models", "sidecar"}
 
 
 def test_every_command_is_found_and_its_function_exists():
