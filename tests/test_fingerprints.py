@@ -93,7 +93,7 @@ def _release(version: str, points: dict[Point, Fingerprint]) -> Release:
 def test_a_runner_engages_only_when_one_release_agrees_at_every_point():
     a, b, c = (Fingerprint(True, "()", h) for h in "abc")
     step, sample, new = Point("m", "step"), Point("m", "sample"), Point("m", "new")
-    runner = RunnerPoints("r", "the runner", required=(step, sample), optional=(new,))
+    runner = RunnerPoints("r", "the runner", own=(sample,), shared=(step,), optional=(new,))
     releases = [_release("1", {step: a, sample: a, new: ABSENT}), _release("2", {step: a, sample: b, new: c})]
 
     assert engagement(runner, {step: a, sample: b, new: c}, releases).release == "eng 2"
@@ -106,7 +106,7 @@ def test_a_runner_engages_only_when_one_release_agrees_at_every_point():
     assert [v.verdict for v in differs.verdicts] == [DIFFERS, MATCH, ABSENT_VERDICT]
     gone = engagement(runner, {sample: a}, [*releases, _release("3", {sample: a})])
     assert not gone.engage and "m:step: absent" in gone.reason  # a required point must exist
-    unhooked = RunnerPoints("u", "another runner", required=(step,), hooked=False)
+    unhooked = RunnerPoints("u", "another runner", own=(step,), hooked=False)
     assert not engagement(unhooked, {step: a}, releases).engage
 
 

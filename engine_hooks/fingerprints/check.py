@@ -50,8 +50,8 @@ def point_verdict(point: Point, live: Fingerprint, releases: Sequence[Release]) 
 
 
 def runner_present(runner: RunnerPoints, live: Mapping[Point, Fingerprint]) -> bool:
-    """Whether the install has the runner at all: a runner none of whose points exist is not in it."""
-    return any(live.get(p, ABSENT).present for p in runner.points)
+    """Whether the install has the runner at all: a runner none of whose own points exist is not in it."""
+    return any(live.get(p, ABSENT).present for p in runner.own)
 
 
 def engagement(runner: RunnerPoints, live: Mapping[Point, Fingerprint], releases: Sequence[Release]) -> Engagement:

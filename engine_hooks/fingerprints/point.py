@@ -29,16 +29,23 @@ class Point:
 class RunnerPoints:
     """What one engine runner needs to match a verified release before the hooks engage on it.
 
-    `required`: points that must exist (what the hooks patch, read, or call through); `optional`: points on the
-    path in some releases only (they must agree with the same release: present there and alike, or absent in
-    both). `hooked`: False for a runner gatherwise knows of but does not hook, where the hooks step aside.
+    `own`: the runner's own points that must exist (what the hooks patch, read, or call through; an install
+    without any of them does not have the runner); `shared`: those it needs that other runners need too (the
+    logits processor); `optional`: points on the path in some releases only (they must agree with the same
+    release: present there and alike, or absent in both). `hooked`: False for a runner gatherwise knows of but
+    does not hook, where the hooks step aside.
     """
 
     runner: str
     description: str
-    required: tuple[Point, ...]
+    own: tuple[Point, ...]
+    shared: tuple[Point, ...] = ()
     optional: tuple[Point, ...] = ()
     hooked: bool = True
+
+    @property
+    def required(self) -> tuple[Point, ...]:
+        return self.shared + self.own
 
     @property
     def points(self) -> tuple[Point, ...]:

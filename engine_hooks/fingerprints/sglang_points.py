@@ -9,7 +9,7 @@ from gatherwise.engine_hooks.fingerprints.point import Point, RunnerPoints
 ENGINE = "sglang"
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 
-SGLANG = RunnerPoints("sglang", "SGLang's TP model worker and sampler", required=(
+SGLANG = RunnerPoints("sglang", "SGLang's TP model worker and sampler", own=(
     *(Point(t.module, f"{t.cls}.{t.attr}") for t in targets.TARGETS),
     *(Point(module, name) for module, name in targets.USED_NAMES),
     Point(targets.LOGITS_FORWARD.module, "LogitsProcessor._get_logits"),  # the gather, soft cap, padding trim

@@ -35,36 +35,39 @@ SHARED = (
     Point(LOGITS, "LogitsProcessor.forward"),  # soft cap and scale after the gather
     *(Point(module, name) for module, name in patches.USED_NAMES),
 )
-V1 = RunnerPoints("v1", "vLLM's V1 model runner (GPUModelRunner in v1/worker/gpu_model_runner.py)", required=(
-    *SHARED, *_of(*V1_MODULES),
-    Point(V1_MODULES[0], "GPUModelRunner.sample_tokens"),  # the grammar bitmask, then the sampler
-    Point(V1_MODULES[0], "GPUModelRunner._sample"),
-))
-V2 = RunnerPoints("v2", "vLLM's Model Runner V2 (v1/worker/gpu/model_runner.py, and its CPU subclass)", required=(
-    *SHARED, *_of(V2_PACKAGE),
-    Point(V2_RUNNER, "GPUModelRunner.sample_tokens"),  # calls sample(), then writes the tokens on every rank
-    Point(V2_RUNNER, "GPUModelRunner.postprocess_sampled"),
-    Point("vllm.v1.worker.cpu.model_runner", "CPUModelRunner"),  # a method of its own would bypass the hooks
-    Point(V2_SAMPLER, "Sampler.__init__"),  # the sampler state the V2 batch rules read
-    Point(V2_SAMPLER, "Sampler.__call__"),
-    Point(V2_SAMPLER, "Sampler.get_logprobs_dims"),
-    Point(V2_SAMPLER, "Sampler.apply_sampling_params"),  # run on each shard by the sharded sampler
-    Point(V2_SAMPLER, "Sampler._sample_random"),  # its kernel launch is what the sharded sampler repeats
-    Point(V2_GUMBEL, "gumbel_sample"),
-    Point(V2_GUMBEL, "_gumbel_sample_kernel"),
-), optional=(
-    Point("vllm.v1.worker.gpu.model_states.interface", "ModelState.compute_sample_logits"),
-    Point("vllm.v1.worker.gpu.model_states.default", "DefaultModelState.compute_sample_logits"),
-))
+V1 = RunnerPoints(
+    "v1", "vLLM's V1 model runner (GPUModelRunner in v1/worker/gpu_model_runner.py)", shared=SHARED, own=(
+        *_of(*V1_MODULES),
+        Point(V1_MODULES[0], "GPUModelRunner.sample_tokens"),  # the grammar bitmask, then the sampler
+        Point(V1_MODULES[0], "GPUModelRunner._sample"),
+    ))
+V2 = RunnerPoints(
+    "v2", "vLLM's Model Runner V2 (v1/worker/gpu/model_runner.py, and its CPU subclass)", shared=SHARED, own=(
+        *_of(V2_PACKAGE),
+        Point(V2_RUNNER, "GPUModelRunner.sample_tokens"),  # calls sample(), then writes the tokens on every rank
+        Point(V2_RUNNER, "GPUModelRunner.postprocess_sampled"),
+        Point("vllm.v1.worker.cpu.model_runner", "CPUModelRunner"),  # a method of its own would bypass the hooks
+        Point(V2_SAMPLER, "Sampler.__init__"),  # the sampler state the V2 batch rules read
+        Point(V2_SAMPLER, "Sampler.__call__"),
+        Point(V2_SAMPLER, "Sampler.get_logprobs_dims"),
+        Point(V2_SAMPLER, "Sampler.apply_sampling_params"),  # run on each shard by the sharded sampler
+        Point(V2_SAMPLER, "Sampler._sample_random"),  # its kernel launch is what the sharded sampler repeats
+        Point(V2_GUMBEL, "gumbel_sample"),
+        Point(V2_GUMBEL, "_gumbel_sample_kernel"),
+    ), optional=(  # where the logits are computed since 0.34
+        Point("vllm.v1.worker.gpu.model_states.interface", "ModelState.compute_sample_logits"),
+        Point("vllm.v1.worker.gpu.model_states.default", "DefaultModelState.compute_sample_logits"),
+    ))
 STANDALONE_CPU = RunnerPoints(
     "standalone_cpu", "vLLM's standalone CPU runner (StandaloneCPUModelRunner with CPUSampler, MRV2 without Triton)",
-    required=(Point(STANDALONE_RUNNER, "StandaloneCPUModelRunner.sample"),
-              Point(STANDALONE_RUNNER, "StandaloneCPUModelRunner.sample_tokens"),
-              Point(CPU_SAMPLER, "CPUSampler.__call__"),
-              Point(CPU_SAMPLER, "CPUSampler.sample"),
-              Point(CPU_SAMPLER, "CPUSampler._sample_random")),
-    hooked=False)
+    shared=SHARED, own=(
+        Point(STANDALONE_RUNNER, "StandaloneCPUModelRunner.sample"),
+        Point(STANDALONE_RUNNER, "StandaloneCPUModelRunner.sample_tokens"),
+        Point(CPU_SAMPLER, "CPUSampler.__call__"),
+        Point(CPU_SAMPLER, "CPUSampler.sample"),
+        Point(CPU_SAMPLER, "CPUSampler._sample_random"),
+    ), hooked=False)
 FLASH = RunnerPoints(
     "flash_sampling", "Model Runner V2's FlashSampling (the LM head fused with keyed Gumbel sampling)",
-    required=(Point(FLASH_SAMPLING, WHOLE_MODULE),), hooked=False)
+    own=(Point(FLASH_SAMPLING, WHOLE_MODULE),), hooked=False)
 RUNNERS = (V1, V2, STANDALONE_CPU, FLASH)
