@@ -7,4 +7,9 @@ import them. The other floors install beneath this name (gatherwise.engine_hooks
 torch; gatherwise.sidecar the web stack and never torch); tests/test_import_boundaries.py holds each to its side.
 """
 
-HOOKS_VERSION = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    HOOKS_VERSION = version("gatherwise")  # pyproject.toml's, as installed (or laid out by scripts/package_tree.py)
+except PackageNotFoundError:  # a source tree on sys.path with no metadata beside it
+    HOOKS_VERSION = "unknown"

@@ -124,10 +124,10 @@ def test_adapters_name_their_engine_version_and_sampler():
     from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks
     from gatherwise.engine_hooks.adapters.sampler_rows import sampler_labels
     from gatherwise.engine_hooks.adapters.sglang.step import SglangStepHooks
-    from gatherwise.engine_hooks.adapters.vllm.v1_step import VllmStepHooks
+    from gatherwise.engine_hooks.adapters.vllm.worker import VllmWorker
     from gatherwise.shm_format.hooks_off import ENGINES
 
-    assert (VllmStepHooks.ENGINE, SglangStepHooks.ENGINE) == ENGINES  # spelled as their hooks-off notices
+    assert (VllmWorker.ENGINE, SglangStepHooks.ENGINE) == ENGINES  # spelled as their hooks-off notices
     modes = {"all_gather", "gather", "sharded"}
     assert set(sampler_labels("vLLM", False)) == set(sampler_labels("vLLM", True)) == modes
 

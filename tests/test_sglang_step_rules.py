@@ -84,7 +84,7 @@ def _greedy_batch(**info):
     ({"has_watermark_candidates": True}, False),
 ])
 def test_sharded_only_where_sglangs_token_is_the_raw_argmax(change, ok):
-    from gatherwise.engine_hooks.adapters.sglang.step import sharded_greedy_ok
+    from gatherwise.engine_hooks.adapters.sglang.batch import sharded_greedy_ok
 
     assert sharded_greedy_ok(_greedy_batch(**change)) is ok
 
@@ -103,8 +103,8 @@ def test_every_call_names_what_it_samples(info, logprob, kind):
     """The kind the ring record carries (the auto policy compares modes only on calls of one kind), from the
     batch's own flags; the vLLM adapter reads the same facts from its SamplingMetadata."""
     from gatherwise.call_kind import kind_label
-    from gatherwise.engine_hooks.adapters.sglang.step import call_kind_of
-    from gatherwise.engine_hooks.adapters.vllm.v1_step import call_kind_of as vllm_call_kind_of
+    from gatherwise.engine_hooks.adapters.sglang.batch import call_kind_of
+    from gatherwise.engine_hooks.adapters.vllm.v1_batch import call_kind_of as vllm_call_kind_of
 
     assert kind_label(call_kind_of(SimpleNamespace(sampling_info=info, return_logprob=logprob))) == kind
     metadata = SimpleNamespace(all_greedy=info.is_all_greedy, top_p=[0.9] if info.need_top_p_sampling else None,

@@ -1,18 +1,23 @@
 """What the step hooks of every engine adapter do alike in one TP rank: install the hooks at the first hooked
-logits call, hand the engine's sampler the logits layout its own all_gather gives, and take a sharded greedy
-call's tokens from the shards. Each engine's `*_step.py` subclasses RankHooks with what differs.
+logits call, carry the open call from the gather to the sampler, hand the engine's sampler the logits layout its
+own all_gather gives, take the tokens gatherwise samples at the gather (sharded argmax, gatherwise's sampler),
+and finish a call around the engine's own sampler. Each engine's step hooks build on one RankHooks per rank.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from gatherwise.call_kind import Sampling, call_kind
 from gatherwise.config import GatherwiseConfig
+from gatherwise.engine_hooks.adapters.batch_verdict import Sampler
+from gatherwise.engine_hooks.adapters.open_call import OpenCall
 from gatherwise.engine_hooks.adapters.placeholder_logits import PlaceholderLogits
 from gatherwise.engine_hooks.adapters.sampler_rows import gatherwise_samples, sampler_labels
 from gatherwise.engine_hooks.logits_path import LogitsPath, shard_width
@@ -24,6 +29,7 @@ if TYPE_CHECKING:
     from gatherwise.engine_hooks.install import InstalledHooks
 
 GREEDY = call_kind(Sampling.GREEDY)
+SamplerOutput = TypeVar("SamplerOutput")
 
 
 def shard_shape_problem(logits: torch.Tensor) -> str | None:
@@ -58,7 +64,7 @@ class RankHooks:
         self.config, self.log = config, log
         self.installed: InstalledHooks | None = None  # once the first hooked call ran
         self.disabled: str | None = None  # why the hooks stay off in this rank
-        self._sharded_tokens: torch.Tensor | None = None  # tokens gatherwise's sampler drew, for the sampler call
+        self.call: OpenCall | None = None  # the hooked call whose sampler call is still to come
         self._greedy_rows: list[SamplingRow] = []  # reused for every sharded greedy call
         self._placeholder = PlaceholderLogits()
 
@@ -101,31 +107,57 @@ class RankHooks:
             self.installed.close()
             self.installed = None
 
-    def _placeholder_logits(self, logits_path: LogitsPath, logits: torch.Tensor) -> torch.Tensor:
+    def placeholder_logits(self, logits_path: LogitsPath, logits: torch.Tensor) -> torch.Tensor:
         """Full-vocab logits for a rank that does not sample this call."""
         return self._placeholder.get(logits.shape[0], logits_path.world_size * logits_path.width, logits.dtype,
                                      logits.device)
 
-    def _engine_logits(self, logits_path: LogitsPath, mode: Mode, shards: torch.Tensor,
+    def engine_logits(self, logits_path: LogitsPath, mode: Mode, shards: torch.Tensor,
                        logits: torch.Tensor) -> torch.Tensor:
         """What the hooked collective returns to the engine: on a rank that samples, [B, P*Vs] as the engine's
         own all_gather lays it out; elsewhere placeholder logits."""
         if mode == Mode.ALL_GATHER or logits_path.rank == 0:
             return shards.permute(1, 0, 2).reshape(logits.shape[0], -1)
-        return self._placeholder_logits(logits_path, logits)
+        return self.placeholder_logits(logits_path, logits)
 
-    def _sharded_argmax(self, logits_path: LogitsPath, buf: torch.Tensor, real_vocab: int | None,
+    def take_call(self) -> OpenCall | None:
+        """The open call, now closed: the sampler hook finishes it (None: the sampler call is not a hooked one)."""
+        call, self.call = self.call, None
+        return call
+
+    def sharded_argmax(self, logits_path: LogitsPath, buf: torch.Tensor, real_vocab: int | None,
                         logits: torch.Tensor) -> torch.Tensor:
-        """A sharded greedy call now (see _path_samples)."""
+        """A sharded greedy call now (see sample_now)."""
         rows = logits.shape[0]
         if len(self._greedy_rows) < rows:
             self._greedy_rows = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
-        return self._path_samples(logits_path, buf, real_vocab, logits, self._greedy_rows[:rows], GREEDY)
+        return self.sample_now(logits_path, Mode.SHARDED, Sampler.ARGMAX, buf, real_vocab, logits,
+                                self._greedy_rows[:rows], GREEDY)
 
-    def _path_samples(self, logits_path: LogitsPath, buf: torch.Tensor, real_vocab: int | None, logits: torch.Tensor,
-                      rows: list[SamplingRow], kind: int | None) -> torch.Tensor:
-        """gatherwise's sampler samples this call now, in the mode the table gives: every rank gets the tokens
-        (kept for the sampler hook), the engine gets placeholder logits to pass along (mask_padding)."""
+    def sample_now(self, logits_path: LogitsPath, mode: Mode, sampler: Sampler, buf: torch.Tensor,
+                    real_vocab: int | None, logits: torch.Tensor, rows: list[SamplingRow],
+                    kind: int | None) -> torch.Tensor:
+        """gatherwise samples this call now, in the mode the table gives: every rank gets the tokens (the open
+        call carries them to the sampler hook), the engine gets placeholder logits to pass along (mask_padding)."""
         mask_padding(logits_path, buf, real_vocab)
-        self._sharded_tokens = logits_path.run(rows, kind)
-        return self._placeholder_logits(logits_path, logits)
+        self.call = OpenCall(mode, sampler, len(rows), tokens=logits_path.run(rows, kind))
+        return self.placeholder_logits(logits_path, logits)
+
+    def finish_around_sampler(self, call: OpenCall, sample: Callable[[], SamplerOutput],
+                              ids: Callable[[SamplerOutput], torch.Tensor]) -> SamplerOutput | None:
+        """Finish `call` around the engine's own sampler: where this rank samples (every rank in all_gather,
+        rank 0 in gather) `sample` runs, timed, and its `ids` go to the other ranks; its output is returned.
+        A rank that skips the sampler gets None, and rank 0's tokens in `call.tokens`."""
+        assert call.mode != Mode.SHARDED, "a sharded call is sampled at the logits call or on the shards"
+        logits_path = self.logits_path
+        clock = getattr(logits_path, "clock", time.perf_counter_ns)
+        if call.mode == Mode.ALL_GATHER or logits_path.rank == 0:
+            start = clock()
+            out = sample()
+            end = clock()
+            logits_path.complete(ids(out) if call.mode != Mode.ALL_GATHER else None, sample_start=start,
+                                 sample_end=end)
+            return out
+        call.tokens = logits_path.complete(None)
+        assert call.tokens is not None, "a rank that did not sample gets the tokens from the path"
+        return None

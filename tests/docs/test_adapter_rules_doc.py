@@ -1,5 +1,5 @@
 """The hooks-off reasons and step-aside reasons docs/vllm.md and docs/sglang.md name, against what each adapter's
-code writes: the reasons its modules pass to `report_hooks_off` / `_disable`, and the reasons its step-aside
+code writes: the reasons its modules pass to `report_hooks_off` / `disable`, and the reasons its step-aside
 function returns (read from the source with `ast`, so the adapters stay unimported and unchanged)."""
 
 from __future__ import annotations
@@ -50,13 +50,13 @@ def _paths(patterns: tuple[str, ...]) -> list[Path]:
 
 
 def hooks_off_reasons(engine: Engine) -> set[str]:
-    """Every reason the engine's adapter modules pass to report_hooks_off (3rd argument) or _disable (1st)."""
+    """Every reason the engine's adapter modules pass to report_hooks_off (3rd argument) or disable (1st)."""
     found: set[str] = set()
     for path in _paths(engine.modules):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call):
                 name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-                index = {"report_hooks_off": 2, "_disable": 0}.get(name)
+                index = {"report_hooks_off": 2, "disable": 0}.get(name)
                 if index is not None and len(node.args) > index:
                     found.update(_text(node.args[index], {}))
     return found

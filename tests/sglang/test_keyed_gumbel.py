@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gatherwise.engine_hooks import keyed_gumbel as kg
+from gatherwise.engine_hooks.adapters.sglang import keyed_gumbel as kg
 from gatherwise.engine_hooks.comm import SingleRankCommunicator
 from tests._dist import run_ranks
 

@@ -19,13 +19,13 @@ hooked calls is the same on every rank and each one is followed by exactly one s
 - sharded mode: every rank reduces its own shard to (max, index) per row and one all_gather of those pairs
   gives every rank the argmax (engine_hooks.sharded_exchange); all ranks get placeholder logits, skip SGLang's
   sampler and return those ids. Only for batches whose greedy token is the argmax of the raw logits
-  (`sharded_greedy_ok`: all greedy, no penalties, logit bias, grammar, custom logit processor, logprobs);
-  other batches in a sharded bucket run all_gather (recorded as such).
+  (sglang.batch: all greedy, no penalties, logit bias, grammar, custom logit processor, logprobs); other
+  batches in a sharded bucket run all_gather (recorded as such).
 - Sampled batches run all_gather or gather. SGLang's sampler draws from torch's default generator, seeded alike on
   every rank; ranks that skipped draws in gather mode adopt rank 0's generator state right before they draw
   again (gatherwise.engine_hooks.rng_resync), so every rank draws what plain SGLang draws.
 - With `engine.sampler: gatherwise`, sampled batches that gatherwise's sampler can honour exactly
-  (gatherwise.engine_hooks.adapters.sglang.sampled_rows: no logprobs, penalties, logit bias, grammar, custom
+  (sglang.sampled_rows: no logprobs, penalties, logit bias, grammar, custom
   logit processor, watermark, sampling-mask capture, sampling observer, beam search) are sampled at the gather
   by the path itself (LogitsPath.run) in the table's mode, sharded included: every rank gets the same tokens,
   keyed by (seed, request, position), identical in every mode. All ranks get placeholder logits, skip SGLang's
@@ -46,22 +46,23 @@ then): handshake, engine id, ring recorder and control block come from gatherwis
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from gatherwise.call_kind import call_kind, sampling_of_rows
 from gatherwise.config import GatherwiseConfig
+from gatherwise.engine_hooks.adapters.batch_verdict import Sampler, route
 from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
+from gatherwise.engine_hooks.adapters.open_call import OpenCall
 from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 from gatherwise.engine_hooks.adapters.sampler_rows import gatherwise_samples
+from gatherwise.engine_hooks.adapters.sglang.batch import call_kind_of, full_logits_everywhere, sglang_batch
 from gatherwise.engine_hooks.adapters.sglang.graphs import DecodeGraphModes, parse_graph_modes
 from gatherwise.engine_hooks.adapters.sglang.sampled_rows import batch_rows, refusal
 from gatherwise.engine_hooks.adapters.sglang.targets import TP_WORKER_FORWARD
+from gatherwise.engine_hooks.logits_path import LogitsPath
 from gatherwise.modes import Mode
 
 log = logging.getLogger("gatherwise.sglang")
@@ -106,7 +107,7 @@ def _soft_cap(processor: Any, shard: torch.Tensor) -> None:
         shard.div_(cap).tanh_().mul_(cap)
 
 
-def _padded(ids: torch.Tensor, pending: _Pending) -> torch.Tensor:
+def _padded(ids: torch.Tensor, pending: OpenCall) -> torch.Tensor:
     """Rank 0's ids of a replayed call, padded to the rows its graph exchanged (the broadcast sends that many)."""
     if pending.real_rows is None or pending.real_rows == pending.rows:
         return ids
@@ -129,44 +130,6 @@ def hookable(forward_batch: Any) -> bool:
     return mode_name == "DECODE" or not forward_batch.return_logprob  # input logprobs: SGLang's chunked path
 
 
-def call_kind_of(forward_batch: Any) -> int:
-    """What the batch samples (gatherwise.call_kind), from SGLang's own per-batch flags."""
-    info = forward_batch.sampling_info
-    sampling = sampling_of_rows(bool(info.is_all_greedy), bool(getattr(info, "need_top_p_sampling", False)),
-                                bool(getattr(info, "need_top_k_sampling", False)
-                                     or getattr(info, "need_min_p_sampling", False)))
-    return call_kind(sampling, bool(forward_batch.return_logprob))
-
-
-def sharded_greedy_ok(forward_batch: Any) -> bool:
-    """Whether SGLang's token for every row is the argmax of the raw logits, so sharded mode may pick it from
-    the shards: an all-greedy batch with nothing that rewrites logits before the argmax (penalties, logit bias,
-    grammar masks, custom logit processors, watermarks, sampling-mask capture) and no logprobs (they need every
-    column). Attributes of SGLang 0.5.23's SamplingBatchInfo."""
-    info = forward_batch.sampling_info
-    if not info.is_all_greedy or forward_batch.return_logprob:
-        return False
-    penalizer = getattr(info, "penalizer_orchestrator", None)
-    if penalizer is not None and penalizer.is_required:
-        return False
-    rewrites = ("logit_bias", "grammars", "acc_additive_penalties", "acc_scaling_penalties",
-                "sampling_mask_batch_indices")
-    if any(getattr(info, name, None) is not None for name in rewrites):
-        return False
-    return not (getattr(info, "has_custom_logit_processor", False) or getattr(info, "has_watermark_candidates", False))
-
-
-@dataclass
-class _Pending:
-    """A hooked logits call whose sampling is still to come."""
-
-    mode: Mode
-    rows: int
-    draws: bool  # the batch draws from the default generator (not all-greedy)
-    real_rows: int | None = None  # a replayed graph exchanged `rows` (padded) rows for this many real ones
-    path_sampled: bool = False  # the path sampled it already (sharded argmax, gatherwise's sampler)
-
-
 class SglangStepHooks(RankHooks):
     ENGINE = "SGLang"
     DISTRIBUTION = "sglang"
@@ -182,7 +145,6 @@ class SglangStepHooks(RankHooks):
         self._refusals: set[str] = set()  # why sampled batches kept SGLang's sampler (each said once)
         self._sanitize_nan = False  # SGLang replaces NaN logits before sampling (SGLANG_SANITIZE_NAN_LOGITS)
         self._forward_batch: Any = None  # the batch of the LogitsProcessor.forward being hooked
-        self._pending: _Pending | None = None
         self.graphs = DecodeGraphModes(parse_graph_modes(config.engine.graph_modes))
         self._replay_mode: Mode | None = None  # this step replays that mode's decode graph (can_replay said so)
         self._graph_reserve = 0  # rows the path reserves before the first graph captures its buffers
@@ -221,13 +183,13 @@ class SglangStepHooks(RankHooks):
                              "model/config; those steps run SGLang's own logits path", self.config)
 
     # -- installation ---------------------------------------------------------------------------------------
-    def _disable(self, reason: str, why: str, rank: int) -> None:
+    def disable(self, reason: str, why: str, rank: int) -> None:
         self.disabled = why
         # every rank decides the same from the same config: one warning, from rank 0
         report_hooks_off(log, "SGLang", reason, f"hooks stay off in this SGLang engine: {why}; SGLang's own logits "
                          "path runs", self.config, rank)
 
-    def _path(self, processor: Any, logits: torch.Tensor):
+    def _path(self, processor: Any, logits: torch.Tensor) -> LogitsPath | None:
         if self.installed is not None:
             return self.logits_path
         if self.disabled is not None:
@@ -244,7 +206,7 @@ class SglangStepHooks(RankHooks):
         if shape_problem:
             problems.append(shape_problem)
         if problems:
-            self._disable("logits_shape" if problems == [shape_problem] else "unsupported_feature",
+            self.disable("logits_shape" if problems == [shape_problem] else "unsupported_feature",
                           ", ".join(problems) + " (not supported by gatherwise)", rank)
             return None
         from sglang.srt.environ import envs
@@ -272,31 +234,32 @@ class SglangStepHooks(RankHooks):
             return original(logits)
         if self.graphs.capturing is not None:
             return self._gather_captured(logits_path, self.graphs.capturing, logits)
-        if self._pending is not None:
+        if self.call is not None:
             self._close_unsampled(logits_path)
         rows = logits.shape[0]
         buf = logits_path.logits_buffer(rows)
         buf.copy_(logits)  # the one copy SGLang's own all_gather does not make
-        info = forward_batch.sampling_info
-        # Sampling-mask capture needs the full logits on every rank: such batches run all_gather. Every rank
-        # decides from the same table and the same batch; begin_call adopts what is due for this call and
-        # returns its mode (exchange() and run() below do not repeat it).
-        override = Mode.ALL_GATHER if getattr(info, "sampling_mask_batch_indices", None) is not None else None
+        # Every rank decides from the same table and the same batch; begin_call adopts what is due for this call
+        # and returns its mode (exchange() and run() below do not repeat it).
+        table_mode = logits_path.begin_call(rows)
         vocab = int(processor.vocab_size)  # SGLang pads the LM head; it trims the padding after the gather
-        if override is None and self._gatherwise_takes(forward_batch, rows):  # gatherwise's sampler, table's mode
-            sampler_rows = batch_rows(info, self._schedule_batch, vocab, self.config.engine.sampler_seed)
-            self._pending = _Pending(logits_path.begin_call(rows), rows, draws=False, path_sampled=True)
+        sampled = None
+        if not full_logits_everywhere(forward_batch) and self._gatherwise_takes(forward_batch, rows):
+            sampled = batch_rows(forward_batch.sampling_info, self._schedule_batch, vocab,
+                                 self.config.engine.sampler_seed)
+        verdict = sglang_batch(forward_batch, sampled)
+        sampler, mode = route(table_mode, verdict)
+        if sampler == Sampler.GATHERWISE and sampled is not None:  # gatherwise's sampler, in the table's mode
             # what SGLang does to the logits between the gather and its sampler, on the shard (elementwise)
             _soft_cap(processor, buf)
             if self._sanitize_nan:
                 torch.nan_to_num_(buf, nan=-1e30, posinf=1e30, neginf=-1e30)  # SGLang's sanitize_nan_logits
-            return self._path_samples(logits_path, buf, vocab, logits, sampler_rows, call_kind_of(forward_batch))
-        if override is None and logits_path.begin_call(rows) == Mode.SHARDED and sharded_greedy_ok(forward_batch):
-            self._pending = _Pending(Mode.SHARDED, rows, draws=False, path_sampled=True)
-            return self._sharded_argmax(logits_path, buf, vocab, logits)
-        mode, shards = logits_path.exchange(mode=override, kind=call_kind_of(forward_batch))  # sharded: all_gather
-        self._pending = _Pending(mode, rows, draws=not info.is_all_greedy)
-        return self._engine_logits(logits_path, mode, shards, logits)
+            return self.sample_now(logits_path, mode, sampler, buf, vocab, logits, sampled, verdict.kind)
+        if sampler == Sampler.ARGMAX:
+            return self.sharded_argmax(logits_path, buf, vocab, logits)
+        mode, shards = logits_path.exchange(mode=mode, kind=verdict.kind)
+        self.call = OpenCall(mode, sampler, rows, draws=not forward_batch.sampling_info.is_all_greedy)
+        return self.engine_logits(logits_path, mode, shards, logits)
 
     def _gatherwise_takes(self, forward_batch: Any, rows: int) -> bool:
         """Whether gatherwise's sampler draws this call's tokens: not with `engine.sampler: engine`, not for
@@ -363,8 +326,7 @@ class SglangStepHooks(RankHooks):
                 return original(runner, forward_batch)
         if not (self._in_step and hookable(forward_batch)):
             return False  # a logits call gatherwise does not hook runs eagerly (its graphs all hold the hook)
-        info = forward_batch.sampling_info
-        if getattr(info, "sampling_mask_batch_indices", None) is not None:
+        if full_logits_everywhere(forward_batch):
             return False  # all_gather forced for that batch: the eager path does it
         rows = int(forward_batch.batch_size)
         if self._gatherwise_takes(forward_batch, rows):
@@ -387,25 +349,24 @@ class SglangStepHooks(RankHooks):
                 return original(runner, forward_batch, *args, **kwargs)
         logits_path = self.logits_path
         self._in_step = False  # this step's logits call is the replayed one
-        if self._pending is not None:
+        if self.call is not None:
             self._close_unsampled(logits_path)
         t_start = logits_path.clock()
         with self.graphs.keyed(mode):
             out = original(runner, forward_batch, *args, **kwargs)
         rows = int(runner.bs)  # the captured size SGLang padded the batch to
         logits_path.finish_replay(mode, rows, t_start, logits_path.clock(), call_kind_of(forward_batch))
-        self._pending = _Pending(mode, rows, draws=not forward_batch.sampling_info.is_all_greedy,
-                                 real_rows=int(forward_batch.batch_size))
+        self.call = OpenCall(mode, Sampler.ENGINE, rows, draws=not forward_batch.sampling_info.is_all_greedy,
+                             real_rows=int(forward_batch.batch_size))
         return out
 
     def _close_unsampled(self, logits_path: Any) -> None:
         """A hooked call that SGLang never sampled from (not expected): finish it the same way on every rank so
         the next call starts clean."""
-        pending, self._pending = self._pending, None
+        pending = self.take_call()
         if pending is None:  # no hooked call is open
             return
-        if pending.path_sampled:  # finished inside the path already
-            self._sharded_tokens = None
+        if pending.tokens is not None:  # finished inside the path already
             return
         zeros = torch.zeros(pending.rows, dtype=torch.int64, device=logits_path.device)
         logits_path.complete(zeros if pending.mode != Mode.ALL_GATHER and logits_path.rank == 0 else None)
@@ -413,33 +374,28 @@ class SglangStepHooks(RankHooks):
 
     # -- Sampler.forward --------------------------------------------------------------------------------------
     def sample(self, original: Callable, sampler: Any, logits_output: Any, sampling_info: Any, *args: Any,
-               **kwargs: Any):
-        pending, self._pending = self._pending, None
-        if pending is None:
+               **kwargs: Any) -> torch.Tensor:
+        call = self.take_call()
+        if call is None:
             if self.resync is not None:  # an unhooked call samples on every rank: they must draw alike
                 self.resync.before_call(True, not sampling_info.is_all_greedy)
             return original(sampler, logits_output, sampling_info, *args, **kwargs)
-        if pending.path_sampled:  # every rank holds the ids already: no rank draws from its generator
-            ids, self._sharded_tokens = self._sharded_tokens, None
-            assert ids is not None, "the path sampled this call at the gather"
-            return ids.to(sampled_ids_dtype(sampling_info))
-        logits_path = self.logits_path
-        self.resync.before_call(pending.mode == Mode.ALL_GATHER, pending.draws)
-        clock = getattr(logits_path, "clock", time.perf_counter_ns)
-        if pending.mode == Mode.ALL_GATHER or logits_path.rank == 0:
-            self.root_samples_alone = pending.mode != Mode.ALL_GATHER
+        if call.tokens is not None:  # the path sampled it at the gather: no rank draws from its generator
+            return call.tokens.to(sampled_ids_dtype(sampling_info))
+        self.resync.before_call(call.mode == Mode.ALL_GATHER, call.draws)
+
+        def sample_here() -> torch.Tensor:
+            self.root_samples_alone = call.mode != Mode.ALL_GATHER
             try:
-                start = clock()
-                ids = original(sampler, logits_output, sampling_info, *args, **kwargs)
-                end = clock()
+                return original(sampler, logits_output, sampling_info, *args, **kwargs)
             finally:
                 self.root_samples_alone = False
-            logits_path.complete(_padded(ids.view(-1), pending) if pending.mode != Mode.ALL_GATHER else None,
-                          sample_start=start, sample_end=end)
+
+        ids = self.finish_around_sampler(call, sample_here, lambda ids: _padded(ids.view(-1), call))
+        if ids is not None:
             return ids
-        tokens = logits_path.complete(None)
-        assert tokens is not None, "a rank that did not sample gets the tokens from the path"
-        ids = tokens[: pending.real_rows or pending.rows].to(sampled_ids_dtype(sampling_info))
+        assert call.tokens is not None
+        ids = call.tokens[: call.real_rows or call.rows].to(sampled_ids_dtype(sampling_info))
         return_logprob = kwargs.get("return_logprob", args[0] if args else False)
         if return_logprob:
             self._placeholder_logprobs(sampler, logits_output, ids, *args, **kwargs)

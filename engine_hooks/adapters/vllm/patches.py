@@ -3,12 +3,12 @@
 The logits collective, for both of vLLM's model runners:
 - `LogitsProcessor._gather_logits(self, logits)`: the TP logits collective -> engine_hooks' collective.
 
-V1 runner (`vllm.v1.worker.gpu_model_runner`; gatherwise.engine_hooks.adapters.vllm.v1_step):
+V1 runner (`vllm.v1.worker.gpu_model_runner`; vllm.v1_step):
 - `GPUModelRunner.execute_model(self, scheduler_output, ...)`: marks the step's logits call, and tells the
   hooks whether the step has structured-output requests.
 - `Sampler.forward(self, logits, sampling_metadata, ...)`: in gather mode rank 0 samples, the others receive.
 
-Model Runner V2 (`vllm.v1.worker.gpu`, vLLM's default on GPUs; gatherwise.engine_hooks.adapters.vllm.v2_step):
+Model Runner V2 (`vllm.v1.worker.gpu`, vLLM's default on GPUs; vllm.v2_step):
 - `GPUModelRunner.sample(self, hidden_states, input_batch, grammar_output)`: the step's logits call and its
   sampling.
 - V2 `Sampler.sample(self, logits, expanded_idx_mapping, ...)`: where a call that the hooks sample (gather on the
@@ -17,7 +17,7 @@ Model Runner V2 (`vllm.v1.worker.gpu`, vLLM's default on GPUs; gatherwise.engine
 More only watch, so that the hooks never go off silently: the logits calls vLLM makes outside a step on
 purpose (each runner's `_dummy_sampler_run` warm-up, V1's `_get_prompt_logprobs_dict`, V2's prompt-logprobs
 worker) keep vLLM's all_gather without a warning. Any other logits call outside a hooked step is reported once
-(gatherwise.engine_hooks.adapters.vllm.v1_step).
+(vllm.worker).
 
 Before patching, the installed vLLM version must be one the adapter was written and tested against, and each
 target must exist with the expected parameters. Otherwise vLLM is left untouched and ONE warning says why.
@@ -82,13 +82,18 @@ def applied() -> bool:
 
 def install(config: Any) -> None:
     """Wrap vLLM around the step hooks of `config` (engine_hooks.adapters.plugin calls this once per process)."""
-    from gatherwise.engine_hooks.adapters.vllm.v2_step import VllmV2StepHooks
+    from gatherwise.engine_hooks.adapters.vllm.v1_step import V1StepHooks
+    from gatherwise.engine_hooks.adapters.vllm.v2_step import V2StepHooks
+    from gatherwise.engine_hooks.adapters.vllm.worker import VllmWorker
 
-    apply(VllmV2StepHooks(config))
+    worker = VllmWorker(config)
+    apply(worker, V1StepHooks(worker), V2StepHooks(worker))
 
 
-def apply(hooks: Any) -> None:
-    """Wrap the targets so they call into `hooks` (a VllmV2StepHooks). Idempotent."""
+def apply(worker: Any, v1: Any, v2: Any) -> None:
+    """Wrap the targets so they call into one worker's hooks: `worker` (a VllmWorker) for the logits gather and
+    the logits calls outside a step, `v1` (V1StepHooks) and `v2` (V2StepHooks) for each runner's step and
+    sampler. Idempotent."""
     if _originals:
         return
     owners = {t: t.owner() for t in TARGETS}
@@ -98,26 +103,26 @@ def apply(hooks: Any) -> None:
 
     @functools.wraps(gather_orig)
     def _gather_logits(self, logits):
-        return hooks.gather_logits(self, logits, gather_orig)
+        return worker.gather_logits(self, logits, gather_orig)
 
     execute_orig = originals[EXECUTE_MODEL]
 
     @functools.wraps(execute_orig)
     def execute_model(self, scheduler_output, *args, **kwargs):
-        with hooks.step(self, scheduler_output):
+        with v1.step(self, scheduler_output):
             return execute_orig(self, scheduler_output, *args, **kwargs)
 
     forward_orig = originals[SAMPLER_FORWARD]
 
     @functools.wraps(forward_orig)
     def forward(self, logits, *args, **kwargs):
-        return hooks.sample(self, forward_orig, logits, *args, **kwargs)
+        return v1.sample(self, forward_orig, logits, *args, **kwargs)
 
     v2_sample_orig = originals[V2_SAMPLE]
 
     @functools.wraps(v2_sample_orig)
     def v2_sample(self, hidden_states, input_batch, grammar_output, *args, **kwargs):
-        with hooks.v2_step(self, input_batch, grammar_output):
+        with v2.step(self, input_batch, grammar_output):
             return v2_sample_orig(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
 
     v2_sampler_orig = originals[V2_SAMPLER_SAMPLE]
@@ -127,20 +132,20 @@ def apply(hooks: Any) -> None:
                           expanded_local_pos, seq_lens_upper_bound_np, *args, **kwargs):
         batch = (expanded_idx_mapping, idx_mapping, idx_mapping_np, pos, input_ids, expanded_local_pos,
                  seq_lens_upper_bound_np)
-        return hooks.v2_sample(self, v2_sampler_orig, logits, batch, *args, **kwargs)
+        return v2.sample(self, v2_sampler_orig, logits, batch, *args, **kwargs)
 
     wrappers = {GATHER_LOGITS: _gather_logits, EXECUTE_MODEL: execute_model, SAMPLER_FORWARD: forward,
                 V2_SAMPLE: v2_sample, V2_SAMPLER_SAMPLE: v2_sampler_sample}
-    wrappers.update({t: _unhooked_scope(hooks, originals[t]) for t in UNHOOKED_SCOPES})
+    wrappers.update({t: _unhooked_scope(worker, originals[t]) for t in UNHOOKED_SCOPES})
     for target, wrapper in wrappers.items():
         setattr(owners[target], target.attr, wrapper)
     _originals.update(originals)
 
 
-def _unhooked_scope(hooks: Any, original: Any) -> Any:
+def _unhooked_scope(worker: Any, original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self, *args, **kwargs):
-        with hooks.unhooked_scope():
+        with worker.unhooked_scope():
             return original(self, *args, **kwargs)
 
     return wrapper

@@ -12,7 +12,7 @@ logprobs from the full logits and may build a sampling mask from them.
   column's own counts, bias, ban; temperature divides it), so a rank that runs V2's own functions on a
   full-width row holding only its shard (-inf elsewhere) gets, on its columns, the values V2 computes on the
   full row, bit for bit, and the full row's winner is the best of the shards' winners
-  (gatherwise.engine_hooks.adapters.vllm.v2_keyed). What needs the whole row steps aside to all_gather: min-p,
+  (vllm.v2_keyed). What needs the whole row steps aside to all_gather: min-p,
   top-k, top-p, logprobs, the sampling mask, the NaN count, a custom logits processor (it may look across the
   row), the thinking budget (it forces tokens over the whole row), the grammar bitmask, the LM head's soft cap
   or scale (applied after the gather, to the logits gatherwise hands on), and any sampler other than V2's own
@@ -27,26 +27,16 @@ logprobs from the full logits and may build a sampling mask from them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gatherwise.call_kind import call_kind, sampling_of_rows
+from gatherwise.engine_hooks.adapters.batch_verdict import BatchVerdict
 
 _NATIVE_PROCESSORS = frozenset({"LogitBiasState", "PenaltiesState", "BadWordsState"})
 _NATIVE_MODULE = "vllm.v1.worker.gpu.sample."
 _V2_SAMPLER = ("vllm.v1.worker.gpu.sample.sampler", "Sampler")
-
-
-@dataclass(frozen=True)
-class V2Batch:
-    """What a V2 batch may run, and what it samples."""
-
-    kind: int  # gatherwise.call_kind of the batch
-    raw_argmax: bool  # every row greedy and nothing rewrites a logit: the token is the argmax of the raw shard
-    sharded_reason: str | None  # why the batch cannot be sampled on the shards exactly (None: it can)
-    gather_reason: str | None  # why rank 0 alone must not sample it (None: it may)
 
 
 def _custom_processors(sampler: Any) -> bool:
@@ -54,7 +44,7 @@ def _custom_processors(sampler: Any) -> bool:
                for p in sampler.logits_processors)
 
 
-def v2_batch(sampler: Any, input_batch: Any, processor: Any, structured: bool, rows: int) -> V2Batch:
+def v2_batch(sampler: Any, input_batch: Any, processor: Any, structured: bool, rows: int) -> BatchVerdict:
     """`sampler`: the runner's V2 Sampler; `input_batch`: the step's V2 InputBatch; `processor`: vLLM's
     LogitsProcessor layer; `structured`: the step carries a grammar bitmask; `rows`: the logits rows."""
     idx = input_batch.idx_mapping_np
@@ -98,4 +88,4 @@ def v2_batch(sampler: Any, input_batch: Any, processor: Any, structured: bool, r
                      "a fused top-k/top-p sampler (FlashInfer, XPU) drawing from a device generator"
                      if fused and (top_k or top_p) else
                      None if own_sampler else sharded_reason)  # another sampler may keep state
-    return V2Batch(kind, all_greedy and not processing and sharded_reason is None, sharded_reason, gather_reason)
+    return BatchVerdict(kind, all_greedy and not processing and sharded_reason is None, sharded_reason, gather_reason)

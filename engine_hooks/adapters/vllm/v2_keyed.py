@@ -2,7 +2,7 @@
 
 V2 samples a row as the argmax over its columns of `processed logit + noise(seed, position, token id)`
 (`vllm.v1.worker.gpu.sample.gumbel`); the noise of a column is a hash of its own id, and for the batches
-gatherwise shards (gatherwise.engine_hooks.adapters.vllm.v2_batch) every step before it acts on each column by
+gatherwise shards (vllm.v2_batch) every step before it acts on each column by
 itself. So the rank builds the row V2 would see with only its own columns filled (-inf elsewhere: -inf stays
 -inf through every such step and never wins), runs V2's `Sampler.apply_sampling_params` on it — the very
 functions plain V2 runs, so the shard's columns get the same values bit for bit, on any backend — and then V2's
