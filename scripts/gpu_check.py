@@ -50,7 +50,7 @@ class Skip(Exception):
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
-def _params(kind: str):
+def _params(kind: str) -> Any:
     from gatherwise.engine_hooks.sampling import SamplingParams
 
     return {"greedy": SamplingParams(), "temperature": SamplingParams(temperature=0.8, seed=1),
@@ -58,7 +58,7 @@ def _params(kind: str):
             "top_p": SamplingParams(temperature=0.8, top_p=0.9, seed=1)}[kind]
 
 
-def _rows(kind: str, batch: int, position: int = 0):
+def _rows(kind: str, batch: int, position: int = 0) -> list[Any]:
     from gatherwise.engine_hooks.sampling import SamplingRow
 
     return [SamplingRow(_params(kind), request_id=i, position=position) for i in range(batch)]
@@ -71,14 +71,15 @@ def _other_mode(mode, modes=None):
     return modes[(modes.index(mode) + 1) % len(modes)]
 
 
-def _sync(device) -> None:
+def _sync(device: Any) -> None:
     import torch
 
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _path(device, vocab: int, mode, *, dtype=None, recorder=None, clock=None, source=None, comm=None):
+def _path(device: Any, vocab: int, mode: Any, *, dtype: Any = None, recorder: Any = None, clock: Any = None,
+          source: Any = None, comm: Any = None) -> Any:
     import torch
 
     from gatherwise.engine_hooks.comm import SingleRankCommunicator
@@ -90,7 +91,7 @@ def _path(device, vocab: int, mode, *, dtype=None, recorder=None, clock=None, so
                             initial_table=ModeTable.uniform(mode), table_source=source, recorder=recorder, **kw)
 
 
-def _recording(device, path_dir: str, name: str, vocab: int, dtype):
+def _recording(device: Any, path_dir: str, name: str, vocab: int, dtype: Any) -> Any:
     """(clock, recorder, ring) for a path on `device`: CUDA events + resolver on CUDA, perf_counter on CPU."""
     import torch
 
@@ -108,7 +109,7 @@ def _recording(device, path_dir: str, name: str, vocab: int, dtype):
 class _SyncDebug:
     """torch.cuda.set_sync_debug_mode("error") for the block (CUDA only; a no-op on the CPU)."""
 
-    def __init__(self, device) -> None:
+    def __init__(self, device: Any) -> None:
         import torch
 
         self.on = torch.device(device).type == "cuda"
@@ -126,7 +127,7 @@ class _SyncDebug:
             torch.cuda.set_sync_debug_mode(0)
 
 
-def _fill(path, logits) -> None:
+def _fill(path: Any, logits: Any) -> None:
     """The LM head's write: this rank's columns of `logits` [B, V] into the path's buffer (TP=1: all)."""
     buf = path.logits_buffer(logits.shape[0])
     cols = min(path.width, logits.shape[1] - path.rank * path.width)
@@ -362,7 +363,8 @@ def check_graphs(ctx: dict) -> dict:
         static_in = {r: torch.zeros(r, vocab, dtype=torch.bfloat16, device=device) for r in (1, 8)}
         graphs = ModeGraphs(path)
         t0 = time.perf_counter()
-        def step(rows: int, path=path, static_in=static_in):  # the engine's captured step: LM head write, path
+        # the engine's captured step: LM head write, path
+        def step(rows: int, path: Any = path, static_in: Any = static_in) -> Any:
             _fill(path, static_in[rows])
             return path.run(_rows("greedy", rows))
 
@@ -403,7 +405,7 @@ def check_graphs(ctx: dict) -> dict:
     return out
 
 
-def _cuda_time_us(device, fn: Callable[[], Any], reps: int) -> float:
+def _cuda_time_us(device: Any, fn: Callable[[], Any], reps: int) -> float:
     """Median µs per call: CUDA events on the GPU, perf_counter (synchronized) on the CPU."""
     import torch
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from gatherwise.logits_dtypes import LOGITS_DTYPES
@@ -39,8 +40,9 @@ def _mode(text: str) -> str:
         f"invalid mode {text!r}: expected {', '.join(IMPLEMENTED_LABELS)} or schedule:SEED (an integer)")
 
 
-def _ranged(kind: type, low: float, high: float | None = None, low_open: bool = False):
-    def parse(text: str):
+def _ranged(kind: type, low: float, high: float | None = None,
+            low_open: bool = False) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
@@ -113,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _encode_prompts(parser: argparse.ArgumentParser, items: list[tuple[str, Any]], tokenizer, chat: bool,
+def _encode_prompts(parser: argparse.ArgumentParser, items: list[tuple[str, Any]], tokenizer: Any, chat: bool,
                     vocab: int) -> list[tuple[int, ...]]:
     """Token ids of every --prompt / --prompt-ids, in command-line order; a bad one ends with argparse's exit 2."""
     prompts = []

@@ -59,7 +59,8 @@ SUBJECTS = ["tiny"] + (engine_models() if full_matrix() else [])
 @pytest.fixture(scope="module", params=SUBJECTS)
 def run(request) -> dict:
     """The run on the peaked tiny checkpoint (TP 2), or on a trained model at its TP with its real prompts."""
-    tp, args, omp = 2, (), {}
+    tp, omp = 2, {}
+    args: tuple[str, ...] = ()
     if request.param == "tiny":
         model = request.getfixturevalue("peaked")
     else:
