@@ -330,7 +330,7 @@ _TYPE_NAMES = {"int_type": "int", "int_parsing": "int", "int_from_float": "int",
 
 
 def _problem(error: ErrorDetails, holder: Any, field: FieldInfo | None) -> str:
-    """What is wrong, in the words of the old rule table ("must be int, got str '80'", "must be in [0, 65535]")."""
+    """What is wrong, in a few words ("must be int, got str '80'", "must be in [0, 65535]")."""
     kind, value = error["type"], error.get("input")
     if kind == "extra_forbidden":
         known = list(getattr(holder, "model_fields", {}))

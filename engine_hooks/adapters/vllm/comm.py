@@ -9,7 +9,7 @@ The shared-memory ops take floating-point tensors and have no broadcast. They co
 (the sharded exchange's float64 (max, index) pairs, int64 token ids and control words, the handshake) travel as
 float32 views of the same bytes — exact for every bit pattern, NaN payloads included — and a broadcast is an
 all_gather whose rank-0 slot every rank keeps: one shared-memory copy instead of a blocking gloo round trip. A
-tensor with no such view (a byte count that is no multiple of 4) takes torch.distributed, as before; shapes are
+tensor with no such view (a byte count that is no multiple of 4) takes torch.distributed; shapes are
 the same on every rank, so every rank takes the same branch.
 Where vLLM's shared-memory ops are not set up, `dist_module` is torch.distributed and nothing is re-viewed.
 """
