@@ -113,7 +113,7 @@ class RankHooks:
                                      logits.device)
 
     def engine_logits(self, logits_path: LogitsPath, mode: Mode, shards: torch.Tensor,
-                       logits: torch.Tensor) -> torch.Tensor:
+                      logits: torch.Tensor) -> torch.Tensor:
         """What the hooked collective returns to the engine: on a rank that samples, [B, P*Vs] as the engine's
         own all_gather lays it out; elsewhere placeholder logits."""
         if mode == Mode.ALL_GATHER or logits_path.rank == 0:
@@ -126,17 +126,17 @@ class RankHooks:
         return call
 
     def sharded_argmax(self, logits_path: LogitsPath, buf: torch.Tensor, real_vocab: int | None,
-                        logits: torch.Tensor) -> torch.Tensor:
+                       logits: torch.Tensor) -> torch.Tensor:
         """A sharded greedy call now (see sample_now)."""
         rows = logits.shape[0]
         if len(self._greedy_rows) < rows:
             self._greedy_rows = [SamplingRow(SamplingParams(), request_id=i, position=0) for i in range(rows)]
         return self.sample_now(logits_path, Mode.SHARDED, Sampler.ARGMAX, buf, real_vocab, logits,
-                                self._greedy_rows[:rows], GREEDY)
+                               self._greedy_rows[:rows], GREEDY)
 
     def sample_now(self, logits_path: LogitsPath, mode: Mode, sampler: Sampler, buf: torch.Tensor,
-                    real_vocab: int | None, logits: torch.Tensor, rows: list[SamplingRow],
-                    kind: int | None) -> torch.Tensor:
+                   real_vocab: int | None, logits: torch.Tensor, rows: list[SamplingRow],
+                   kind: int | None) -> torch.Tensor:
         """gatherwise samples this call now, in the mode the table gives: every rank gets the tokens (the open
         call carries them to the sampler hook), the engine gets placeholder logits to pass along (mask_padding)."""
         mask_padding(logits_path, buf, real_vocab)
