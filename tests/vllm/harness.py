@@ -15,7 +15,8 @@ def base_env(**extra: str) -> dict[str, str]:
     return clean_env(**VLLM_ENV, **extra)
 
 
-def run_engine(model: str, env: dict[str, str], *args: str, module: str = "tests.vllm.engine_run") -> dict:
+def run_engine(model: str, env: dict[str, str], *args: str, module: str = "tests.vllm.engine_run",
+               timeout_s: float = ENGINE_TIMEOUT_S) -> dict:
     """One run of `module` (tests.vllm.engine_run, or another run module of tests/vllm) in its own process;
     returns its JSON result."""
-    return run_engine_process(module, model, env, args, timeout_s=ENGINE_TIMEOUT_S, shm_leftovers=VLLM_SHM_LEFTOVERS)
+    return run_engine_process(module, model, env, args, timeout_s=timeout_s, shm_leftovers=VLLM_SHM_LEFTOVERS)

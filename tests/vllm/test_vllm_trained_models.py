@@ -14,6 +14,7 @@ Two engines per model, one at a time (tests/vllm/sampled_run.py): plain vLLM, th
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -34,6 +35,9 @@ RUN = "tests.vllm.sampled_run"
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_WAIT_POLICY": "PASSIVE"}
 SHORT = ("--rounds", "sharded", "--phases", "greedy,structured,seeded", "--stepped", "stepped")
 APPLY_DELAY = 2
+# Model Runner V2 interprets vLLM's Triton kernels on this CPU: one run on Gemma's 262 144-column head takes longer
+# than an engine run's usual bound on a shared 2-core host
+V2_TIMEOUT_S = 2400
 
 
 def _run(name: str, *extra: str, env: dict[str, str]) -> dict:
@@ -94,12 +98,12 @@ def v2_runs(request) -> tuple[dict, dict]:
     name = request.param
     args = ("--tp", str(MODELS[name].engine_tp), "--dtype", "float32", "--phases", "greedy,keyed", "--stepped",
             "stepped_keyed")
-    plain = run_engine(str(model_directory(name)), v2_env(OMP_WAIT_POLICY="PASSIVE"), *args, module=RUN)
+    run = functools.partial(run_engine, module=RUN, timeout_s=V2_TIMEOUT_S)
+    plain = run(str(model_directory(name)), v2_env(OMP_WAIT_POLICY="PASSIVE"), *args)
     shm = f"/dev/shm/gatherwise-vllm-trained-v2-{os.getpid()}"
     try:
-        ours = run_engine(str(model_directory(name)), v2_env(OMP_WAIT_POLICY="PASSIVE", GATHERWISE_ENABLE="1",
-                                                             GATHERWISE_ENGINE_SHM_DIR=shm), *args, "--shm-dir", shm,
-                          "--switch", module=RUN)
+        plugin = v2_env(OMP_WAIT_POLICY="PASSIVE", GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm)
+        ours = run(str(model_directory(name)), plugin, *args, "--shm-dir", shm, "--switch")
     finally:
         shutil.rmtree(shm, ignore_errors=True)
     return plain, ours
