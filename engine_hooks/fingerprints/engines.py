@@ -42,6 +42,10 @@ class InstallCheck:
     def hooked(self) -> list[Engagement]:
         return [e for e in self.engagements if e.runner.hooked]
 
+    def engagement(self, runner: str) -> Engagement | None:
+        """The verdict for the runner named `runner` ("v1", "v2", ...); None when the install does not have it."""
+        return next((e for e in self.engagements if e.runner.runner == runner), None)
+
 
 def check_install(engine: Engine, tree: SourceTree | None = None, data_dir: Path = DATA_DIR) -> InstallCheck | None:
     """`engine` as installed in `tree` (default: where this interpreter imports it from) against its verified

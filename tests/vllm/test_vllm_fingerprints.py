@@ -52,6 +52,7 @@ def test_the_installed_vllm_gives_the_stored_fingerprints():
     check = check_install(VLLM)
     assert check is not None
     assert {e.runner.runner: e.engage for e in check.engagements} == {"v1": True, "v2": True}
+    assert check.engagement("standalone_cpu") is None and check.engagement("v2") == check.engagements[1]
 
 
 @pytest.mark.timeout(DOWNLOAD_TIMEOUT_S + 120)
