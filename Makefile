@@ -55,7 +55,8 @@ test-models: $(STAMP)
 	GATHERWISE_TRAINED_MODELS=smollm2,gemma3 GATHERWISE_TRAINED_FULL=1 \
 	  GATHERWISE_TEST_PATHS=tests/vllm/test_vllm_trained_models.py bash scripts/test_vllm.sh
 	GATHERWISE_TRAINED_MODELS=smollm2,gemma3 GATHERWISE_TRAINED_FULL=1 \
-	  GATHERWISE_TEST_PATHS=tests/sglang/test_sglang_trained_models.py bash scripts/test_sglang.sh
+	  GATHERWISE_TEST_PATHS="tests/sglang/test_sglang_trained_models.py tests/sglang/test_sglang_gatherwise_sampler.py" \
+	  bash scripts/test_sglang.sh
 
 # SGLang, vLLM and the reference engine TP=2 across two "nodes" made of network and mount namespaces on this host,
 # a sidecar on each node and one Prometheus (root; docs/deployment.md, "Two nodes on one host").
