@@ -282,13 +282,20 @@ def nucleus_covered(vals: torch.Tensor, params: SamplingParams, top: torch.Tenso
     """Whether a row's kept tokens all lie among its candidates [n, K] — the row's K best in canonical order,
     whatever follows them ranks after the last [n] bool: their mass reaches top_p of the total (the top-p
     prefix ends inside), or the last candidate already fails min-p (so does everything after it)."""
-    covered = torch.zeros(vals.shape[0], dtype=torch.bool, device=vals.device)
-    if params.top_p < 1.0:
-        mass = torch.exp((vals - top[:, None]) / params.temperature).cumsum(dim=1)[:, -1]
-        covered |= mass >= params.top_p * total
+    covered = top_p_reached(vals, params, top, total)
     if params.min_p > 0.0:
         covered |= vals[:, -1] < min_p_cutoff(params, top)
     return covered
+
+
+def top_p_reached(vals: torch.Tensor, params: SamplingParams, top: torch.Tensor, total: torch.Tensor
+                  ) -> torch.Tensor:
+    """Whether candidates [n, K] in canonical order reach top_p of the total with the cumulative masses
+    draw_candidates computes [n] bool (False for rows without top-p)."""
+    if params.top_p >= 1.0:
+        return torch.zeros(vals.shape[0], dtype=torch.bool, device=vals.device)
+    mass = torch.exp((vals - top[:, None]) / params.temperature).cumsum(dim=1)[:, -1]
+    return mass >= params.top_p * total
 
 
 def _clamped_search(cum: torch.Tensor, target: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
@@ -353,11 +360,56 @@ def top_p_covered(group: Group, summaries: torch.Tensor, draw: MassDraw, width: 
 
 
 def sample_top_p_rows(group: Group, x: torch.Tensor, draw: MassDraw, u: torch.Tensor, width: int) -> torch.Tensor:
-    """The fallback for top-p / min-p rows the candidates did not cover: from the full rows x [P, n, width], the
-    exact best k of each row, k growing until every row's kept tokens are inside (`next_candidates`), the whole
-    row once k passes FALLBACK_DOUBLING_LIMIT times the candidates or a quarter of the row. A row's token does
-    not depend on the k it finished at: the cumulative masses of a prefix are the same whatever follows it, so a
-    row of a batch gets the token it gets alone."""
+    """The fallback for top-p / min-p rows the candidates did not cover, from their full rows x [P, n, width]:
+    each row cut at a logit (`nucleus_cut`) CUT_DEPTHS[0] · T below its max, deeper while that misses, and drawn
+    from its tokens at or above the cut when they hold the kept tokens — their mass reaches top_p of the total,
+    or the cut is at or below min-p's cutoff. The tokens at or above a value are a prefix of the row's canonical
+    order, and a prefix's cumulative masses are the same whatever follows it: the token is the one the whole
+    sorted row gives, from a sort of the prefix only. Rows no cut holds (a flat row's nucleus deeper than the
+    last) take `candidate_rounds`."""
+    n, params = x.shape[1], group.params
+    tokens = torch.empty(n, dtype=torch.int64, device=x.device)
+    missed: list[int] = []
+    for j in range(n):
+        top, total = draw.top[j:j + 1], draw.total[j:j + 1]
+        cutoff = float(min_p_cutoff(params, top)) if params.min_p > 0.0 else _NEG_INF
+        for depth in CUT_DEPTHS:
+            limit = max(float(top) - depth * params.temperature, cutoff)
+            vals, ids = nucleus_cut(x[:, j, :], limit, width)
+            if limit == cutoff or bool(top_p_reached(vals, params, top, total)):
+                tokens[j:j + 1] = draw_candidates(vals, ids, params, u[j:j + 1], top, total)
+                break
+        else:
+            missed.append(j)
+    if missed:
+        rows = to_device(missed, torch.int64, x.device)
+        tokens[rows] = candidate_rounds(group, x.index_select(1, rows), draw.select(rows), u[rows], width)
+    return tokens
+
+
+# where a trained model's top-p 0.95 nucleus ends: within 9.5 T of the row max on each of the 1 536 real rows of
+# docs/models.md (SmolLM2, Gemma-3-270M, T 0.8 and 1.0), whose tokens within 10 T are at most 14 % of the row
+# (median under 0.4 %); a flat row's nucleus goes on to the next depth
+CUT_DEPTHS = (10.0, 20.0)
+
+
+def nucleus_cut(row: torch.Tensor, limit: float, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens of one row's shards [P, width] at or above `limit`, in canonical order: float64 values and
+    global ids [1, K] — every token whose logit is >= limit in float64, and maybe ties just below it (a prefix
+    still): the comparison rounds the limit to the logits' dtype, to one of its two neighbours there, and a
+    logit >= limit is >= both."""
+    keep = row >= limit
+    where = keep.nonzero()  # (shard, column), row-major: ascending global id
+    values = row[where[:, 0], where[:, 1]]
+    order = values.argsort(descending=True, stable=True)  # value desc, ties in index order
+    ids = where[:, 0] * width + where[:, 1]
+    return values[order].to(F64)[None], ids[order][None]
+
+
+def candidate_rounds(group: Group, x: torch.Tensor, draw: MassDraw, u: torch.Tensor, width: int) -> torch.Tensor:
+    """Rows x [P, n, width] by rounds of candidates: the exact best k of each row, k growing until every row's
+    kept tokens are inside (`next_candidates`), the whole row once k passes FALLBACK_DOUBLING_LIMIT times the
+    candidates or a quarter of the row. A row's token does not depend on the k it finished at."""
     num_shards, n = x.shape[0], x.shape[1]
     row_width = num_shards * width
     tokens = torch.empty(n, dtype=torch.int64, device=x.device)
