@@ -15,8 +15,11 @@ the engines' samplers write into their input):
   `TopKTopPSampler.forward`, which on x86 CPUs is `forward_cpu`).
 
 An engine that does not import in this interpreter is reported as such (run the bench from its venv) and the
-rest is measured. Logits: `realistic` (gatherwise.bench.realistic_logits: Zipf ranks at --entropy nats) and
-`flat` (N(0, 1), a random-weight head's: the worst case). Writes results.json and sampler.png to --out.
+rest is measured. Logits: `realistic` (gatherwise.bench.realistic_logits: Zipf ranks at --entropy nats), `flat`
+(N(0, 1), a random-weight head's: the worst case) and `real:<model>`, a trained model's own next-token rows as
+`python -m gatherwise.bench.real_rows` saves them (--rows-dir, rows-<model>-T<t>.pt, the rows sampled at the
+sampling's temperature; B of them drawn at random per batch, as a batch holds unrelated requests; its vocab and,
+unless --tp says otherwise, its engine TP). Writes results.json and sampler.png to --out.
 """
 
 from __future__ import annotations
@@ -38,10 +41,13 @@ from gatherwise.bench.arg_types import at_least, int_list, name_list
 
 SAMPLINGS = {  # name -> (temperature, top_k, top_p, min_p)
     "top_p": (0.8, 0, 0.95, 0.0),
+    "top_p_t1": (1.0, 0, 0.95, 0.0),
     "top_k": (0.8, 50, 1.0, 0.0),
     "min_p": (0.8, 0, 1.0, 0.05),
 }
 LOGITS = ("realistic", "flat")
+REAL = "real:"  # real:<model>, a trained model's rows
+DEFAULT_SAMPLINGS = ("top_p", "top_k", "min_p")
 ENGINES = ("sglang", "vllm")
 
 
@@ -63,16 +69,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int_list("--batch", 1), default=(1, 4, 16, 32, 64),
                    help="comma-separated batch rows, default 1,4,16,32,64")
     p.add_argument("--sampling", type=name_list("--sampling", _choice("--sampling", SAMPLINGS)),
-                   default=tuple(SAMPLINGS), help="comma-separated of " + ", ".join(
+                   default=DEFAULT_SAMPLINGS, help="comma-separated of " + ", ".join(
                        f"{k} (T {t}, top-k {k_}, top-p {p_}, min-p {m})" for k, (t, k_, p_, m) in SAMPLINGS.items()))
-    p.add_argument("--logits", type=name_list("--logits", _choice("--logits", LOGITS)), default=LOGITS,
-                   help="comma-separated of realistic, flat; default both")
+    p.add_argument("--logits", type=name_list("--logits", _logits_source), default=LOGITS,
+                   help="comma-separated of realistic, flat, real:<model> (a trained model's rows, see --rows-dir); "
+                   "default realistic,flat")
+    p.add_argument("--rows-dir", type=Path, default=Path("out/real_rows"),
+                   help="where real:<model> finds rows-<model>-T<t>.pt (python -m gatherwise.bench.real_rows), "
+                   "default out/real_rows")
     p.add_argument("--entropy", type=float, default=None,
                    help="next-token entropy (nats, T = 1) of the realistic logits; default "
                    "gatherwise.bench.realistic_logits.DEFAULT_ENTROPY (an assumption, see there)")
     p.add_argument("--engines", type=name_list("--engines", _choice("--engines", ENGINES)), default=ENGINES,
                    help="engine samplers to try, default sglang,vllm (each only where it imports)")
-    p.add_argument("--tp", type=at_least("--tp", 2), default=2, help="shards P of the gatherwise variants, default 2")
+    p.add_argument("--tp", type=at_least("--tp", 2), default=None,
+                   help="shards P of the gatherwise variants, default 2 (real rows: the model's engine TP)")
     p.add_argument("--threads", type=at_least("--threads", 1), default=1,
                    help="torch threads for every variant, default 1 (a TP=2 rank's share of a 2-core host)")
     p.add_argument("--iters", type=at_least("--iters", 1), default=10, help="timed calls per variant, default 10")
@@ -80,6 +91,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("out/sampler"), help="output directory, default out/sampler")
     return p
+
+
+def _logits_source(text: str) -> str:
+    from gatherwise.tp_engine.trained_models import MODELS
+
+    if text in LOGITS or (text.startswith(REAL) and text[len(REAL):] in MODELS):
+        return text
+    raise ValueError(f"unknown logits {text!r}: expected one of {', '.join(LOGITS)}, "
+                     + ", ".join(REAL + m for m in MODELS))
+
+
+def real_rows(source: str, rows_dir: Path, temperature: float) -> Any:
+    """A trained model's next-token rows [N, V] float32, sampled at this temperature."""
+    import torch
+
+    path = rows_dir / f"rows-{source[len(REAL):]}-T{temperature}.pt"
+    if not path.is_file():
+        raise SystemExit(f"{path}: no real rows; make them with python -m gatherwise.bench.real_rows "
+                         f"--model {source[len(REAL):]} --out {rows_dir}")
+    return torch.load(path).float()
 
 
 def _choice(flag: str, names: Any) -> Callable[[str], str]:
@@ -233,24 +264,34 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         except Exception as exc:  # an engine not installed here (or not importable on this host): say so
             engines[engine] = f"not measured: {type(exc).__name__}: {exc}"
             print(f"[bench sampler] {engine}: {engines[engine]}", file=sys.stderr)
+    from gatherwise.tp_engine.trained_models import MODELS
+
     results = []
-    for vocab in args.vocab:
-        for kind in args.logits:
-            full = (realistic_logits(max(args.batch), vocab, entropy, seed=args.seed) if kind == "realistic"
-                    else flat_logits(max(args.batch), vocab, seed=args.seed))
+    for kind in args.logits:
+        real = kind.startswith(REAL)
+        tp = args.tp or (MODELS[kind[len(REAL):]].engine_tp if real else 2)
+        for vocab in ([0] if real else args.vocab):
             for sampling in args.sampling:
+                if real:  # B unrelated requests' rows: a seeded draw from the file, the same for every B
+                    rows = real_rows(kind, args.rows_dir, SAMPLINGS[sampling][0])
+                    pick = torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(args.seed))
+                    full = rows[pick[:max(args.batch)]]
+                else:
+                    full = (realistic_logits(max(args.batch), vocab, entropy, seed=args.seed) if kind == "realistic"
+                            else flat_logits(max(args.batch), vocab, seed=args.seed))
                 for batch in args.batch:
                     logits = full[:batch].contiguous()
-                    results.append(_one_shape(Shape(vocab, kind, sampling, batch), logits, args, engines,
-                                              nucleus_sizes))
+                    shape = Shape(logits.shape[1], kind, sampling, batch)
+                    results.append(_one_shape(shape, logits, args, tp, engines, nucleus_sizes))
                     print(_line(results[-1]), file=sys.stderr)
-    return {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items() if k != "out"}
+    return {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()
+                       if k not in ("out", "rows_dir")} | {"rows_dir": str(args.rows_dir)}
             | {"entropy": entropy}, "engines": engines, "results": results}
 
 
-def _one_shape(shape: Shape, logits: Any, args: argparse.Namespace, engines: dict[str, str],
+def _one_shape(shape: Shape, logits: Any, args: argparse.Namespace, tp: int, engines: dict[str, str],
                nucleus_sizes: Callable[..., Any]) -> dict[str, Any]:
-    variants, replay = gatherwise_variants(logits, shape.sampling, args.tp)
+    variants, replay = gatherwise_variants(logits, shape.sampling, tp)
     for engine, state in engines.items():
         if state == "measured":
             variants[engine] = engine_variant(engine, logits, shape.sampling)
@@ -267,7 +308,7 @@ def _one_shape(shape: Shape, logits: Any, args: argparse.Namespace, engines: dic
     kept = nucleus_sizes(logits, t, p if p < 1.0 else 0.95)
     median = {name: statistics.median(ms) for name, ms in times.items()}
     base = median["gatherwise/all_gather"]
-    return {"vocab": shape.vocab, "logits": shape.logits, "sampling": shape.sampling, "batch": shape.batch,
+    return {"vocab": shape.vocab, "logits": shape.logits, "sampling": shape.sampling, "batch": shape.batch, "tp": tp,
             "median_ms": median, "ms": times, "ratio_vs_gatherwise": {name: v / base for name, v in median.items()},
             "sharded_fallback_rows": int(replay.last.fallback_rows), "sharded_exchange_bytes":
             int(replay.last.exchange_bytes), "sharded_resolve_bytes": int(replay.last.resolve_bytes),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 
@@ -275,3 +276,22 @@ def test_sampler_bench_refuses_unknown_names(capsys):
         main(["sampler", "--sampling", "beam"])
     assert exc.value.code == 2
     assert "unknown sampling 'beam'" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_sampler_bench_on_real_rows_takes_the_models_rows_vocab_and_tp(tmp_path: pathlib.Path) -> None:
+    """`--logits real:<model>`: the rows saved for the sampling's temperature, their vocab, the model's engine TP;
+    a missing rows file names the command that makes it."""
+    import torch
+
+    torch.save(torch.randn(8, 300, generator=torch.Generator().manual_seed(1)) * 4, tmp_path / "rows-smollm2-T1.0.pt")
+    out = tmp_path / "sampler"
+    argv = ["sampler", "--logits", "real:smollm2", "--rows-dir", str(tmp_path), "--sampling", "top_p_t1", "--batch",
+            "1,3", "--iters", "1", "--warmup", "0", "--engines", "vllm", "--out", str(out)]
+    assert main(argv) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert [(r["logits"], r["vocab"], r["tp"], r["batch"]) for r in doc["results"]] == [
+        ("real:smollm2", 300, 3, 1), ("real:smollm2", 300, 3, 3)]
+    assert all(r["nucleus"]["temperature"] == 1.0 for r in doc["results"])
+    with pytest.raises(SystemExit, match=r"python -m gatherwise\.bench\.real_rows --model smollm2"):
+        main([a.replace("top_p_t1", "top_p") for a in argv])  # no rows saved at T 0.8
