@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "default out/real_rows")
     p.add_argument("--entropy", type=float, default=None,
                    help="next-token entropy (nats, T = 1) of the realistic logits; default "
-                   "gatherwise.bench.realistic_logits.DEFAULT_ENTROPY (an assumption, see there)")
+                   "gatherwise.bench.realistic_logits.DEFAULT_ENTROPY (the real rows' mean, see there)")
     p.add_argument("--engines", type=name_list("--engines", _choice("--engines", ENGINES)), default=ENGINES,
                    help="engine samplers to try, default sglang,vllm (each only where it imports)")
     p.add_argument("--tp", type=at_least("--tp", 2), default=None,
