@@ -119,6 +119,14 @@ def test_the_shipped_data_covers_every_point_of_every_runner():
             assert set(release.points) == set(engine.points), (release.label, set(engine.points) ^ set(release.points))
 
 
+def test_the_vllm_points_name_the_kernel_the_v2_sharded_sampler_launches():
+    """vllm_points names it without importing the torch module that launches it."""
+    from gatherwise.engine_hooks.adapters.vllm.v2_keyed import KERNEL
+    from gatherwise.engine_hooks.fingerprints.vllm_points import V2
+
+    assert Point(*KERNEL) in V2.own
+
+
 def test_the_generator_writes_what_it_read(tmp_path):
     """The command on an installed tree holding one of SGLang's modules: every point recorded, the others absent."""
     site = tmp_path / "site"

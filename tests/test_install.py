@@ -63,7 +63,7 @@ def test_the_engine_plugins_and_the_commands_are_declared_entry_points(installed
     assert "gatherwise = gatherwise.engine_hooks.adapters.sglang.plugin:register" in sections["sglang.srt.plugins"]
     assert "gatherwise = gatherwise.cli:main" in sections["console_scripts"]
     commands = dict(line.split(" = ") for line in sections["gatherwise.commands"].strip().splitlines())
-    assert set(commands) == {"bench", "demo", "engine", "generate", "mode", "models", "sidecar"}
+    assert set(commands) == {"bench", "demo", "doctor", "engine", "generate", "mode", "models", "sidecar"}
     for value in commands.values():  # every command's module is in the installed tree
         module = value.split(":")[0]
         assert (installed / Path(*module.split("."))).with_suffix(".py").is_file(), value
@@ -99,3 +99,11 @@ def test_the_demo_finds_its_config_in_an_install(installed: Path):
     from gatherwise.dashboards.demo import DEFAULT_CONFIG
 
     assert (installed / "gatherwise" / "dashboards" / DEFAULT_CONFIG.name).is_file()
+
+
+def test_the_verified_engine_fingerprints_are_installed(installed: Path):
+    """The plugins' engagement check and `gatherwise doctor` read them next to their code."""
+    from gatherwise.engine_hooks.fingerprints.verified import DATA_DIR
+
+    shipped = sorted(p.name for p in (installed / "gatherwise" / "engine_hooks" / "fingerprints" / "data").glob("*"))
+    assert shipped == sorted(p.name for p in DATA_DIR.glob("*.json")) and "vllm-0.34.0.json" in shipped
