@@ -14,21 +14,19 @@ import argparse
 
 from gatherwise.engine_hooks.adapters.enable import ENABLE_ENV, enabled
 from gatherwise.engine_hooks.doctor.cpu_section import cpu_section
-from gatherwise.engine_hooks.doctor.engine_section import engine_sections
+from gatherwise.engine_hooks.doctor.engine_section import engine_sections, installed_engines
 from gatherwise.engine_hooks.doctor.section import Section
 from gatherwise.engine_hooks.doctor.shm_section import shm_section
-from gatherwise.engine_hooks.fingerprints.engines import ENGINES
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gatherwise doctor", description=__doc__.split("\n\n")[0])
     parser.parse_args(argv)
-    engines = engine_sections()
-    installed = {name for name, e in ENGINES.items() for s in engines if s.title.startswith(e.label + " ")}
+    checks = installed_engines()
     plugin = Section("plugin")
     plugin.add(f"{ENABLE_ENV} is {'set' if enabled() else 'not set: the plugin does nothing until it is 1'}"
                " (in the engine's environment)")
-    sections = [*engines, shm_section(), cpu_section(installed), plugin]
+    sections = [*engine_sections(checks), shm_section(), cpu_section({c.engine.name for c in checks}), plugin]
     print("\n\n".join(s.render() for s in sections))
     problems = [p for s in sections for p in s.problems]
     if problems:

@@ -14,9 +14,13 @@ from gatherwise.engine_hooks.fingerprints.vllm_points import STANDALONE_CPU
 X86 = ("x86_64", "amd64", "i386", "i686")
 
 
-def engine_sections() -> list[Section]:
+def installed_engines() -> list[InstallCheck]:
+    """Each engine installed in this environment, checked against its verified releases."""
+    return [c for c in (check_install(engine) for engine in ENGINES.values()) if c is not None]
+
+
+def engine_sections(checks: list[InstallCheck]) -> list[Section]:
     """One section per installed engine; one refusing section when none is installed."""
-    checks = [c for c in (check_install(engine) for engine in ENGINES.values()) if c is not None]
     if not checks:
         none = Section("engines")
         none.refuse(f"none of {', '.join(e.label for e in ENGINES.values())} is installed in this environment")
