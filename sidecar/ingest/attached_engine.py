@@ -1,7 +1,7 @@
 """The engine instance the sidecar reads, and what it has read from it: the sidecar's one record of that engine.
 
-Ingest (gatherwise.sidecar.ingest.poll) opens its rings and fills it; its control side
-(gatherwise.sidecar.control.session.ControlSession) refers to it.
+Discovery (gatherwise.sidecar.ingest.discovery) opens its rings, ingest (gatherwise.sidecar.ingest.poll) fills it;
+its control side (gatherwise.sidecar.control.session.ControlSession) refers to it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from gatherwise.shm_format.liveness import Liveness, liveness
 from gatherwise.shm_format.node_ranks import NodeRanks
 from gatherwise.shm_format.ring import CallRecord, RingHeader
 from gatherwise.sidecar.ingest.ring_reader import RingReader
-from gatherwise.sidecar.metrics.histogram_family import Series
 from gatherwise.sidecar.metrics.record_histograms import CallSeries
 
 
@@ -45,8 +44,7 @@ class AttachedEngine:
     replaced: bool = False  # a newer engine instance is read instead
     last_record_end_ns: int = 0
     pending: dict[int, PendingCall] = field(default_factory=dict)
-    rank_path_series: dict[tuple[int, int], Series] = field(default_factory=dict)  # (rank, mode)
-    call_series: dict[tuple[int, int], CallSeries] = field(default_factory=dict)  # (mode, bucket)
+    call_series: dict[tuple[int, int], CallSeries] = field(default_factory=dict)  # (mode code, bucket index)
     records: int = 0
     calls_joined: int = 0
     calls_incomplete: int = 0

@@ -1,7 +1,7 @@
 """Engine processes whose gatherwise hooks are off, from their hooks-off notices (gatherwise/shm_format/hooks_off.py).
 
 Such an engine has no rings, so without its notice the sidecar would only say "no engine". The watch re-reads
-the notices at each discovery pass (gatherwise.sidecar.ingest.poll);
+the notices at each discovery pass (gatherwise.sidecar.ingest.discovery);
 `gatherwise_engine_hooks_off{engine_kind, reason}` (gatherwise.sidecar.metrics.hooks_off_gauge) counts the live
 processes per reason, `GET /v1/engine` lists them with their text, and `/readyz` names them when no engine is attached.
 """

@@ -22,15 +22,20 @@ from prometheus_client.utils import floatToGoString
 
 
 class Series:
-    """One label set: counts per bucket (last slot: above every bound), sum, latest exemplar per bucket."""
+    """One label set: counts per bucket (last slot: above every bound), sum, latest exemplar per bucket.
 
-    __slots__ = ("bounds", "counts", "exemplars", "sum")
+    `shown_empty` False: the series is exposed from its first observation on. Callers resolve every series a kind
+    of call may feed at once, ahead of the calls; a label set only some calls have (an op a record may name, a rank
+    that may report) must not appear before one of them did."""
 
-    def __init__(self, bounds: list[float]) -> None:
+    __slots__ = ("bounds", "counts", "exemplars", "shown_empty", "sum")
+
+    def __init__(self, bounds: list[float], shown_empty: bool = True) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
         self.exemplars: list[Exemplar | None] = [None] * (len(bounds) + 1)
+        self.shown_empty = shown_empty
 
     def observe(self, value: float, exemplar: dict[str, str] | None = None) -> None:
         i = bisect_left(self.bounds, value)  # first bound >= value: Prometheus buckets are `le`
@@ -49,13 +54,16 @@ class HistogramFamily:
         self._series: dict[tuple[str, ...], Series] = {}
         self._prefixes: dict[tuple[str, ...], tuple[list[str], str, str]] = {}  # labels -> bucket, count, sum
 
-    def series(self, *labels: str) -> Series:
-        """The series of a label set, created on first use (callers keep it: lookups are not free)."""
+    def series(self, *labels: str, shown_empty: bool = True) -> Series:
+        """The series of a label set, created on first use (callers keep it: lookups are not free). Asked for with
+        `shown_empty` once, it is exposed from then on, observed or not."""
         if len(labels) != len(self.labelnames):
             raise ValueError(f"{self.name} takes labels {self.labelnames}, got {labels}")
         found = self._series.get(labels)
         if found is None:
-            found = self._series[labels] = Series(self.bounds)
+            found = self._series[labels] = Series(self.bounds, shown_empty)
+        elif shown_empty:
+            found.shown_empty = True
         return found
 
     def remove_where(self, label: str, value: str) -> None:
@@ -79,8 +87,10 @@ class HistogramFamily:
         out = [f"# HELP {self.name} {_escape_help(self.documentation)}\n# TYPE {self.name} histogram\n"]
         append = out.append
         for labels, s in list(self._series.items()):
-            buckets, count_prefix, sum_prefix = self._line_prefixes(labels)
             counts, exemplars = list(s.counts), list(s.exemplars)
+            if not s.shown_empty and not any(counts):
+                continue
+            buckets, count_prefix, sum_prefix = self._line_prefixes(labels)
             cumulative = 0
             for prefix, count, exemplar in zip(buckets, counts, exemplars, strict=True):
                 cumulative += count
