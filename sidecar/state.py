@@ -8,6 +8,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from opentelemetry.sdk.trace.export import SpanProcessor
+
 from gatherwise.config import GatherwiseConfig
 from gatherwise.sidecar.control.control_api import ControlApi, api_token
 from gatherwise.sidecar.control.decision_events import DecisionEvents
@@ -47,8 +49,9 @@ class SidecarState:
 
 
 def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = None,
-                span_processor=None) -> SidecarState:
-    """Every part of the sidecar for `config`, wired. Nothing started."""
+                span_processor: SpanProcessor | None = None) -> SidecarState:
+    """Every part of the sidecar for `config`, wired. Nothing started. `span_processor`: where spans go instead of
+    the configured exporter (tests)."""
     env = os.environ if env is None else env
     hooks_off = HooksOffWatch(config.engine.shm_dir)
     tracer = build_tracer(config.traces, env=env, processor=span_processor)

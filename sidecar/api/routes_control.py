@@ -138,7 +138,8 @@ async def get_mode(ctl: ControlApiDep) -> ModeState | JSONResponse:
                        **AUTH}, summary="Pin buckets to a mode, or release them to the auto policy")
 async def put_mode(body: SetModeRequest, ctl: ControlApiDep,
                    wait: Annotated[float, Query(ge=0.0, le=600.0, allow_inf_nan=False,
-                                                description="seconds to wait until every rank switched")] = 5.0):
+                                                description="seconds to wait until every rank switched")] = 5.0
+                   ) -> SetModeResult | JSONResponse:
     buckets = parse_buckets(body.buckets)
     try:
         seq, decision = await ctl.set_mode(body.mode, buckets)
