@@ -25,6 +25,7 @@ from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
 from gatherwise.engine_hooks.logits_path import CallRecorder, LogitsPath
 from gatherwise.engine_hooks.torch_dtypes import TORCH_LOGITS_DTYPES
 from gatherwise.modes import Mode, ModeTable
+from gatherwise.shm_format.engine_info import RankRoute
 from gatherwise.shm_format.liveness import LivenessLock
 
 log = logging.getLogger("gatherwise.install")
@@ -90,9 +91,10 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
                   device: torch.device | str = "cpu", config: GatherwiseConfig | None = None,
                   table: ModeTable | None = None, keep_log: bool = False, engine_kind: str = REFERENCE_ENGINE,
                   engine_version: str = HOOKS_VERSION, sampler: dict[str, str] | None = None,
-                  model: str = "") -> InstalledHooks:
-    """`engine_kind`, `engine_version`, `sampler` (mode label -> who samples in it) and `model` (what it serves) go
-    into this rank's info file (gatherwise/shm_format/engine_info.py), for the sidecar to show."""
+                  model: str = "", route: RankRoute | None = None) -> InstalledHooks:
+    """`engine_kind`, `engine_version`, `sampler` (mode label -> who samples in it), `model` (what it serves) and
+    `route` (the engine's runner and what its fingerprints matched) go into this rank's info file
+    (gatherwise/shm_format/engine_info.py), for the sidecar to show."""
     cfg = config if config is not None else load_config(os.environ.get("GATHERWISE_CONFIG"))
     dtype = dtype if dtype is not None else logits_dtype(cfg)
     table = table if table is not None else initial_table(cfg)
@@ -111,7 +113,8 @@ def install_hooks(comm: Communicator, *, vocab: int, dtype: torch.dtype | None =
         from gatherwise.shm_format.engine_info import write_rank_info
 
         try:
-            write_rank_info(engine_dir, comm.rank, engine_kind, engine_version, sampler or GATHERWISE_SAMPLER, model)
+            write_rank_info(engine_dir, comm.rank, engine_kind, engine_version, sampler or GATHERWISE_SAMPLER, model,
+                            route)
         except OSError as exc:  # only what the sidecar shows about the rank is missing
             log.warning("gatherwise: TP rank %d could not write its info file in %s: %s", comm.rank, engine_dir, exc)
     # Rank 0's control block before its ring: a sidecar attaches once every ring exists, and then finds the block.

@@ -1,7 +1,9 @@
-"""Each engine plugin (vLLM, SGLang) refuses an engine it does not know: hooks off, the engine untouched, one
-clear warning; and does nothing at all unless enabled.
+"""Each engine plugin (vLLM, SGLang) refuses an engine whose code it was not verified against: hooks off, the
+engine untouched, one clear warning naming what differs; and does nothing at all unless enabled.
 
-Runs without either engine: the version lookup and the class shapes are faked, never the engine itself.
+Runs without either engine: a few of the engine's modules are written as a tiny installed tree and checked against
+fingerprints generated from it (the real engines and releases: tests/vllm/, tests/sglang/), and the class shapes
+are faked, never the engine itself.
 """
 
 from __future__ import annotations
@@ -15,12 +17,17 @@ from types import ModuleType
 
 import pytest
 
-from gatherwise.engine_hooks.adapters import hooks_off
-from gatherwise.engine_hooks.adapters.patch_targets import Target, target_problems, version_supported
+from gatherwise.engine_hooks.adapters import engagement, hooks_off
+from gatherwise.engine_hooks.adapters.patch_targets import Target, target_problems
 from gatherwise.engine_hooks.adapters.sglang import patches as sglang_patches
 from gatherwise.engine_hooks.adapters.sglang import plugin as sglang_plugin
 from gatherwise.engine_hooks.adapters.vllm import patches as vllm_patches
 from gatherwise.engine_hooks.adapters.vllm import plugin as vllm_plugin
+from gatherwise.engine_hooks.fingerprints.engines import ENGINES as FINGERPRINTED
+from gatherwise.engine_hooks.fingerprints.engines import InstallCheck, check_install
+from gatherwise.engine_hooks.fingerprints.point import Point
+from gatherwise.engine_hooks.fingerprints.source_tree import InstalledTree
+from gatherwise.engine_hooks.fingerprints.verified import write_release
 from gatherwise.shm_format.hooks_off import read_notices
 
 
@@ -31,7 +38,9 @@ class Engine:
     plugin: ModuleType
     patches: ModuleType
     unknown_version: str
-    supported_text: str  # how the warning names the supported releases
+    runner_module: str  # a module of one of its hooked runners, and a function of it the runner relies on
+    runner_class: str
+    runner_method: str
     undo: Callable[[], None]  # forget whatever a failing test may have applied
 
     @property
@@ -39,9 +48,10 @@ class Engine:
         return f"gatherwise.{self.package}"
 
 
-VLLM = Engine("vLLM", "vllm", vllm_plugin, vllm_patches, "0.99.1", "0.32.x", vllm_patches.remove)
-SGLANG = Engine("SGLang", "sglang", sglang_plugin, sglang_patches, "0.5.24", "0.5.23",
-                sglang_patches._registered.clear)
+VLLM = Engine("vLLM", "vllm", vllm_plugin, vllm_patches, "0.99.1", "vllm.v1.worker.gpu.model_runner",
+              "GPUModelRunner", "sample", vllm_patches.remove)
+SGLANG = Engine("SGLang", "sglang", sglang_plugin, sglang_patches, "0.5.24", "sglang.srt.model_executor.model_runner",
+                "ModelRunner", "sample", sglang_patches._registered.clear)
 ENGINES = pytest.mark.parametrize("engine", [VLLM, SGLANG], ids=lambda e: e.package)
 
 
@@ -61,10 +71,62 @@ def _no_apply(hooks):
     raise AssertionError("the engine must not be patched")
 
 
+def _tree(root, engine: Engine, body: str) -> InstalledTree:
+    """`root` as a site directory holding stand-ins for every point of the hooked runner of `engine` that relies
+    on its runner method, that method running `body`."""
+    classes: dict[str, dict[str, list[str]]] = {}  # module -> class (or "" for module level) -> members
+    method = Point(engine.runner_module, f"{engine.runner_class}.{engine.runner_method}")
+    runner = next(r for r in FINGERPRINTED[engine.package].runners if r.hooked and method in r.required)
+    for point in runner.required:
+        owner, _, member = point.qualname.rpartition(".")
+        classes.setdefault(point.module, {}).setdefault(owner, []).append(member)
+    for module, owners in classes.items():
+        lines = [f"def {name}(self, batch):\n    return batch\n" for name in owners.pop("", [])]
+        for cls, members in owners.items():
+            methods = [f"    def {m}(self, batch):\n        "
+                       f"{body if (cls, m) == (engine.runner_class, engine.runner_method) else 'return batch'}\n"
+                       for m in members]
+            lines.append(f"class {cls}:\n" + "".join(methods))
+        path = root / (module.replace(".", "/") + ".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines))
+    dist = root / f"{engine.package}-{engine.unknown_version}.dist-info"
+    dist.mkdir(exist_ok=True)
+    version = engine.unknown_version
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {engine.package}\nVersion: {version}\n")
+    (dist / "top_level.txt").write_text(f"{engine.package}\n")
+    return InstalledTree(root)
+
+
+def _checks(engine: Engine, tmp_path) -> tuple[InstallCheck, InstallCheck]:
+    """(the tree as verified, the same tree with its runner method altered), both against fingerprints generated
+    from the first: the decision is the code's, whatever the version string says."""
+    data = tmp_path / "verified"
+    data.mkdir()
+    fingerprinted = FINGERPRINTED[engine.package]
+    verified = _tree(tmp_path / "verified-site", engine, "return batch")
+    write_release(fingerprinted.release(verified), data)
+    checks = [check_install(fingerprinted, tree, data) for tree in (
+        verified, _tree(tmp_path / "altered-site", engine, "return None"))]
+    assert checks[0] is not None and checks[1] is not None
+    return checks[0], checks[1]
+
+
 @ENGINES
-def test_unknown_version_leaves_the_engine_untouched_with_one_warning(engine, enabled, monkeypatch, caplog):
+def test_the_engagement_decision_is_the_code_not_the_version(engine, tmp_path):
+    verified, altered = _checks(engine, tmp_path)
+    assert engagement.install_refusal(verified, engine.name) is None
+    refusal = engagement.install_refusal(altered, engine.name)
+    assert refusal is not None and f"{engine.runner_module}:{engine.runner_class}.{engine.runner_method}: differs" \
+        in refusal
+    assert engagement.install_refusal(None, engine.name) == f"{engine.name} is not installed"
+
+
+@ENGINES
+def test_an_unverified_engine_is_left_untouched_with_one_warning(engine, enabled, monkeypatch, caplog, tmp_path):
     _fresh(engine, monkeypatch)
-    monkeypatch.setattr(engine.patches, "installed_version", lambda: engine.unknown_version)
+    _, altered = _checks(engine, tmp_path)
+    monkeypatch.setattr(engagement, "check_engine", lambda name: altered)
     monkeypatch.setattr(engine.patches, "apply", _no_apply)
     had_engine = engine.package in sys.modules
     try:
@@ -76,23 +138,21 @@ def test_unknown_version_leaves_the_engine_untouched_with_one_warning(engine, en
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     text = warnings[0].getMessage()
-    assert f"{engine.name} {engine.unknown_version} is not a version this adapter knows" in text
-    assert engine.supported_text in text and f"leaves {engine.name} untouched" in text
+    differs = f"{engine.runner_module}:{engine.runner_class}.{engine.runner_method}: differs from every verified"
+    assert f"{engine.name} {engine.unknown_version} matches no verified release" in text and differs in text
+    assert f"leaves {engine.name} untouched" in text
     assert not engine.patches.applied()
-    assert (engine.package in sys.modules) == had_engine  # the check stopped before importing any engine module
+    assert (engine.package in sys.modules) == had_engine  # the check read sources: no engine module was imported
     # the sidecar learns it too: one notice, held by this (live) process
     (notice,) = read_notices(enabled)
     assert (notice.engine, notice.reason, notice.pid) == (engine.name, "unsupported_version", os.getpid())
-    assert f"{engine.name} {engine.unknown_version} is not a version this adapter knows" in notice.detail
+    assert differs in notice.detail
 
 
 @ENGINES
 def test_missing_engine_is_one_warning(engine, enabled, monkeypatch, caplog):
-    def missing():
-        raise ModuleNotFoundError(f"No package metadata was found for {engine.package}")
-
     _fresh(engine, monkeypatch)
-    monkeypatch.setattr(engine.patches, "installed_version", missing)
+    monkeypatch.setattr(engagement, "check_engine", lambda name: None)
     with caplog.at_level(logging.WARNING, logger=engine.logger):
         engine.plugin.register()
     assert len(caplog.records) == 1 and f"{engine.name} is not installed" in caplog.records[0].getMessage()
@@ -102,31 +162,22 @@ def test_missing_engine_is_one_warning(engine, enabled, monkeypatch, caplog):
 def test_disabled_plugin_does_nothing(engine, monkeypatch, caplog):
     _fresh(engine, monkeypatch)
     monkeypatch.delenv("GATHERWISE_ENABLE", raising=False)
-    monkeypatch.setattr(engine.patches, "installed_version", lambda: pytest.fail("must not look at the engine"))
+    monkeypatch.setattr(engagement, "check_engine", lambda name: pytest.fail("must not look at the engine"))
     with caplog.at_level(logging.DEBUG, logger=engine.logger):
         engine.plugin.register()
     assert not caplog.records and not engine.patches.applied()
 
 
 @ENGINES
-def test_shape_problem_also_refuses(engine, enabled, monkeypatch, caplog):
+def test_shape_problem_also_refuses(engine, enabled, monkeypatch, caplog, tmp_path):
     _fresh(engine, monkeypatch)
-    monkeypatch.setattr(engine.patches, "compatibility_problems", lambda: ["engine.Sampler.forward is missing"])
+    verified, _ = _checks(engine, tmp_path)
+    monkeypatch.setattr(engagement, "check_engine", lambda name: verified)
+    monkeypatch.setattr(engine.patches, "compatibility_problems", lambda check: ["engine.Sampler.forward is missing"])
     monkeypatch.setattr(engine.patches, "apply", _no_apply)
     with caplog.at_level(logging.WARNING, logger=engine.logger):
         engine.plugin.register()
     assert len(caplog.records) == 1 and "Sampler.forward is missing" in caplog.records[0].getMessage()
-
-
-@pytest.mark.parametrize("patches,version,ok", [
-    *((vllm_patches, v, ok) for v, ok in (("0.32.0", True), ("0.32.3+cpu", True), ("0.32", True), ("0.3.2", False),
-                                          ("0.33.0", False), ("0.320.0", False), ("unknown", False))),
-    *((sglang_patches, v, ok) for v, ok in (("0.5.23", True), ("0.5.23+cpu", True), ("0.5.23.post1", True),
-                                            ("0.5.2", False), ("0.5.230", False), ("0.5.24", False),
-                                            ("0.6.0", False), ("unknown", False))),
-])
-def test_version_supported(patches, version, ok):
-    assert version_supported(version, patches.SUPPORTED_VERSIONS) is ok
 
 
 # -- the shape check: classes shaped like the engine's, then one renamed parameter, then one missing method ----

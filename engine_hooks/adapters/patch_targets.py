@@ -1,5 +1,5 @@
-"""What an adapter checks before it wraps anything in an engine: a known version, and targets of the shape it
-was written against. Engine-neutral; each adapter lists its own targets (vllm/patches.py, sglang/patches.py).
+"""What an adapter checks before it wraps anything in an engine, after its fingerprints engaged: targets of the
+shape it was written against. Engine-neutral; each adapter lists its own targets (vllm/patches.py, sglang/patches.py).
 
 A check that fails leaves the engine untouched, and the adapter says why in ONE warning: patching an engine
 whose internals moved would risk wrong tokens, which is worse than running without gatherwise.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,29 +31,10 @@ class Target:
         return getattr(importlib.import_module(self.module), self.cls)
 
 
-def version_supported(version: str, supported: Iterable[str]) -> bool:
-    """True when `version` (e.g. "0.32.3+cpu") is one of the `supported` releases: "0.32" covers every 0.32.x,
-    "0.5.23" covers 0.5.23 and its post releases."""
-    release = version.split("+", maxsplit=1)[0]
-    return any(release == v or release.startswith(v + ".") for v in supported)
-
-
-def _supported_text(supported: Sequence[str]) -> str:
-    return ", ".join(v + ".x" if v.count(".") == 1 else v for v in supported)
-
-
-def compatibility_problems(engine: str, installed_version: Callable[[], str], supported: Sequence[str],
-                           targets: Iterable[Target], used_names: Iterable[tuple[str, str]]) -> list[str]:
-    """Empty when an adapter may patch the installed `engine`; else the reasons it must not. Imports the
-    engine's modules only after its version is known to be supported."""
-    try:
-        version = installed_version()
-    except ModuleNotFoundError as exc:  # importlib.metadata.PackageNotFoundError is one too
-        return [f"{engine} is not installed ({exc})"]
-    except Exception as exc:  # a broken install
-        return [f"{engine} is not importable ({exc!r})"]
-    if not version_supported(version, supported):
-        return [f"{engine} {version} is not a version this adapter knows (supported: {_supported_text(supported)})"]
+def compatibility_problems(engine: str, targets: Iterable[Target], used_names: Iterable[tuple[str, str]]) -> list[str]:
+    """Empty when an adapter may patch `targets` of the installed `engine`; else the reasons it must not. Runs
+    after the fingerprint check engaged (gatherwise.engine_hooks.adapters.engagement): a second guard on what the
+    wrappers themselves rely on, at import."""
     try:
         classes, problems = import_problems(targets, used_names)
     except Exception as exc:  # an engine module failing at import time for its own reasons

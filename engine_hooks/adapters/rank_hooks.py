@@ -23,9 +23,11 @@ from gatherwise.engine_hooks.adapters.sampler_rows import gatherwise_samples, sa
 from gatherwise.engine_hooks.logits_path import LogitsPath, shard_width
 from gatherwise.engine_hooks.sampling_params import SamplingParams, SamplingRow
 from gatherwise.modes import Mode
+from gatherwise.shm_format.engine_info import RankRoute
 from gatherwise.shm_format.ring import engine_dir_name
 
 if TYPE_CHECKING:
+    from gatherwise.engine_hooks.fingerprints.engines import InstallCheck
     from gatherwise.engine_hooks.install import InstalledHooks
 
 GREEDY = call_kind(Sampling.GREEDY)
@@ -60,8 +62,11 @@ class RankHooks:
         except PackageNotFoundError:  # an engine run from its source tree
             return "unknown"
 
-    def __init__(self, config: GatherwiseConfig, log: logging.Logger) -> None:
+    def __init__(self, config: GatherwiseConfig, log: logging.Logger, check: InstallCheck | None = None) -> None:
         self.config, self.log = config, log
+        self.check = check  # the engine's fingerprint check (None: hooks built without one, as in tests)
+        self.runner_kind: str | None = None  # the fingerprinted runner this rank runs ("v1", "v2", "sglang")
+        self.runner_class = ""  # the engine's runner class on this rank, module and name
         self.installed: InstalledHooks | None = None  # once the first hooked call ran
         self.disabled: str | None = None  # why the hooks stay off in this rank
         self.call: OpenCall | None = None  # the hooked call whose sampler call is still to come
@@ -77,7 +82,7 @@ class RankHooks:
         self.installed = install_hooks(comm, vocab=logits.shape[-1] * comm.world_size, dtype=logits.dtype,
                                        device=logits.device, config=self.config, engine_kind=self.ENGINE,
                                        engine_version=self.engine_version(), sampler=sampler,
-                                       model=self.model_name())
+                                       model=self.model_name(), route=self.route())
         atexit.register(self.close)
         self.log.info("gatherwise: hooks installed on TP rank %d/%d, engine %s, table %s", comm.rank,
                       comm.world_size, engine_dir_name(self.installed.engine_id),
@@ -87,6 +92,19 @@ class RankHooks:
     def model_name(self) -> str:
         """The model the engine serves, for the rank info file; "" where the engine does not tell."""
         return ""
+
+    def route(self) -> RankRoute:
+        """Which runner and logits route run on this rank, and what its fingerprints matched (the rank info file,
+        `/v1/engine`, the page)."""
+        engagement = None if self.check is None or self.runner_kind is None else self.check.engagement(self.runner_kind)
+        if engagement is None:
+            return RankRoute(self.runner_class)
+        return RankRoute(self.runner_class, engagement.runner.description, engagement.matched_text())
+
+    def see_runner(self, runner: object, kind: str) -> None:
+        """Note the runner this rank runs, as the fingerprinted runner `kind`."""
+        self.runner_kind = kind
+        self.runner_class = f"{type(runner).__module__}.{type(runner).__qualname__}"
 
     def sampler_labels(self) -> dict[str, str]:
         """Who samples in each mode (the rank info file, `/v1/live`, the page)."""

@@ -41,6 +41,13 @@ class Engagement:
     verdicts: tuple[PointVerdict, ...]
     reason: str  # why the hooks would not engage on this runner ("" when they would)
 
+    def matched_text(self) -> str:
+        """One line: the verified release the runner matched as a whole, its points that match, and those absent
+        (optional points the release lacks too, when it engages)."""
+        counts = {verdict: sum(v.verdict == verdict for v in self.verdicts) for verdict in (MATCH, ABSENT_VERDICT)}
+        absent = f", {counts[ABSENT_VERDICT]} absent" if counts[ABSENT_VERDICT] else ""
+        return f"{self.release or 'no verified release'}: {counts[MATCH]} of {len(self.verdicts)} points match{absent}"
+
 
 def point_verdict(point: Point, live: Fingerprint, releases: Sequence[Release]) -> PointVerdict:
     agreeing = tuple(r.label for r in releases if r.points.get(point) == live)

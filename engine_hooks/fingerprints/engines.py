@@ -46,6 +46,13 @@ class InstallCheck:
         """The verdict for the runner named `runner` ("v1", "v2", ...); None when the install does not have it."""
         return next((e for e in self.engagements if e.runner.runner == runner), None)
 
+    def runner_refusal(self, runner: str) -> str | None:
+        """Why the hooks must stay off in a worker that runs the runner named `runner` (None: they may engage)."""
+        engagement = self.engagement(runner)
+        if engagement is None:
+            return f"{self.engine.label} {self.version} has no {runner} runner by its fingerprints, yet this runs one"
+        return None if engagement.engage else engagement.reason
+
 
 def check_install(engine: Engine, tree: SourceTree | None = None, data_dir: Path = DATA_DIR) -> InstallCheck | None:
     """`engine` as installed in `tree` (default: where this interpreter imports it from) against its verified

@@ -1,11 +1,11 @@
 """The points of vLLM each runner relies on: the adapter's patch targets and the names it uses
-(adapters/vllm/patches.py), the runner steps that call them, what the V2 sharded sampler runs of V2's own
+(adapters/vllm/targets.py), the runner steps that call them, what the V2 sharded sampler runs of V2's own
 (adapters/vllm/v2_keyed.py), and the runners and samplers on the path that gatherwise does not hook."""
 
 from __future__ import annotations
 
 from gatherwise.engine_hooks.adapters.patch_targets import Target
-from gatherwise.engine_hooks.adapters.vllm import patches
+from gatherwise.engine_hooks.adapters.vllm import targets
 from gatherwise.engine_hooks.fingerprints.fingerprint import WHOLE_MODULE
 from gatherwise.engine_hooks.fingerprints.point import Point, RunnerPoints
 
@@ -13,7 +13,7 @@ ENGINE = "vllm"
 LOGITS = "vllm.model_executor.layers.logits_processor"
 V1_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.sample.sampler")
 V2_PACKAGE = "vllm.v1.worker.gpu."
-V2_RUNNER = patches.V2_RUNNER
+V2_RUNNER = targets.V2_RUNNER
 V2_SAMPLER = "vllm.v1.worker.gpu.sample.sampler"
 V2_GUMBEL = "vllm.v1.worker.gpu.sample.gumbel"  # v2_keyed.KERNEL's module; that module imports torch
 STANDALONE_RUNNER = "vllm.v1.worker.cpu.standalone_model_runner"
@@ -26,14 +26,14 @@ def _point(target: Target) -> Point:
 
 
 def _of(*modules: str) -> tuple[Point, ...]:
-    return tuple(_point(t) for t in patches.TARGETS if t.module.startswith(modules))
+    return tuple(_point(t) for t in targets.TARGETS if t.module.startswith(modules))
 
 
 SHARED = (
-    *(_point(t) for t in patches.TARGETS if t.module == LOGITS),
+    *(_point(t) for t in targets.TARGETS if t.module == LOGITS),
     Point(LOGITS, "LogitsProcessor._get_logits"),  # calls the gather
     Point(LOGITS, "LogitsProcessor.forward"),  # soft cap and scale after the gather
-    *(Point(module, name) for module, name in patches.USED_NAMES),
+    *(Point(module, name) for module, name in targets.USED_NAMES),
 )
 V1 = RunnerPoints(
     "v1", "vLLM's V1 model runner (GPUModelRunner in v1/worker/gpu_model_runner.py)", shared=SHARED, own=(

@@ -27,7 +27,7 @@ def test_unsafe_shm_dir_turns_the_plugin_off_with_one_warning(monkeypatch, caplo
     monkeypatch.setattr(vllm_plugin.PLUGIN, "registered", False)
     monkeypatch.setenv("GATHERWISE_ENABLE", "1")
     monkeypatch.setenv("GATHERWISE_ENGINE_SHM_DIR", str(shm))
-    monkeypatch.setattr(vllm_patches, "compatibility_problems", lambda: [])
+    monkeypatch.setattr(vllm_patches, "compatibility_problems", lambda check: [])
     monkeypatch.setattr(vllm_patches, "apply", _no_apply)
     with caplog.at_level(logging.WARNING, logger="gatherwise.vllm"):
         vllm_plugin.register()

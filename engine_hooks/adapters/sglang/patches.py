@@ -23,13 +23,14 @@ SGLang applies in every process right after loading its general plugins; nothing
 - `DecodeCudaGraphRunner.execute(self, forward_batch, pp_proxy_tensors)` (around): the replay of that mode's
   graph, timed, then the host part of the call. All four do nothing unless SGLang captures decode graphs.
 
-Before registering, the installed SGLang version must be one the adapter was written and tested against, and
-each target must exist with the expected parameters. Otherwise SGLang is left untouched and ONE warning says why.
+Before registering, the installed SGLang's code must match a verified release at every point its runner relies on
+(gatherwise.engine_hooks.adapters.engagement), and each target must exist with the expected parameters. Otherwise
+SGLang is left untouched and ONE warning says why.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatherwise.engine_hooks.adapters import patch_targets
 from gatherwise.engine_hooks.adapters.patch_targets import Target
@@ -48,32 +49,28 @@ from gatherwise.engine_hooks.adapters.sglang.targets import (
     USED_NAMES,
 )
 
-SUPPORTED_VERSIONS = ("0.5.23",)  # the SGLang releases this adapter was written and tested against
+if TYPE_CHECKING:
+    from gatherwise.engine_hooks.fingerprints.engines import InstallCheck
 
 _registered: list[str] = []
 
 
-def installed_version() -> str:
-    from importlib.metadata import version
-
-    return version("sglang")  # sglang's own __version__ import pulls in most of the package
-
-
-def compatibility_problems() -> list[str]:
-    """Empty when the adapter may patch this SGLang; else the reasons it must not."""
-    return patch_targets.compatibility_problems("SGLang", installed_version, SUPPORTED_VERSIONS, TARGETS, USED_NAMES)
+def compatibility_problems(check: InstallCheck | None) -> list[str]:
+    """Empty when the adapter may patch this SGLang; else the reasons it must not. SGLang has one runner, so
+    every target is its."""
+    return patch_targets.compatibility_problems("SGLang", TARGETS, USED_NAMES)
 
 
 def applied() -> bool:
     return bool(_registered)
 
 
-def install(config: Any) -> None:
+def install(config: Any, check: InstallCheck | None) -> None:
     """Register the wrappers around the step hooks of `config` (engine_hooks.adapters.plugin calls this once per
-    process)."""
+    process); the hooks report what `check` matched."""
     from gatherwise.engine_hooks.adapters.sglang.step import SglangStepHooks
 
-    apply(SglangStepHooks(config))
+    apply(SglangStepHooks(config, check))
 
 
 class _HookedGatherer:

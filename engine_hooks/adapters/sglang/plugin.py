@@ -17,6 +17,6 @@ import logging
 
 from gatherwise.engine_hooks.adapters.plugin import EnginePlugin
 
-PLUGIN = EnginePlugin("SGLang", "gatherwise.engine_hooks.adapters.sglang.patches",
+PLUGIN = EnginePlugin("SGLang", "sglang", "gatherwise.engine_hooks.adapters.sglang.patches",
                       logging.getLogger("gatherwise.sglang"))
-register = PLUGIN.register  # the entry point; leaves SGLang untouched (one warning) when it does not know this SGLang
+register = PLUGIN.register  # the entry point; leaves SGLang untouched (one warning) when its code is not verified

@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -64,6 +64,9 @@ from gatherwise.engine_hooks.adapters.sglang.sampled_rows import batch_rows, ref
 from gatherwise.engine_hooks.adapters.sglang.targets import TP_WORKER_FORWARD
 from gatherwise.engine_hooks.logits_path import LogitsPath
 from gatherwise.modes import Mode
+
+if TYPE_CHECKING:
+    from gatherwise.engine_hooks.fingerprints.engines import InstallCheck
 
 log = logging.getLogger("gatherwise.sglang")
 # Where forward_batch_generation takes is_verify and the ScheduleBatch among the positional arguments after self
@@ -134,8 +137,8 @@ class SglangStepHooks(RankHooks):
     ENGINE = "SGLang"
     DISTRIBUTION = "sglang"
 
-    def __init__(self, config: GatherwiseConfig) -> None:
-        super().__init__(config, log)
+    def __init__(self, config: GatherwiseConfig, check: InstallCheck | None = None) -> None:
+        super().__init__(config, log, check)
         self.resync: Any = None  # gatherwise.engine_hooks.rng_resync.RandomStateResync, with the hooks
         self.root_samples_alone = False  # rank 0 inside SGLang's sampler in gather mode
         self._in_step = False  # inside TpModelWorker.forward_batch_generation (not a verify pass)
@@ -153,6 +156,8 @@ class SglangStepHooks(RankHooks):
     @contextmanager
     def step(self, worker: Any, args: tuple, kwargs: dict) -> Iterator[None]:
         is_verify = kwargs.get("is_verify", args[_IS_VERIFY_ARG] if len(args) > _IS_VERIFY_ARG else False)
+        if self._worker is None:
+            self.see_runner(worker, "sglang")  # SGLang's one runner
         self._worker = worker
         self._schedule_batch = kwargs.get("batch", args[_BATCH_ARG] if len(args) > _BATCH_ARG else None)
         self._in_step = not is_verify and self.disabled is None

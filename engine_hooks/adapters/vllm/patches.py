@@ -1,4 +1,4 @@
-"""Every place gatherwise touches vLLM, in one list, with the check that they are what the adapter expects.
+"""How gatherwise wraps vLLM, and the check that vLLM is what the adapter expects (its targets: vllm.targets).
 
 The logits collective, for both of vLLM's model runners:
 - `LogitsProcessor._gather_logits(self, logits)`: the TP logits collective -> engine_hooks' collective.
@@ -19,127 +19,111 @@ purpose (each runner's `_dummy_sampler_run` warm-up, V1's `_get_prompt_logprobs_
 worker) keep vLLM's all_gather without a warning. Any other logits call outside a hooked step is reported once
 (vllm.worker).
 
-Before patching, the installed vLLM version must be one the adapter was written and tested against, and each
-target must exist with the expected parameters. Otherwise vLLM is left untouched and ONE warning says why.
+Before patching, the installed vLLM's code must match a verified release at every point of at least one runner
+the hooks take (gatherwise.engine_hooks.adapters.engagement), and each target of the runners the install has must
+exist with the expected parameters; a release without V1 (0.34) has V2's targets only. Otherwise vLLM is left
+untouched and ONE warning says why.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatherwise.engine_hooks.adapters import patch_targets
 from gatherwise.engine_hooks.adapters.patch_targets import Target
+from gatherwise.engine_hooks.adapters.vllm.targets import (
+    EXECUTE_MODEL,
+    GATHER_LOGITS,
+    RUNNER_TARGETS,
+    SAMPLER_FORWARD,
+    TARGETS,
+    UNHOOKED_SCOPES,
+    USED_NAMES,
+    V2_SAMPLE,
+    V2_SAMPLER_SAMPLE,
+)
+
+if TYPE_CHECKING:
+    from gatherwise.engine_hooks.fingerprints.engines import InstallCheck
 
 log = logging.getLogger("gatherwise.vllm")
-
-SUPPORTED_VERSIONS = ("0.32",)  # major.minor of the vLLM releases this adapter was written and tested against
-
-GATHER_LOGITS = Target("vllm.model_executor.layers.logits_processor", "LogitsProcessor", "_gather_logits",
-                       ("self", "logits"))
-EXECUTE_MODEL = Target("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model",
-                       ("self", "scheduler_output"))
-SAMPLER_FORWARD = Target("vllm.v1.sample.sampler", "Sampler", "forward", ("self", "logits", "sampling_metadata"))
-DUMMY_SAMPLER_RUN = Target("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_dummy_sampler_run",
-                           ("self", "hidden_states"))
-PROMPT_LOGPROBS = Target("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_get_prompt_logprobs_dict",
-                         ("self", "hidden_states"))
-V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
-V2_SAMPLE = Target(V2_RUNNER, "GPUModelRunner", "sample", ("self", "hidden_states", "input_batch", "grammar_output"))
-V2_SAMPLER_SAMPLE = Target("vllm.v1.worker.gpu.sample.sampler", "Sampler", "sample",
-                           ("self", "logits", "expanded_idx_mapping", "idx_mapping", "idx_mapping_np", "pos",
-                            "input_ids", "expanded_local_pos", "seq_lens_upper_bound_np"))
-V2_DUMMY_SAMPLER_RUN = Target(V2_RUNNER, "GPUModelRunner", "_dummy_sampler_run", ("self", "hidden_states"))
-V2_PROMPT_LOGPROBS = Target("vllm.v1.worker.gpu.sample.prompt_logprob", "PromptLogprobsWorker",
-                            "compute_prompt_logprobs", ("self", "logits_fn"))
-V2_PROMPT_TOKEN_LOGPROBS = Target("vllm.v1.worker.gpu.sample.prompt_logprob", "PromptLogprobsWorker",
-                                  "compute_prompt_token_id_logprobs", ("self", "logits_fn"))
-UNHOOKED_SCOPES = (DUMMY_SAMPLER_RUN, PROMPT_LOGPROBS, V2_DUMMY_SAMPLER_RUN, V2_PROMPT_LOGPROBS,
-                   V2_PROMPT_TOKEN_LOGPROBS)  # vLLM's own logits calls outside a step
-TARGETS = (GATHER_LOGITS, EXECUTE_MODEL, SAMPLER_FORWARD, V2_SAMPLE, V2_SAMPLER_SAMPLE, *UNHOOKED_SCOPES)
-# Other vLLM names the hooks use at run time (checked here too, so a missing one also refuses up front).
-USED_NAMES = (("vllm.distributed.parallel_state", "get_tp_group"), ("vllm.distributed.parallel_state", "get_pp_group"),
-              ("vllm.v1.outputs", "SamplerOutput"))
 
 _originals: dict[Target, Any] = {}
 
 
-def installed_version() -> str:
-    import vllm
+def present_targets(check: InstallCheck | None) -> tuple[Target, ...]:
+    """The targets of the runners the install has (every target without a check): a runner's modules may be gone
+    from a release (V1 in 0.34), and its targets with them."""
+    absent = {t for runner, targets in RUNNER_TARGETS.items()
+              if check is not None and check.engagement(runner) is None for t in targets}
+    return tuple(t for t in TARGETS if t not in absent)
 
-    return str(getattr(vllm, "__version__", "unknown"))
 
-
-def compatibility_problems() -> list[str]:
+def compatibility_problems(check: InstallCheck | None) -> list[str]:
     """Empty when the adapter may patch this vLLM; else the reasons it must not."""
-    return patch_targets.compatibility_problems("vLLM", installed_version, SUPPORTED_VERSIONS, TARGETS, USED_NAMES)
+    return patch_targets.compatibility_problems("vLLM", present_targets(check), USED_NAMES)
 
 
 def applied() -> bool:
     return bool(_originals)
 
 
-def install(config: Any) -> None:
-    """Wrap vLLM around the step hooks of `config` (engine_hooks.adapters.plugin calls this once per process)."""
+def install(config: Any, check: InstallCheck | None) -> None:
+    """Wrap vLLM around the step hooks of `config` (engine_hooks.adapters.plugin calls this once per process);
+    each worker asks `check` again once it knows its runner."""
     from gatherwise.engine_hooks.adapters.vllm.v1_step import V1StepHooks
     from gatherwise.engine_hooks.adapters.vllm.v2_step import V2StepHooks
     from gatherwise.engine_hooks.adapters.vllm.worker import VllmWorker
 
-    worker = VllmWorker(config)
-    apply(worker, V1StepHooks(worker), V2StepHooks(worker))
+    worker = VllmWorker(config, check)
+    apply(worker, V1StepHooks(worker), V2StepHooks(worker), present_targets(check))
 
 
-def apply(worker: Any, v1: Any, v2: Any) -> None:
-    """Wrap the targets so they call into one worker's hooks: `worker` (a VllmWorker) for the logits gather and
+def apply(worker: Any, v1: Any, v2: Any, targets: tuple[Target, ...] = TARGETS) -> None:
+    """Wrap `targets` so they call into one worker's hooks: `worker` (a VllmWorker) for the logits gather and
     the logits calls outside a step, `v1` (V1StepHooks) and `v2` (V2StepHooks) for each runner's step and
-    sampler. Idempotent."""
+    sampler. Idempotent. Only `targets` are imported, so a release without a runner's modules is patched for the
+    runners it has."""
     if _originals:
         return
-    owners = {t: t.owner() for t in TARGETS}
-    originals = {t: owners[t].__dict__[t.attr] for t in TARGETS}
+    owners = {t: t.owner() for t in targets}
+    originals = {t: owners[t].__dict__[t.attr] for t in targets}
 
-    gather_orig = originals[GATHER_LOGITS]
+    for target, original in originals.items():
+        setattr(owners[target], target.attr, _wrapper(target, original, worker, v1, v2))
+    _originals.update(originals)
 
-    @functools.wraps(gather_orig)
-    def _gather_logits(self, logits):
-        return worker.gather_logits(self, logits, gather_orig)
 
-    execute_orig = originals[EXECUTE_MODEL]
+def _wrapper(target: Target, original: Any, worker: Any, v1: Any, v2: Any) -> Any:
+    """What replaces `target`: a call into the hooks around `original`."""
+    if target in UNHOOKED_SCOPES:
+        return _unhooked_scope(worker, original)
 
-    @functools.wraps(execute_orig)
+    def gather_logits(self, logits):
+        return worker.gather_logits(self, logits, original)
+
     def execute_model(self, scheduler_output, *args, **kwargs):
         with v1.step(self, scheduler_output):
-            return execute_orig(self, scheduler_output, *args, **kwargs)
+            return original(self, scheduler_output, *args, **kwargs)
 
-    forward_orig = originals[SAMPLER_FORWARD]
-
-    @functools.wraps(forward_orig)
     def forward(self, logits, *args, **kwargs):
-        return v1.sample(self, forward_orig, logits, *args, **kwargs)
+        return v1.sample(self, original, logits, *args, **kwargs)
 
-    v2_sample_orig = originals[V2_SAMPLE]
-
-    @functools.wraps(v2_sample_orig)
     def v2_sample(self, hidden_states, input_batch, grammar_output, *args, **kwargs):
         with v2.step(self, input_batch, grammar_output):
-            return v2_sample_orig(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
+            return original(self, hidden_states, input_batch, grammar_output, *args, **kwargs)
 
-    v2_sampler_orig = originals[V2_SAMPLER_SAMPLE]
-
-    @functools.wraps(v2_sampler_orig)
     def v2_sampler_sample(self, logits, expanded_idx_mapping, idx_mapping, idx_mapping_np, pos, input_ids,
                           expanded_local_pos, seq_lens_upper_bound_np, *args, **kwargs):
         batch = (expanded_idx_mapping, idx_mapping, idx_mapping_np, pos, input_ids, expanded_local_pos,
                  seq_lens_upper_bound_np)
-        return v2.sample(self, v2_sampler_orig, logits, batch, *args, **kwargs)
+        return v2.sample(self, original, logits, batch, *args, **kwargs)
 
-    wrappers = {GATHER_LOGITS: _gather_logits, EXECUTE_MODEL: execute_model, SAMPLER_FORWARD: forward,
+    wrappers = {GATHER_LOGITS: gather_logits, EXECUTE_MODEL: execute_model, SAMPLER_FORWARD: forward,
                 V2_SAMPLE: v2_sample, V2_SAMPLER_SAMPLE: v2_sampler_sample}
-    wrappers.update({t: _unhooked_scope(worker, originals[t]) for t in UNHOOKED_SCOPES})
-    for target, wrapper in wrappers.items():
-        setattr(owners[target], target.attr, wrapper)
-    _originals.update(originals)
+    return functools.wraps(original)(wrappers[target])
 
 
 def _unhooked_scope(worker: Any, original: Any) -> Any:

@@ -41,5 +41,5 @@ def attach_log_handler() -> None:
     root.propagate = False  # one line per record even if someone configures the root logger later
 
 
-PLUGIN = EnginePlugin("vLLM", "gatherwise.engine_hooks.adapters.vllm.patches", log, attach_log_handler)
-register = PLUGIN.register  # the entry point; leaves vLLM untouched (one warning) when it does not know this vLLM
+PLUGIN = EnginePlugin("vLLM", "vllm", "gatherwise.engine_hooks.adapters.vllm.patches", log, attach_log_handler)
+register = PLUGIN.register  # the entry point; leaves vLLM untouched (one warning) when its code is not verified

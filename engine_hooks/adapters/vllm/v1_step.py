@@ -70,7 +70,7 @@ class V1StepHooks:
     def step(self, runner: Any, scheduler_output: Any) -> Iterator[None]:
         worker = self.worker
         self._structured = bool(getattr(scheduler_output, "has_structured_output_requests", False))
-        if worker.installed is None and worker.disabled is None:
+        if worker.installed is None and worker.disabled is None and not worker.refused_runner(runner):
             worker.refused_single_rank()
         if worker.resync is not None and worker.resync.stale_requests:
             worker.resync.finished(getattr(scheduler_output, "finished_req_ids", ()))

@@ -27,22 +27,45 @@ import torch
 
 BLOCK_SIZE = 1024  # V2's gumbel_sample launches blocks of this many columns
 KERNEL = ("vllm.v1.worker.gpu.sample.gumbel", "_gumbel_sample_kernel")
-KERNEL_ARGS = ("local_argmax_ptr", "local_argmax_stride", "local_max_ptr", "local_max_stride", "logits_cache_ptr",
-               "logits_cache_stride_0", "logits_cache_stride_1", "logits_cache_col_ptr", "logits_cache_source_ptr",
-               "logits_cache_source_stride", "logits_ptr", "logits_stride", "expanded_idx_mapping_ptr", "seeds_ptr",
-               "pos_ptr", "temp_ptr", "vocab_size", "BLOCK_SIZE", "IS_DRAFTING", "APPLY_TEMPERATURE", "USE_FP64",
-               "PER_TOKEN_COL")
+_DRAFT_CACHE = ("logits_cache_ptr", "logits_cache_stride_0", "logits_cache_stride_1", "logits_cache_col_ptr",
+                "logits_cache_source_ptr", "logits_cache_source_stride")
+# The kernel's parameters in each release the adapter was verified against (the fingerprint of
+# `_gumbel_sample_kernel` says which): 0.32 and 0.33, then 0.34, which adds a row mapping for the draft logits
+# cache and an additive bias.
+KERNEL_SIGNATURES = (
+    ("local_argmax_ptr", "local_argmax_stride", "local_max_ptr", "local_max_stride", *_DRAFT_CACHE, "logits_ptr",
+     "logits_stride", "expanded_idx_mapping_ptr", "seeds_ptr", "pos_ptr", "temp_ptr", "vocab_size", "BLOCK_SIZE",
+     "IS_DRAFTING", "APPLY_TEMPERATURE", "USE_FP64", "PER_TOKEN_COL"),
+    ("local_argmax_ptr", "local_argmax_stride", "local_max_ptr", "local_max_stride", *_DRAFT_CACHE,
+     "logits_cache_row_mapping_ptr", "logits_ptr", "logits_stride", "bias_ptr", "bias_stride",
+     "expanded_idx_mapping_ptr", "seeds_ptr", "pos_ptr", "temp_ptr", "vocab_size", "BLOCK_SIZE", "IS_DRAFTING",
+     "APPLY_TEMPERATURE", "USE_FP64", "PER_TOKEN_COL", "HAS_BIAS"),
+)
+# What a launch on a shard passes for the arguments that are not the shard's own: no draft logits cache, no bias,
+# and V2's Sampler._sample_random's settings (the temperature is applied before, by apply_sampling_params).
+FIXED_ARGS: dict[str, object] = {
+    "logits_cache_ptr": None, "logits_cache_stride_0": 0, "logits_cache_stride_1": 0, "logits_cache_col_ptr": None,
+    "logits_cache_source_ptr": None, "logits_cache_source_stride": 0, "logits_cache_row_mapping_ptr": None,
+    "bias_ptr": None, "bias_stride": 0, "BLOCK_SIZE": BLOCK_SIZE, "IS_DRAFTING": False, "APPLY_TEMPERATURE": False,
+    "PER_TOKEN_COL": False, "HAS_BIAS": False}
 
 
 def kernel_problem() -> str | None:
-    """Why V2's Gumbel kernel is not the one this module launches (None: it is)."""
+    """Why V2's Gumbel kernel is not one this module launches (None: it is)."""
     import importlib
 
     kernel = getattr(importlib.import_module(KERNEL[0]), KERNEL[1], None)
     names = tuple(getattr(kernel, "arg_names", ()))
-    if names != KERNEL_ARGS:
+    if names not in KERNEL_SIGNATURES:
         return f"{'.'.join(KERNEL)} takes {names or 'unknown arguments'}, not the arguments this adapter launches"
     return None
+
+
+def launch_args(names: tuple[str, ...], shard_args: dict[str, object]) -> tuple[list[object], dict[str, object]]:
+    """The kernel's arguments in the order of its parameters `names`: (positional, constexpr keywords), as V2's
+    gumbel_sample passes them; `shard_args` are the shard's own (buffers, strides, sizes)."""
+    values = {**FIXED_ARGS, **shard_args}
+    return ([values[n] for n in names if not n.isupper()], {n: values[n] for n in names if n.isupper()})
 
 
 class KeyedShard:
@@ -75,13 +98,13 @@ class KeyedShard:
         blocks = -(-end // BLOCK_SIZE)
         local_ids = launched.new_empty(rows, blocks, dtype=torch.int64)
         local_max = launched.new_empty(rows, blocks, dtype=torch.float64 if sampler.use_fp64_gumbel else torch.float32)
-        _gumbel_sample_kernel[(rows, blocks)](
-            local_ids, local_ids.stride(0), local_max, local_max.stride(0),
-            None, 0, 0, None, None, 0,  # no draft logits cache
-            launched, launched.stride(0), expanded_idx_mapping.contiguous(), states.seeds.gpu, pos.contiguous(),
-            states.temperature.gpu, end,
-            BLOCK_SIZE=BLOCK_SIZE, IS_DRAFTING=False, APPLY_TEMPERATURE=False,  # as V2's Sampler._sample_random
-            USE_FP64=sampler.use_fp64_gumbel, PER_TOKEN_COL=False)
+        args, constexprs = launch_args(tuple(_gumbel_sample_kernel.arg_names), {
+            "local_argmax_ptr": local_ids, "local_argmax_stride": local_ids.stride(0), "local_max_ptr": local_max,
+            "local_max_stride": local_max.stride(0), "logits_ptr": launched, "logits_stride": launched.stride(0),
+            "expanded_idx_mapping_ptr": expanded_idx_mapping.contiguous(), "seeds_ptr": states.seeds.gpu,
+            "pos_ptr": pos.contiguous(), "temp_ptr": states.temperature.gpu, "vocab_size": end,
+            "USE_FP64": sampler.use_fp64_gumbel})
+        _gumbel_sample_kernel[(rows, blocks)](*args, **constexprs)
         best = local_max.argmax(dim=-1, keepdim=True)
         return local_max.gather(-1, best).view(-1), local_ids.gather(-1, best).view(-1)
 

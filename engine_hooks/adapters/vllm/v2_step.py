@@ -87,7 +87,7 @@ class V2StepHooks:
         worker.runner_labels = V2_LABELS
         if worker.installed is not None or worker.disabled is not None:
             return
-        if worker.refused_single_rank():
+        if worker.refused_runner(runner) or worker.refused_single_rank():
             return
         if getattr(runner, "batch_sharder", None) is not None:
             worker.disable("unsupported_feature", "batch-sharded sampling (--enable-batch-sharded-sampling) exchanges "

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -22,8 +22,12 @@ from gatherwise.config import GatherwiseConfig
 from gatherwise.engine_hooks.adapters.hooks_off import report_hooks_off
 from gatherwise.engine_hooks.adapters.rank_hooks import RankHooks, shard_shape_problem
 from gatherwise.engine_hooks.adapters.sampler_rows import gatherwise_samples
+from gatherwise.engine_hooks.adapters.vllm.runner_kind import runner_kind
 from gatherwise.engine_hooks.adapters.vllm.tp_group import tp_rank, tp_world_size
 from gatherwise.engine_hooks.logits_path import LogitsPath
+
+if TYPE_CHECKING:
+    from gatherwise.engine_hooks.fingerprints.engines import InstallCheck
 
 log = logging.getLogger("gatherwise.vllm")
 _FINALIZE_PRIORITY = 10  # multiprocessing runs finalizers that have an exit priority when a worker exits, highest first
@@ -39,8 +43,8 @@ class VllmWorker(RankHooks):
     ENGINE = "vLLM"
     DISTRIBUTION = "vllm"
 
-    def __init__(self, config: GatherwiseConfig) -> None:
-        super().__init__(config, log)
+    def __init__(self, config: GatherwiseConfig, check: InstallCheck | None = None) -> None:
+        super().__init__(config, log, check)
         self.runner: Any = None  # the model runner inside its step, else None
         self.step_hooks: StepHooks | None = None  # the hooks of the runner inside its step, else None
         self.runner_labels: dict[str, str] | None = None  # who samples in each mode, where the runner says
@@ -95,11 +99,33 @@ class VllmWorker(RankHooks):
         self._unhooked_reported = True  # said once: later such calls cost nothing more than vLLM's own
         caller = _runner_frame_name()
         engaged = "" if self.installed is None else " (the hooks are installed, but this call bypasses them)"
+        unhooked = "" if self.check is None else "".join(
+            f"; the install has {e.runner.description}, which gatherwise does not hook"
+            for e in self.check.engagements if not e.runner.hooked)
         report_hooks_off(log, "vLLM", "unhooked_logits_calls",
                          f"vLLM's logits gather ran outside a hooked step, called from {caller}{engaged}; gatherwise "
-                         "neither times nor switches such calls (vLLM's own all_gather runs)", self.config, tp_rank())
+                         f"neither times nor switches such calls (vLLM's own all_gather runs){unhooked}", self.config,
+                         tp_rank())
 
     # -- installation and refusals ------------------------------------------------------------------------------
+    def refused_runner(self, runner: Any) -> bool:
+        """Hooks off (said once) unless `runner` is a runner the hooks take and its fingerprints engaged: never
+        run blind on a runner or a release nobody read. Decided at the worker's first step, alike on every rank."""
+        if self.runner_kind is not None:
+            return False
+        kind = runner_kind(runner)
+        if kind is None:
+            cls = type(runner)
+            self.disable("unsupported_feature", f"the model runner {cls.__module__}.{cls.__qualname__} is neither "
+                         "of vLLM's runners gatherwise hooks (V1's or Model Runner V2's GPUModelRunner)", tp_rank())
+            return True
+        self.see_runner(runner, kind)
+        refusal = None if self.check is None else self.check.runner_refusal(kind)
+        if refusal is not None:
+            self.disable("unsupported_version", refusal, tp_rank())
+            return True
+        return False
+
     def refused_single_rank(self) -> bool:
         """Hooks off (said once) in a TP=1 worker: vLLM makes no logits collective there."""
         if tp_world_size() != 1:
