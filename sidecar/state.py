@@ -23,6 +23,7 @@ from gatherwise.sidecar.ingest.hooks_off import HooksOffWatch
 from gatherwise.sidecar.ingest.live_history import LiveHistory
 from gatherwise.sidecar.ingest.poll import Ingest
 from gatherwise.sidecar.metrics.control_gauges import ControlGaugesCollector
+from gatherwise.sidecar.metrics.engine_route import EngineRouteCollector
 from gatherwise.sidecar.metrics.exposition import SidecarMetrics
 from gatherwise.sidecar.metrics.header_counters import HeaderCountersCollector
 from gatherwise.sidecar.metrics.hooks_off_gauge import HooksOffCollector
@@ -71,5 +72,7 @@ def build_state(config: GatherwiseConfig, *, env: Mapping[str, str] | None = Non
     metrics = SidecarMetrics(histograms, [HeaderCountersCollector(ingest.counters),
                                           HooksOffCollector(lambda: hooks_off.notices), events.mode_switches,
                                           ControlGaugesCollector(control.control_view),
-                                          RoleCollector(control.attached_role, ROLES)])
+                                          RoleCollector(control.attached_role, ROLES),
+                                          EngineRouteCollector(lambda: None if (eng := ingest.engine) is None
+                                                               else (eng.label, live.rank_infos(eng)))])
     return SidecarState(config, metrics, ingest, schedule, control, live, tracer)

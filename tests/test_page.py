@@ -80,6 +80,7 @@ def test_live_shows_the_engine_its_counters_and_the_path_over_time(client, shm_d
     assert eng["kind"] == "gatherwise reference engine" and eng["tp_size"] == 2 and eng["up"]
     assert [r["rank"] for r in eng["ranks"]] == [0, 1] and {r["node"] for r in eng["ranks"]} == {socket.gethostname()}
     assert set(eng["ranks"][0]["sampler"]) == {"all_gather", "gather", "sharded"}
+    assert eng["ranks"][0]["route"] == {"runner": "", "route": "", "fingerprint": ""}  # the reference engine's
     assert live["mode"]["active"]["1"] == "all_gather" and live["mode_error"] is None
     assert live["calls"]["all_gather"] > 0 and set(live["dropped"]) >= {"overwritten", "torn", "invalid"}
     costs = live["op_seconds_per_call"]["all_gather"]

@@ -1,7 +1,7 @@
 """The read-only status endpoints: GET /healthz (the process answers), GET /readyz (an engine is attached, its
-heartbeat is fresh and its control block, if it has one, is attached), GET /v1/engine (the attached engine and
-what the sidecar has ingested from it) and GET /metrics (OpenMetrics with exemplars when the Accept header asks
-for it, classic text otherwise).
+heartbeat is fresh and its control block, if it has one, is attached), GET /v1/engine (the attached engine, what
+the sidecar has ingested from it and the route each rank runs) and GET /metrics (OpenMetrics with exemplars when
+the Accept header asks for it, classic text otherwise).
 
 /metrics is a route, not a Starlette Mount: a Mount answers /metrics with a 307 to /metrics/. Every handler is a
 coroutine; what reads the sidecar's state runs on its loop thread (gatherwise.sidecar.control.loop: the one
@@ -10,16 +10,34 @@ threading rule), the whole exposition of a scrape included.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from gatherwise.shm_format.engine_info import RankRoute
 from gatherwise.sidecar.api.deps import StateDep
 from gatherwise.sidecar.control.role import Role
 from gatherwise.sidecar.ingest.attached_engine import EngineInfo
 from gatherwise.sidecar.state import SidecarState
 
 router = APIRouter()
+
+
+@dataclass(frozen=True)
+class RankRouteOf:
+    """The route one rank runs (its info file's): the engine's runner class, the runner gatherwise recognised it
+    as, and what its fingerprints matched."""
+
+    rank: int
+    kind: str
+    route: RankRoute
+
+
+@dataclass(frozen=True)
+class EngineWithRoutes(EngineInfo):
+    routes: tuple[RankRouteOf, ...] = ()  # the ranks read here whose info files were read
 
 
 class Health(BaseModel):
@@ -67,9 +85,17 @@ def readiness(state: SidecarState) -> Readiness | JSONResponse:
     return JSONResponse(status_code=503, content=body.model_dump())
 
 
-@router.get("/v1/engine", response_model=EngineInfo, tags=["engine"])
-async def engine_info(state: StateDep) -> EngineInfo:
-    return await state.loop.run(state.ingest.info)
+@router.get("/v1/engine", response_model=EngineWithRoutes, tags=["engine"])
+async def engine_info(state: StateDep) -> EngineWithRoutes:
+    return await state.loop.run(lambda: engine_with_routes(state))
+
+
+def engine_with_routes(state: SidecarState) -> EngineWithRoutes:
+    """/v1/engine's answer (on the loop thread)."""
+    info = state.ingest.info()
+    eng = state.ingest.engine
+    routes = () if eng is None else tuple(RankRouteOf(i.rank, i.kind, i.route) for i in state.live.rank_infos(eng))
+    return EngineWithRoutes(**{f.name: getattr(info, f.name) for f in fields(info)}, routes=routes)
 
 
 @router.get("/metrics", response_class=Response, tags=["metrics"],

@@ -2,8 +2,9 @@
 
 The dashboards, alerts and checks use exactly these. Which module builds each family (under gatherwise.sidecar):
 record histograms in metrics.record_histograms, header counters and engine gauges in metrics.header_counters, the
-hooks-off gauge in metrics.hooks_off_gauge, the role gauge in metrics.role_gauge, the switch counter in
-control.decision_events, the control gauges in metrics.control_gauges; metrics.exposition renders them all.
+hooks-off gauge in metrics.hooks_off_gauge, the role gauge in metrics.role_gauge, the route info in
+metrics.engine_route, the switch counter in control.decision_events, the control gauges in metrics.control_gauges;
+metrics.exposition renders them all.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ ENGINE_UP = "gatherwise_engine_up"
 ENGINE_HEARTBEAT_AGE_SECONDS = "gatherwise_engine_heartbeat_age_seconds"
 ENGINE_HOOKS_OFF = "gatherwise_engine_hooks_off"  # engine processes whose hooks are off (their notices)
 SIDECAR_ROLE = "gatherwise_sidecar_role"  # controller (its node holds the control block) or observer
+ENGINE_ROUTE_INFO = "gatherwise_engine_route_info"  # each rank's runner, route and fingerprint verdict (info files)
 # -- control families --------------------------------------------------------------------------------------
 MODE_SWITCHES = "gatherwise_mode_switches"  # exposed as ..._total
 ACTIVE_MODE = "gatherwise_active_mode"

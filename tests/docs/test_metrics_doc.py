@@ -19,6 +19,7 @@ from gatherwise.engine_hooks.control_block import ControlBlockSource
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.modes import Mode, ModeTable
 from gatherwise.shm_format.control import control_path
+from gatherwise.shm_format.engine_info import RankRoute, write_rank_info
 from gatherwise.shm_format.liveness import LivenessLock
 from gatherwise.shm_format.node_ranks import write_node_ranks
 from gatherwise.shm_format.private_files import ensure_private_dir
@@ -45,6 +46,10 @@ class EngineFiles:
         self.rings = [RingRecorder(ring_path(shm, engine_id, r), engine_id=engine_id, rank=r, tp_size=tp,
                                    vocab=1000, dtype="float32", capacity=256) for r in ranks]
         write_node_ranks(self.dir, tp, ranks, node, nodes)
+        for r in ranks:  # what an adapter's rank says of its runner (gatherwise_engine_route_info)
+            write_rank_info(self.dir, r, "vLLM", "0.34.0", {}, "a-model", RankRoute(
+                "vllm.v1.worker.gpu.model_runner.GPUModelRunner", "vLLM's Model Runner V2",
+                "vllm 0.34.0: 23 of 23 points match"))
         self.calls = count()  # call indices, in order across rounds
 
     def write_calls(self, calls: int) -> None:

@@ -113,8 +113,13 @@ function showEngine(live) {
     ["TP ranks", eng.tp_size], ["logits", `${eng.dtype}, vocab ${eng.vocab}`], ["role", role(live.mode)],
     ["calls", MODES.filter(m => live.calls[m]).map(m => `${m} ${live.calls[m]}`).join(", ") || "none yet"],
   ]);
+  // which runner and logits route each rank runs, and what its fingerprints matched ("" where it does not tell)
+  const route = r => r.route || {};
   fill($("ranks").tBodies[0], eng.ranks.map(r => el("tr", {}, el("td", {}, r.rank), el("td", {}, r.node),
-                                                  el("td", {}, r.pid))));
+                                                  el("td", {}, r.pid),
+                                                  el("td", { class: "runner" }, route(r).runner || "—"),
+                                                  el("td", { class: "route" }, route(r).route || "—"),
+                                                  el("td", { class: "fingerprint" }, route(r).fingerprint || "—"))));
   const sampler = (eng.ranks[0] && eng.ranks[0].sampler) || {};
   pairs($("sampler"), Object.entries(sampler));
 }
