@@ -35,7 +35,7 @@ MAX_DETAIL_CHARS = 1000
 ENGINES = ("vLLM", "SGLang")
 # Why the hooks are off; the sidecar's `reason` label takes these values (anything else reads as "other").
 REASONS = (
-    "unsupported_version",  # the engine is not a version the adapter knows
+    "unsupported_version",  # the engine's code matches no release the adapter was verified against
     "unsupported_feature",  # speculative decoding, pipeline parallelism, DP attention, ...
     "single_rank",  # TP=1: the engine makes no logits collective
     "logits_shape",  # a logits shard the path cannot take

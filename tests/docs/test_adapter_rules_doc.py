@@ -27,7 +27,7 @@ class Engine:
 
 VLLM = Engine("docs/vllm.md", ("vllm/*.py", "plugin.py"), "Never silently off", "vllm/v1_sampler_rows.py",
               "step_aside_reason", ("reason", "a row of the batch …"))
-SGLANG = Engine("docs/sglang.md", ("sglang/*.py", "plugin.py"), "When SGLang is not a version",
+SGLANG = Engine("docs/sglang.md", ("sglang/*.py", "plugin.py"), "When SGLang's code is not a release",
                 "sglang/sampled_rows.py", "refusal", ("reason", "the batch …"))
 
 
