@@ -7,7 +7,7 @@ with the auto policy on, in a private shared-memory directory; then prints, ever
 by mode, the active table, switches and the engine's latest output, from the sidecar's HTTP API. Ctrl-C, SIGTERM (or
 --duration) stops every process it started, removes the shared-memory files and exits 0 — however the demo was
 started: a shell that runs it in the background starts it with SIGINT ignored, so the handlers are installed
-explicitly, and the children run in their own session with the parent-death signal (dashboards/child_process.py),
+explicitly, and the children run in their own session with the parent-death signal (gatherwise/child_process.py),
 so they neither see the terminal's Ctrl-C (the demo stops them in order) nor outlive a killed demo.
 """
 

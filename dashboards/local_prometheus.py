@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from gatherwise.dashboards.child_process import start_child, stop_child
+from gatherwise.child_process import start_child, stop_child
 
 CONFIG = Path(__file__).parent / "prometheus" / "prometheus.yml"
 SIDECAR_JOB = "gatherwise-sidecar"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 
-from gatherwise.dashboards.child_process import start_child
+from gatherwise.child_process import start_child
 from gatherwise.dashboards.local_prometheus import LocalPrometheus, start_prometheus, write_local_config
 from gatherwise.free_port import free_port
 

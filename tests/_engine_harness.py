@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from gatherwise.dashboards.child_process import stop_child
+from gatherwise.child_process import stop_child
 
 if TYPE_CHECKING:
     from gatherwise.sidecar.control.block_client import ControlClient

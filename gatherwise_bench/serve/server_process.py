@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from gatherwise.bench.serve.engine_spec import LOCAL_HOST
-from gatherwise.dashboards.child_process import start_child
+from gatherwise.child_process import start_child
 
 READY_TIMEOUT_S = 900.0  # a TP=2 start on 2 shared cores, loading a 600 MB checkpoint twice
 STOP_TIMEOUT_S = 120.0

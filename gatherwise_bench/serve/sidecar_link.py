@@ -13,7 +13,7 @@ import httpx
 import yaml
 
 from gatherwise.bench.bench_sidecar import auth_header, start_sidecar
-from gatherwise.dashboards.child_process import stop_child
+from gatherwise.child_process import stop_child
 
 ATTACH_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0

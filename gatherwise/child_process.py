@@ -1,4 +1,4 @@
-"""Child processes that cannot outlive the process that started them (the local stack, the demo, tests).
+"""Child processes that cannot outlive the process that started them (the local stack, the demo, bench serve, tests).
 
 Two things make a child die with its parent however the parent ends: the parent-death signal (Linux: the kernel
 sends SIGTERM to the child when the thread that forked it exits, even by SIGKILL), and a session of its own, so a
