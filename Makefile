@@ -79,10 +79,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 # mypy reads the installed package shape (one `gatherwise` package), laid out from the checkout as symlinks,
-# and the checkout's scripts and tests against it; its cache stays in build/.
+# and the checkout's scripts, lab and tests against it; its cache stays in build/.
 typecheck: $(STAMP)
 	@$(BIN)/python scripts/package_tree.py build/package-tree >/dev/null
-	$(BIN)/mypy --cache-dir build/mypy-cache build/package-tree/gatherwise scripts tests
+	$(BIN)/mypy --cache-dir build/mypy-cache build/package-tree/gatherwise scripts lab tests
 
 clean:
 	rm -rf $(VENV) .venv-vllm .venv-sglang .pytest_cache .ruff_cache out build

@@ -12,6 +12,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,16 +83,29 @@ def _pick_device(requested: str, local: int, parser: argparse.ArgumentParser) ->
     return "cuda" if gpus >= local else "cpu"
 
 
+def _serve(argv: list[str]) -> int:
+    """A real engine's server under load, not the logits path alone."""
+    from gatherwise.bench.serve.cli import main as serve_main
+
+    return serve_main(argv)
+
+
+def _sampler(argv: list[str]) -> int:
+    """The sampler alone against the engines' own, no ranks."""
+    from gatherwise.bench.sampler import main as sampler_main
+
+    return sampler_main(argv)
+
+
+# `gatherwise bench NAME ...`; without one of these names, the sweep. Each imports its code only when run, so a
+# bad argument of one never waits for another's imports.
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"serve": _serve, "sampler": _sampler}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[2:] if argv is None else argv
-    if argv[:1] == ["serve"]:  # a real engine's server under load, not the logits path alone
-        from gatherwise.bench.serve.cli import main as serve_main
-
-        return serve_main(argv[1:])
-    if argv[:1] == ["sampler"]:  # the sampler alone against the engines' own, no ranks
-        from gatherwise.bench.sampler import main as sampler_main
-
-        return sampler_main(argv[1:])
+    if argv and argv[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[argv[0]](argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.from_results is not None:

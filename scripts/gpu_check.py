@@ -519,7 +519,7 @@ def check_event_costs(ctx: dict) -> dict:
     import torch
 
     if ctx["cpu"]:
-        raise Skip("needs CUDA (the CPU path records with perf_counter_ns; gatherwise.bench.hook_overhead)")
+        raise Skip("needs CUDA (the CPU path records with perf_counter_ns; lab.hook_overhead)")
     from gatherwise.engine_hooks.call_marks import CallMarks
     from gatherwise.engine_hooks.cuda_timing import CurrentStream, EventClock, EventResolver
     from gatherwise.engine_hooks.recorder import RingRecorder

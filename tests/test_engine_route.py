@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from gatherwise.bench.standin_engine import StandinEngine
 from gatherwise.shm_format.engine_info import RankInfo, RankRoute, read_rank_info, write_rank_info
 from gatherwise.sidecar.api.app import create_app
 from gatherwise.sidecar.state import build_state
+from lab.standins.engine import StandinEngine
 from tests.test_sidecar_in_process import AUTH, config_for
 
 ROUTE = RankRoute("vllm.v1.worker.gpu.model_runner.GPUModelRunner",

@@ -1,7 +1,8 @@
 """Import rules: the core (`gatherwise`) pulls in neither torch nor the web stack; the sidecar never pulls in torch
 or the engine hooks; the engine hooks never pull in the sidecar's web/telemetry stack. And over the whole source
 tree, read with `ast` (every import, including those inside functions): no floor names a floor above it, no room of
-the sidecar (its subpackages) names a room above it, and no modules import each other in a circle.
+the sidecar (its subpackages) names a room above it, and no modules import each other in a circle; the checkout's
+lab sits above every floor, so nothing installed names it.
 
 The import checks run in a fresh interpreter, import the modules one by one, and name the first one that broke the
 rule. Modules are globbed at test time, so new files are covered without editing this test.
@@ -125,7 +126,10 @@ FLOORS = (
     ("gatherwise.sidecar", "the observer: reads what the engine writes, exports it, switches the mode"),
     ("gatherwise.dashboards", "dashboards, the local stack and the demo, which start engine and sidecar as processes"),
     ("gatherwise.bench", "benchmarks, which drive every floor below"),
+    ("lab", "measurements and stand-ins run from a checkout, never installed: no installed module names them"),
 )
+# Packages of the checkout that are floors but no part of the installed package: name -> folder.
+CHECKOUT_PACKAGES = {"lab": "lab"}
 # The sidecar's rooms, lowest first: a module may import its own room and the rooms below it, never one above.
 SIDECAR_ROOMS = (
     ("gatherwise.sidecar.traces", "the OpenTelemetry tracer: one trace per sampled call, decision events"),
@@ -140,7 +144,7 @@ SIDECAR_ROOMS = (
 
 def _source_modules() -> dict[str, Path]:
     modules = {}
-    for package, folder in _package_dirs().items():
+    for package, folder in (_package_dirs() | CHECKOUT_PACKAGES).items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             parts = path.relative_to(ROOT / folder).with_suffix("").parts
             parts = parts[:-1] if parts[-1] == "__init__" else parts
@@ -230,12 +234,12 @@ def circles(graph: Mapping[str, set[str]]) -> set[frozenset[str]]:
 
 
 def test_the_floors_cover_every_source_folder():
-    assert {package for package, _ in FLOORS} == set(_package_dirs())
+    assert {package for package, _ in FLOORS} == set(_package_dirs()) | set(CHECKOUT_PACKAGES)
 
 
 def test_no_floor_imports_a_floor_above_it():
     graph = import_graph(_source_modules())
-    assert "gatherwise.dashboards.local_stack" in graph and "gatherwise.cli" in graph
+    assert "gatherwise.dashboards.local_stack" in graph and "gatherwise.cli" in graph and "lab.auto_policy" in graph
     assert upward_imports(graph) == []
 
 

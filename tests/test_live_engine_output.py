@@ -11,7 +11,6 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from gatherwise.bench.standin_engine import StandinEngine
 from gatherwise.config import GatherwiseConfig
 from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.modes import Mode
@@ -21,6 +20,7 @@ from gatherwise.sidecar.api.app import create_app
 from gatherwise.sidecar.ingest.live_history import LiveHistory
 from gatherwise.sidecar.ingest.live_sample import live_sample
 from gatherwise.sidecar.state import SidecarState, build_state
+from lab.standins.engine import StandinEngine
 from tests._sidecar import wait_for
 
 MARKUP = '<img src=x onerror="alert(1)">'

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from gatherwise.bench.standin_engine import StandinEngine
 from gatherwise.config import GatherwiseConfig
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable
 from gatherwise.sidecar.api.app import create_app
 from gatherwise.sidecar.control.control_api import NotAttached
 from gatherwise.sidecar.state import SidecarState, build_state
+from lab.standins.engine import StandinEngine
 
 TOKEN = "in-process-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

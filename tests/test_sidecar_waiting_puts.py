@@ -1,6 +1,6 @@
 """50 PUT /v1/mode?wait=600 waiting at once hold neither the sidecar's event loop nor its threads: /metrics and
 /healthz still answer while they wait, and every one of them answers 200 (applied) once rank 0 applies the newest
-command. A real uvicorn sidecar and a stand-in engine (gatherwise.bench.standin_engine)."""
+command. A real uvicorn sidecar and a stand-in engine (lab.standins.engine)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import httpx
 import pytest
 
-from gatherwise.bench.standin_engine import StandinEngine
+from lab.standins.engine import StandinEngine
 from tests._sidecar import wait_for
 from tests.faults._faults import sidecar_with_token
 

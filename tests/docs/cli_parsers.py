@@ -2,16 +2,14 @@
 (gatherwise.commands), so a new command is covered without a list kept here.
 
 A command builds its parser inside its entry function; `parser_of` runs that function and stops it at its first
-parse, taking the parser it parses with. Subcommands are argparse subparsers, or words the entry function
-dispatches on before it parses (`if argv[:1] == ["serve"]`), read from its source.
+parse, taking the parser it parses with. Subcommands are argparse subparsers, or the names in the entry's module's
+`SUBCOMMANDS` table (name -> the function it hands the rest of its arguments to, before it parses).
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import inspect
-import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -40,16 +38,8 @@ def parser_of(entry: Any, argv: list[str]) -> argparse.ArgumentParser:
 
 
 def dispatch_words(entry: Any) -> list[str]:
-    """Words the entry function hands to another command before parsing: `argv[:1] == ["word"]`."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(entry)))
-    words = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare) and len(node.comparators) == 1:
-            right = node.comparators[0]
-            if (isinstance(right, ast.List) and len(right.elts) == 1 and isinstance(right.elts[0], ast.Constant)
-                    and isinstance(right.elts[0].value, str)):
-                words.append(right.elts[0].value)
-    return words
+    """Words the entry function hands to another command before parsing: its module's `SUBCOMMANDS` table."""
+    return list(getattr(inspect.getmodule(entry), "SUBCOMMANDS", {}))
 
 
 @dataclass(frozen=True)

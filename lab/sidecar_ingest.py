@@ -1,8 +1,8 @@
 """Sidecar ingest pipeline rate: ring records -> cross-rank join -> histograms (-> traces), on one core.
 
-    python -m gatherwise.bench.sidecar_ingest [--calls 50000] [--tp 2] [--repeats 5] [--trace-ratio 0.01] [--out FILE]
+    python -m lab.sidecar_ingest [--calls 50000] [--tp 2] [--repeats 5] [--trace-ratio 0.01] [--out FILE]
 
-gatherwise_bench/ingest_rate.py measures RingReader alone; this measures everything Ingest.poll_once() does per record.
+lab/ingest_rate.py measures RingReader alone; this measures everything Ingest.poll_once() does per record.
 The rings are filled by a RingRecorder first (not timed). Reported: records/s of the reader's CPU time
 (time.process_time, so other load on the machine does not count), median and best of --repeats, with tracing off
 and with --trace-ratio of calls traced into an in-memory exporter. Target: >= 200k records/s.
@@ -60,7 +60,7 @@ def one_run(shm: Path, trace_ratio: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gatherwise.bench.sidecar_ingest", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.sidecar_ingest", description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=50_000)
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)

@@ -1,9 +1,9 @@
 """Modes side by side inside one vLLM engine: greedy throughput per mode and batch size, paired, and where each
 mode's time goes (the path's marks, the time between calls, each rank's wait).
 
-    .venv-vllm/bin/python -m gatherwise.bench.vllm_paired --out out/vllm-paired [--batches 1,8,32,64]
+    .venv-vllm/bin/python -m lab.vllm_paired --out out/vllm-paired [--batches 1,8,32,64]
         [--samples 12] [--tokens 32] [--shape qwen2.5-0.5b-shape]
-    .venv/bin/python -m gatherwise.bench.vllm_paired --plot out/vllm-paired/results.json   # the PNG
+    .venv/bin/python -m lab.vllm_paired --plot out/vllm-paired/results.json   # the PNG
 
 One engine (TP=2 on CPU, vLLM's offline LLM with the engine core in process, the plugin on), the random-weight
 checkpoint of `gatherwise bench serve`. For every sample and batch size the modes run back to back in an order
@@ -28,13 +28,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from vllm import LLM
+
+    from gatherwise.bench.serve.checkpoints import ModelShape
     from gatherwise.shm_format.ring import CallRecord
 
 MODES = ("all_gather", "gather", "sharded")
 MS = 1e-6
 
 
-def _engine(model: str, shm_dir: str):
+def _engine(model: str, shm_dir: str) -> LLM:
     os.environ.update(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm_dir, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -106,7 +109,7 @@ def measure(args: argparse.Namespace) -> dict:
         shutil.rmtree(shm_dir, ignore_errors=True)
 
 
-def _measure(args: argparse.Namespace, shape, model: str, shm_dir: str) -> dict:
+def _measure(args: argparse.Namespace, shape: ModelShape, model: str, shm_dir: str) -> dict:
     from vllm import SamplingParams
 
     from gatherwise.modes import Mode, ModeTable
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(plot(path))
     except ImportError:
-        print(f"for the PNG: .venv/bin/python -m gatherwise.bench.vllm_paired --plot {path}")
+        print(f"for the PNG: .venv/bin/python -m lab.vllm_paired --plot {path}")
     return 0
 
 

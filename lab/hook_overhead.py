@@ -1,6 +1,6 @@
 """Hook overhead per logits call: the path with recording on vs off vs the bare collective.
 
-    python -m gatherwise.bench.hook_overhead [--tp 2] [--iters 300] [--warmup 30] [--out out/hook_overhead]
+    python -m lab.hook_overhead [--tp 2] [--iters 300] [--warmup 30] [--out out/hook_overhead]
 
 Variants, interleaved call by call (a rotating order, so drift of the machine hits all alike), on TP ranks:
   bare — all_gather_into_tensor of the shard + greedy argmax over the gathered shards (no hooks at all)
@@ -21,11 +21,19 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gatherwise.bench.figures import pyplot, save
 from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.shm_format.ring import engine_dir_name
+
+if TYPE_CHECKING:
+    from gatherwise.engine_hooks.comm import TorchDistCommunicator
+    from gatherwise.engine_hooks.recorder import RingRecorder
+
+Marks = dict[str, list[tuple[int, int]]]  # variant -> (start, end) ns per timed call
 
 SHAPES = ((1, 32000), (16, 152064))  # (rows, vocab)
 SMALL_SHAPE_ITERS_FACTOR = 8  # B=1 calls cost < 1 ms: give that shape 8x the calls to tame the noise
@@ -34,7 +42,8 @@ WARMUP_ROUNDS = 2  # of the recorder variants' interleaved rounds, not timed
 VARIANTS = ("bare", "off", "on")
 
 
-def _rank_bench(rank: int, world: int, shapes, iters: int, warmup: int, shm_dir: str):
+def _rank_bench(rank: int, world: int, shapes: Sequence[tuple[int, int]], iters: int, warmup: int,
+                shm_dir: str) -> dict[str, Marks]:
     from gatherwise.engine_hooks.comm import TorchDistCommunicator
 
     comm = TorchDistCommunicator()
@@ -45,7 +54,8 @@ def _rank_bench(rank: int, world: int, shapes, iters: int, warmup: int, shm_dir:
             for rows, vocab in shapes}
 
 
-def _measure_shape(comm, rank: int, world: int, rows: int, vocab: int, iters: int, warmup: int, shm_dir: str):
+def _measure_shape(comm: TorchDistCommunicator, rank: int, world: int, rows: int, vocab: int, iters: int,
+                   warmup: int, shm_dir: str) -> Marks:
     """(start, end) ns per timed call of each variant on this rank."""
     import torch
     import torch.distributed as dist
@@ -79,7 +89,7 @@ def _measure_shape(comm, rank: int, world: int, rows: int, vocab: int, iters: in
         return path.run(sampling)
 
     calls = {"bare": bare, "off": lambda: hooked(paths["off"]), "on": lambda: hooked(paths["on"])}
-    marks: dict[str, list[tuple[int, int]]] = {v: [] for v in VARIANTS}
+    marks: Marks = {v: [] for v in VARIANTS}
     for i in range(warmup + iters):
         for variant in VARIANTS[i % 3:] + VARIANTS[: i % 3]:
             dist.barrier()
@@ -92,7 +102,7 @@ def _measure_shape(comm, rank: int, world: int, rows: int, vocab: int, iters: in
     return marks
 
 
-def _ring_recorder(path: str, *, pure_python: bool, **kw):
+def _ring_recorder(path: str, *, pure_python: bool, **kw: Any) -> RingRecorder:
     """A RingRecorder with the compiled record() (when built) or the pure-Python fallback."""
     from gatherwise.engine_hooks.recorder import PURE_PYTHON_ENV, RingRecorder
 
@@ -231,7 +241,7 @@ def plot(path: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gatherwise.bench.hook_overhead",
+    parser = argparse.ArgumentParser(prog="python -m lab.hook_overhead",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--iters", type=int, default=300)

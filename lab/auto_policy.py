@@ -1,7 +1,7 @@
 """Auto policy vs static modes on a mixed workload that crosses the gather/all_gather crossover (TP=2, gloo).
 
-    .venv/bin/python -m gatherwise.bench.auto_policy [--rounds 4] [--segment 4] [--cold 90] [--out out/auto_policy]
-    .venv/bin/python -m gatherwise.bench.auto_policy --workload slow [--greedy-share 0.8] [--out out/auto_slow]
+    .venv/bin/python -m lab.auto_policy [--rounds 4] [--segment 4] [--cold 90] [--out out/auto_policy]
+    .venv/bin/python -m lab.auto_policy --workload slow [--greedy-share 0.8] [--out out/auto_slow]
 
 Two workloads. `fast`: greedy calls back to back at six batch sizes, vocab 32 000 (about 100 calls/s), with a
 policy tuned for minutes-long runs. `slow`: what a CPU serving engine looks like to the policy — two batch sizes,
@@ -39,14 +39,19 @@ import yaml
 
 from gatherwise.bench.bench_sidecar import auth_header, start_sidecar
 from gatherwise.bench.figures import pyplot, save
-from gatherwise.bench.sidecar_cpu import cpu_seconds
 from gatherwise.call_kind import kind_label, split_tag
 from gatherwise.config import PolicyParams
 from gatherwise.modes import IMPLEMENTED, Mode, bucket_label, bucket_of
 from gatherwise.shm_format.ring import engine_dir_name
+from lab.sidecar_cpu import cpu_seconds
 
 if TYPE_CHECKING:
     from gatherwise.shm_format.ring import CallRecord
+    from gatherwise.sidecar.ingest.ring_reader import EngineFiles
+
+# (call_index, rows, mode, critical-path seconds, kind, unix seconds at its start) of one call both ranks recorded
+Call = tuple[int, int, int, float, int, float]
+Segment = tuple[str, int, int]  # (variant, first call, end call)
 
 STATIC = tuple(m.label for m in IMPLEMENTED)  # every implemented mode is a static variant
 
@@ -143,7 +148,7 @@ class Engine:
             self.thread.join(0.2)
         self.drain()
 
-    def calls(self) -> list[tuple[int, int, int, float, int, float]]:
+    def calls(self) -> list[Call]:
         """(call_index, rows, mode, critical-path seconds, kind, unix seconds at its start) of every call both
         ranks recorded."""
         header = self.readers[0].header()
@@ -157,7 +162,7 @@ class Engine:
         return out
 
 
-def _engines(shm: str):
+def _engines(shm: str) -> list[EngineFiles]:
     from gatherwise.sidecar.ingest.ring_reader import discover_engines
 
     try:
@@ -199,7 +204,7 @@ def call_key(rows: int, kind: int) -> str:
     return f"{rows}/{kind_label(kind)}"
 
 
-def segment_costs(calls, segments) -> dict[str, dict[str, list[float]]]:
+def segment_costs(calls: list[Call], segments: list[Segment]) -> dict[str, dict[str, list[float]]]:
     """variant -> "rows/kind" -> critical paths of the calls in that variant's (variant, first call, end call)
     segments."""
     out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -210,7 +215,7 @@ def segment_costs(calls, segments) -> dict[str, dict[str, list[float]]]:
     return out
 
 
-def by_actual_mode(calls, segments) -> dict[str, dict[str, dict[str, float]]]:
+def by_actual_mode(calls: list[Call], segments: list[Segment]) -> dict[str, dict[str, dict[str, float]]]:
     """variant -> "rows/mode" -> {calls, trimmed mean}: what each variant's calls really ran (auto: probes show
     up as calls in the mode the policy did not choose)."""
     out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -270,7 +275,7 @@ def summarize(costs: dict[str, dict[str, list[float]]], load: dict) -> dict:
             "ratio_to_oracle": {v: t / totals["oracle"] for v, t in totals.items()}}
 
 
-def decision_timeline(decisions: list[dict], calls, start_call: int, auto_wall: float) -> list[dict]:
+def decision_timeline(decisions: list[dict], calls: list[Call], start_call: int, auto_wall: float) -> list[dict]:
     """Each auto decision of the cold run: its bucket and mode, seconds since `PUT /v1/mode auto`, and how many
     calls of that bucket had started by then."""
     out = []
@@ -332,7 +337,7 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
         variants = [*STATIC, "auto"]
         engine = Engine(config, shm, os.path.join(workdir, "stop1"), load)
         wait_attached(url, engine.engine_id)
-        segments: list[tuple[str, int, int]] = []  # (variant, first call, end call)
+        segments: list[Segment] = []
         previous: tuple[str, int] | None = None  # (variant, first call) of the segment being measured
         sidecar_cpu: dict[str, list[float]] = {}  # variant -> [sidecar CPU seconds, wall seconds] while measured
         for r in range(rounds):
@@ -393,7 +398,7 @@ def run(rounds: int, segment: float, settle: float, cold: float, workdir: str, g
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gatherwise.bench.auto_policy", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.auto_policy", description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", choices=("fast", "slow"), default="fast")
     p.add_argument("--greedy-share", type=float, default=0.8,
                    help="slow workload: share of each batch size's calls that are greedy (the rest top-p)")

@@ -1,6 +1,6 @@
 """Cost of ControlBlockSource.poll() per logits call (rank 0's per-call control overhead), JSON to stdout/file.
 
-    .venv/bin/python -m gatherwise.bench.control_poll [--calls 1000000] [--out out/control_poll.json]
+    .venv/bin/python -m lab.control_poll [--calls 1000000] [--out out/control_poll.json]
 """
 
 from __future__ import annotations

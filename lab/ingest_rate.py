@@ -1,6 +1,6 @@
 """Sidecar ingest rate: how many ring records per second RingReader.read_new() turns into CallRecords on one core.
 
-    python -m gatherwise.bench.ingest_rate [--records 200000] [--repeats 5] [--out out/ingest_rate]
+    python -m lab.ingest_rate [--records 200000] [--repeats 5] [--out out/ingest_rate]
 
 1. drain: a ring (capacity 65536) is filled by a RingRecorder (not timed), then read back in batches of
    64, 512, 4096 and everything-at-once. Reported per batch size: records/s of wall time and of the reader's
@@ -21,12 +21,15 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatherwise.bench.figures import pyplot, save
 from gatherwise.engine_hooks.call_marks import CallMarks
 from gatherwise.engine_hooks.recorder import RingRecorder
 from gatherwise.sidecar.ingest.ring_reader import RingReader
+
+if TYPE_CHECKING:
+    from multiprocessing.synchronize import Event
 
 BATCHES = (64, 512, 4096, 0)  # 0: everything available in one read_new()
 TARGET = 200_000
@@ -73,7 +76,7 @@ def drain(shm: str, records: int, repeats: int) -> dict:
     return out
 
 
-def _live_writer(path: str, seconds: float, ready, stop) -> None:
+def _live_writer(path: str, seconds: float, ready: Event, stop: Event) -> None:
     rec = RingRecorder(path, engine_id=2, rank=0, tp_size=2, vocab=32000, dtype="float32", capacity=8192)
     ready.set()
     end = time.monotonic() + seconds
@@ -135,7 +138,7 @@ def plot(path: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gatherwise.bench.ingest_rate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lab.ingest_rate", description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=60_000, help="records per drain repeat (max 65535)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=2.0, help="duration of the live run")

@@ -1,8 +1,8 @@
 """/metrics at TP=8 with every mode and every bucket: how many series, and how long a scrape takes.
 
-    python -m gatherwise.bench.metrics_cardinality [--tp 8] [--calls-per-cell 24] [--scrapes 30] [--out out/cardinality]
+    python -m lab.metrics_cardinality [--tp 8] [--calls-per-cell 24] [--scrapes 30] [--out out/cardinality]
 
-A real sidecar subprocess follows a telemetry stand-in (gatherwise.bench.telemetry_standin: 8 real rings and a real
+A real sidecar subprocess follows a telemetry stand-in (lab.standins.telemetry: 8 real rings and a real
 control block) that runs calls of every mode code the engine has (all_gather, gather, sharded; sharded calls alternate
 one and two collectives, some with top-p fallbacks) in all 16 batch-size buckets: the worst case, every label
 combination present. The policy is auto, so its estimate gauges exist for every (bucket, mode) it chooses among.
@@ -26,8 +26,8 @@ import httpx
 
 from gatherwise.bench.bench_sidecar import start_sidecar
 from gatherwise.bench.figures import pyplot, save
-from gatherwise.bench.telemetry_standin import TelemetryStandIn
 from gatherwise.modes import IMPLEMENTED, NUM_BUCKETS, Mode, bucket_upper_bound
+from lab.standins.telemetry import TelemetryStandIn
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 PAUSE_EVERY = 4  # rounds of calls between two pauses of the stand-in engine
@@ -127,7 +127,7 @@ def plot(path: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gatherwise.bench.metrics_cardinality",
+    p = argparse.ArgumentParser(prog="python -m lab.metrics_cardinality",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--tp", type=int, default=8)
     p.add_argument("--calls-per-cell", type=int, default=24, help="calls per (bucket, mode)")

@@ -1,6 +1,6 @@
 """What a sidecar pays next to a full ring and next to many leftover engine directories.
 
-    python -m gatherwise.bench.ingest_bounds [--capacity 1048576] [--dirs 1000] [--out out/ingest_bounds]
+    python -m lab.ingest_bounds [--capacity 1048576] [--dirs 1000] [--out out/ingest_bounds]
 
 1. attach: a single-rank ring of --capacity records, full, then a fresh process (one per variant, so its peak
    RSS is its own) builds an Ingest and runs its first poll (discover, attach, read). Variants side by side:
@@ -131,7 +131,7 @@ def plot(path: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gatherwise.bench.ingest_bounds", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.ingest_bounds", description=__doc__.split("\n\n")[0])
     p.add_argument("--capacity", type=int, default=1 << 20)
     p.add_argument("--dirs", type=int, default=1000)
     p.add_argument("--out", type=Path, default=Path("out/ingest_bounds"))

@@ -1,9 +1,9 @@
 """/metrics latency of a real sidecar, idle against while PUT /v1/mode?wait=600 requests wait, JSON + PNG.
 
-    .venv/bin/python -m gatherwise.bench.api_latency [--waiting 50] [--rounds 6] [--scrapes 200] [--out out/api]
+    .venv/bin/python -m lab.api_latency [--waiting 50] [--rounds 6] [--scrapes 200] [--out out/api]
 
 A real `gatherwise sidecar` (uvicorn, 127.0.0.1) attached to a stand-in engine (rings, liveness lock and control
-block written by the engine side's own code: gatherwise.bench.standin_engine) whose rank 0 applies a command only
+block written by the engine side's own code: lab.standins.engine) whose rank 0 applies a command only
 when the benchmark says so. Each round scrapes /metrics `--scrapes` times idle, then sends `--waiting` PUTs with
 wait=600 and, once every one of them has written its command and waits, scrapes again; then rank 0 applies the
 newest command and every PUT must answer 200 (applied) before the next round. Rounds interleave the two variants,
@@ -32,7 +32,7 @@ import yaml
 from gatherwise.bench.bench_sidecar import auth_header, start_sidecar
 from gatherwise.bench.figures import pyplot, save
 from gatherwise.bench.host_cpu import cpu_description
-from gatherwise.bench.standin_engine import StandinEngine
+from lab.standins.engine import StandinEngine
 
 MODES = ("gather", "all_gather")
 

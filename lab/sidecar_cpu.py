@@ -1,10 +1,10 @@
 """The sidecar's own CPU, idle and at load: what it takes from the engine's cores.
 
-    python -m gatherwise.bench.sidecar_cpu [--tp 2] [--rates 0,100] [--seconds 30] [--baseline-rev main]
+    python -m lab.sidecar_cpu [--tp 2] [--rates 0,100] [--seconds 30] [--baseline-rev main]
                                           [--out out/sidecar_cpu]
 
 A real sidecar subprocess (`gatherwise sidecar`) first runs with no engine (idle), then follows a telemetry
-stand-in (gatherwise.bench.telemetry_standin: real rings and a real control block, written from this process at a
+stand-in (lab.standins.telemetry: real rings and a real control block, written from this process at a
 fixed call rate, cycling batch sizes 1..32). For each rate and policy (manual, auto) it reads the sidecar's CPU
 time from the OS over a window: utime+stime from /proc/<pid>/stat (clock ticks, every thread, ended ones too) and
 the sum of /proc/<pid>/task/*/schedstat (nanoseconds, live threads), while a scraper GETs /metrics every 5 s as
@@ -28,7 +28,7 @@ import httpx
 import yaml
 
 from gatherwise.bench.bench_sidecar import auth_header, start_sidecar
-from gatherwise.bench.telemetry_standin import TelemetryStandIn
+from lab.standins.telemetry import TelemetryStandIn
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (1, 2, 4, 8, 16, 32)
@@ -170,7 +170,7 @@ def plot(path: Path, results: dict[str, dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gatherwise.bench.sidecar_cpu", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.sidecar_cpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--rates", default="0,100", help="calls per second, comma separated")
     p.add_argument("--seconds", type=float, default=30.0, help="measurement window per rate")
