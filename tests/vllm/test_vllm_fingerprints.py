@@ -189,6 +189,7 @@ def _launched_args(tree: WheelTree | InstalledTree) -> list[str]:
     source = tree.source(KERNEL[0])
     assert source is not None
     node = find_definition(ast.parse(source), "gumbel_sample")
+    assert node is not None
     launch = next(n for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)
                   and ast.unparse(n.func.value) == KERNEL[1])
     return [ast.unparse(a) for a in launch.args] + [k.arg or "" for k in launch.keywords]
