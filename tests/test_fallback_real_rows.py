@@ -14,6 +14,7 @@ from gatherwise.bench.sampler import ReplayRank
 from gatherwise.engine_hooks.logits_path import shard_width
 from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow, sample
 from tests._trained_models import model_directory, prompt_ids
+from tests.test_sampling import sharded as layout
 
 PARAMS = [SamplingParams(temperature=1.0, top_p=0.95, seed=1), SamplingParams(temperature=0.8, top_p=0.95, seed=2),
           SamplingParams(temperature=1.0, top_p=0.9, min_p=0.001, seed=3),
@@ -34,15 +35,6 @@ def overflowing() -> torch.Tensor:
     over = shard_overflow(order, kept, shard_width(rows.shape[1], 3), ss.TOP_P_CANDIDATES)
     assert int(over.sum()) >= 16, "the prompts give too few overflowing rows to test the fallback on"
     return rows[over][:24].contiguous()
-
-
-def layout(full: torch.Tensor, world: int) -> torch.Tensor:
-    """[B, V] -> the received layout [P, B, width], padding columns at -inf."""
-    batch, vocab = full.shape
-    width = shard_width(vocab, world)
-    padded = full.new_full((batch, world * width), float("-inf"))
-    padded[:, :vocab] = full
-    return padded.view(batch, world, width).permute(1, 0, 2).contiguous()
 
 
 def rows_for(params: SamplingParams, batch: int) -> list[SamplingRow]:

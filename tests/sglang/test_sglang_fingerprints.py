@@ -4,9 +4,6 @@ exits 0 here and 1 naming the point on a copy of SGLang's sources with one funct
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,16 +11,11 @@ from gatherwise.engine_hooks.fingerprints.engines import ENGINES
 from gatherwise.engine_hooks.fingerprints.point import Point
 from gatherwise.engine_hooks.fingerprints.source_tree import InstalledTree
 from gatherwise.engine_hooks.fingerprints.verified import verified_releases
-from tests._source_copies import alter, copy_sources
+from tests._source_copies import alter, copy_sources, run_doctor
 
-REPO = Path(__file__).resolve().parents[2]
 SGLANG = ENGINES["sglang"]
 ALTERED = Point("sglang.srt.layers.sampler", "Sampler.forward")
 
-
-def _doctor(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gatherwise", "doctor"], capture_output=True, text=True,
-                          timeout=120, cwd=REPO, env=env)
 
 
 def test_the_installed_sglang_gives_the_stored_fingerprints():
@@ -36,7 +28,7 @@ def test_the_installed_sglang_gives_the_stored_fingerprints():
 @pytest.mark.timeout(300)
 def test_doctor_exits_0_here_and_1_naming_the_point_on_an_altered_copy(tmp_path):
     env = {**os.environ, "GATHERWISE_ENGINE_SHM_DIR": str(tmp_path / "shm")}
-    proc = _doctor(env)
+    proc = run_doctor(env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SGLang 0.5.23" in proc.stdout and "hooks engage (every point matches sglang 0.5.23)" in proc.stdout
     assert "SGLang shared-memory all_gather: " in proc.stdout
@@ -45,7 +37,7 @@ def test_doctor_exits_0_here_and_1_naming_the_point_on_an_altered_copy(tmp_path)
     assert tree is not None
     site = copy_sources(tree, "sglang", SGLANG.points, tmp_path / "site")
     alter(site, ALTERED)
-    proc = _doctor({**env, "PYTHONPATH": os.pathsep.join([str(site), env.get("PYTHONPATH", "")])})
+    proc = run_doctor({**env, "PYTHONPATH": os.pathsep.join([str(site), env.get("PYTHONPATH", "")])})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     problems = proc.stdout.split("the hooks would NOT engage", 1)[1]
     assert f"{ALTERED.name}: differs from every verified release" in problems, problems

@@ -23,9 +23,8 @@ from gatherwise.engine_hooks.fingerprints.fingerprint import find_definition
 from gatherwise.engine_hooks.fingerprints.point import Point
 from gatherwise.engine_hooks.fingerprints.source_tree import InstalledTree, WheelTree
 from gatherwise.engine_hooks.fingerprints.verified import verified_releases
-from tests._source_copies import alter, copy_sources
+from tests._source_copies import alter, copy_sources, run_doctor
 
-REPO = Path(__file__).resolve().parents[2]
 VLLM = ENGINES["vllm"]
 WHEEL_CACHE = Path(os.environ.get("GATHERWISE_WHEEL_CACHE", Path.home() / ".cache" / "gatherwise" / "wheels"))
 WHEEL_VERSIONS = ("0.33.0", "0.34.0")
@@ -95,15 +94,11 @@ def test_an_altered_function_in_a_copy_of_a_wheel_is_refused_by_name(tmp_path):
                               f"{stored('0.34.0')[ALTERED].signature})"), v2.reason
 
 
-def _doctor(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gatherwise", "doctor"], capture_output=True, text=True,
-                          timeout=120, cwd=REPO, env=env)
-
 
 @pytest.mark.timeout(300)
 def test_doctor_exits_0_here_and_1_naming_the_point_on_an_altered_copy(tmp_path):
     env = {**os.environ, "GATHERWISE_ENGINE_SHM_DIR": str(tmp_path / "shm")}
-    proc = _doctor(env)
+    proc = run_doctor(env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "vLLM 0.32.0" in proc.stdout and "the hooks would engage" in proc.stdout
     assert "runner v1: vLLM's V1 model runner" in proc.stdout and "runner v2: vLLM's Model Runner V2" in proc.stdout
@@ -112,7 +107,7 @@ def test_doctor_exits_0_here_and_1_naming_the_point_on_an_altered_copy(tmp_path)
     assert tree is not None
     site = copy_sources(tree, "vllm", VLLM.points, tmp_path / "site")
     alter(site, ALTERED)
-    proc = _doctor({**env, "PYTHONPATH": os.pathsep.join([str(site), env.get("PYTHONPATH", "")])})
+    proc = run_doctor({**env, "PYTHONPATH": os.pathsep.join([str(site), env.get("PYTHONPATH", "")])})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"differs  {ALTERED.name}: differs from every verified release" in proc.stdout
     problems = proc.stdout.split("the hooks would NOT engage", 1)[1]
