@@ -119,6 +119,18 @@ def test_the_share_is_the_slower_ranks_path_time_over_the_run():
     assert logits_share("", "", 1.0)["share"] is None  # no gatherwise counters: the plain engine
 
 
+def test_the_run_counts_its_own_top_p_rows_and_fallback_rows_once_over_a_groups_sidecars():
+    def node(rows: int, fallback: int) -> str:
+        return (_scrape({("0", "sharded"): 1.0}, {("0", "sharded"): 4})
+                + f'gatherwise_topp_rows_total{{engine="e"}} {rows}\n'
+                + f'gatherwise_topp_fallback_rows_total{{engine="e"}} {fallback}\n')
+
+    rank_1_node = _scrape({("1", "sharded"): 1.0}, {("1", "sharded"): 4})  # not rank 0: exports no top-p rows
+    share = logits_share([node(100, 7), rank_1_node], [node(160, 19), rank_1_node], duration_s=10.0)
+    assert share["topp_rows"] == {"rows": 60, "fallback_rows": 12}
+    assert logits_share("", "", 1.0)["topp_rows"] == {"rows": 0, "fallback_rows": 0}
+
+
 def test_greedy_outputs_are_compared_token_for_token(tmp_path):
     write_tokenizer(tmp_path, 2000)
     tokens = TokenCounter(tmp_path)

@@ -17,7 +17,7 @@ class Sampling:
 
 
 SAMPLINGS = {s.name: s for s in (Sampling("greedy", 0.0), Sampling("temperature", 0.8), Sampling("sampled", 0.8, 0.9),
-                                  Sampling("sampled-p95", 0.8, 0.95))}
+                                  Sampling("sampled-p95", 0.8, 0.95), Sampling("sampled-t1", 1.0, 0.95))}
 
 
 @dataclass(frozen=True)

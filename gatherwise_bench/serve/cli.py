@@ -82,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int_list("--concurrency", 1),
                    help="comma-separated --max-concurrency levels, default 1,32")
     p.add_argument("--sampling", type=name_list("--sampling", _choice("sampling", SAMPLINGS)),
-                   help="greedy (temperature 0), sampled (temperature 0.8, top-p 0.9) and/or sampled-p95 "
-                        "(temperature 0.8, top-p 0.95); default greedy")
+                   help="greedy (temperature 0), sampled (temperature 0.8, top-p 0.9), sampled-p95 "
+                        "(temperature 0.8, top-p 0.95) and/or sampled-t1 (temperature 1.0, top-p 0.95); "
+                        "default greedy")
     p.add_argument("--input-len", type=at_least("--input-len", 1), help="prompt tokens per request, default 64")
     p.add_argument("--output-len", type=at_least("--output-len", 1), help="output tokens per request, default 32")
     p.add_argument("--prompts-per-slot", type=at_least("--prompts-per-slot", 1),

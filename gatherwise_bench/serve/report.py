@@ -56,7 +56,8 @@ def summarize(runs: list[dict[str, Any]], model: Path) -> list[dict[str, Any]]:
                "latencies_ms": {m: _mean([c["latencies_ms"][m] for c in cells]) for m in first["latencies_ms"]},
                "tpot_p99_per_pass": [c["latencies_ms"]["tpot_p99"] for c in cells],
                "logits_path_share": _mean(shares), "logits_path_us_per_call": _mean(per_call),
-               "calls_by_mode": [c["logits_path"]["calls_by_mode"] if c["logits_path"] else None for c in cells]}
+               "calls_by_mode": [c["logits_path"]["calls_by_mode"] if c["logits_path"] else None for c in cells],
+               "topp_rows": _summed_topp_rows(cells)}
         if first["sampling"] == "greedy":
             found = [matches.get((name, p, key)) for p in passes[(name, key)]]
             row["greedy_vs_plain"] = found
@@ -104,26 +105,40 @@ def format_decisions(decisions: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _summed_topp_rows(cells: list[dict[str, Any]]) -> dict[str, int] | None:
+    """Top-p rows sampled sharded and those of them that took the full-row fallback, over the cell's passes."""
+    counted = [c["logits_path"].get("topp_rows") for c in cells if c["logits_path"]]
+    if not counted or any(n is None for n in counted):
+        return None
+    return {kind: sum(n[kind] for n in counted) for kind in ("rows", "fallback_rows")}
+
+
+def _fallback_text(row: dict[str, Any]) -> str:
+    counted = row.get("topp_rows")
+    return "-" if not counted or not counted["rows"] else f"{counted['fallback_rows']}/{counted['rows']}"
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
 def format_table(rows: list[dict[str, Any]], configurations: list[str]) -> str:
     order = {name: i for i, name in enumerate(configurations)}
-    head = (f"{'configuration':>13} {'sampling':>8} {'conc':>4} {'tok/s':>8} {'x plain':>7} {'req/s':>6} "
+    head = (f"{'configuration':>18} {'sampling':>11} {'conc':>4} {'tok/s':>8} {'x plain':>7} {'req/s':>6} "
             + " ".join(f"{m.upper() + ' p50/p99 (ms)':>19}" for m in TABLE_METRICS)
-            + f" {'TPOT p99 x':>10} {'path share':>10} {'greedy = plain':>14}")
+            + f" {'TPOT p99 x':>10} {'path share':>10} {'fallback':>11} {'greedy = plain':>14}")
     lines = [head]
     for row in sorted(rows, key=lambda r: (r["sampling"], r["concurrency"], order.get(r["configuration"], 99))):
         lat = row["latencies_ms"]
         greedy = row.get("greedy_equal_to_plain")
         lines.append(
-            f"{row['configuration']:>13} {row['sampling']:>8} {row['concurrency']:>4} "
+            f"{row['configuration']:>18} {row['sampling']:>11} {row['concurrency']:>4} "
             f"{row['output_throughput']:>8.1f} {_fmt(row['throughput_vs_plain'], '.3f'):>7} "
             f"{row['request_throughput']:>6.2f} "
             + " ".join(f"{lat[m + '_p50']:>9.1f}/{lat[m + '_p99']:<9.1f}" for m in TABLE_METRICS)
             + f" {_fmt(row['tpot_p99_vs_plain'], '.3f'):>10} "
             f"{'-' if row['logits_path_share'] is None else format(100 * row['logits_path_share'], '.1f') + ' %':>10} "
+            f"{_fallback_text(row):>11} "
             f"{'-' if greedy is None else ('yes' if greedy else 'NO'):>14}")
     return "\n".join(lines)
 
