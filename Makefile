@@ -51,7 +51,7 @@ test-sglang:
 # every TP their heads allow, and through vLLM and SGLang (every round and phase); fetched once into the cache.
 test-models: $(STAMP)
 	GATHERWISE_TRAINED_MODELS=smollm2,gemma3 GATHERWISE_TRAINED_FULL=1 \
-	  $(BIN)/python -m pytest -q -p no:cacheprovider -rs tests/test_trained_models.py
+	  $(BIN)/python -m pytest -q -p no:cacheprovider -rs tests/tp_engine/test_trained_models.py
 	GATHERWISE_TRAINED_MODELS=smollm2,gemma3 GATHERWISE_TRAINED_FULL=1 \
 	  GATHERWISE_TEST_PATHS=tests/vllm/test_vllm_trained_models.py bash scripts/test_vllm.sh
 	GATHERWISE_TRAINED_MODELS=smollm2,gemma3 GATHERWISE_TRAINED_FULL=1 \

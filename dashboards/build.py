@@ -1,7 +1,7 @@
 """Generate the Grafana dashboard JSON from code (grafana-foundation-sdk, Grafana 11.6 schema).
 
 `.venv/bin/python -m gatherwise.dashboards.build` rewrites dashboards/grafana/dashboards/;
-tests/test_dashboards.py regenerates into a temporary directory and fails when the committed JSON differs.
+tests/dashboards/test_dashboards.py regenerates into a temporary directory and fails when the committed JSON differs.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
  *
  * Optional: built by `pip install` when a C compiler is there; RingRecorder falls back to its pure-Python
  * record() otherwise (GATHERWISE_PURE_PYTHON_RECORDER=1 forces the fallback). The ring format is defined in
- * gatherwise/shm_format/ring.py and docs/shm-format.md; tests/test_recorder_native.py checks that both
+ * gatherwise/shm_format/ring.py and docs/shm-format.md; tests/engine_hooks/test_recorder_native.py checks that both
  * writers produce identical files for the same calls, saturation included.
  *
  * Why C: inside the logits path the interpreter's work for one record (argument handling, ~60 bytecodes, a

@@ -4,7 +4,7 @@ What both sides must agree on lives here and only here: the modes and the contro
 shared-memory formats (`shm_format`), the configuration schema (`config`) and mode-table files (`table_file`).
 The modules of this folder import neither torch nor the sidecar's web/metrics/tracing stack, so both sides can
 import them. The other floors install beneath this name (gatherwise.engine_hooks and gatherwise.tp_engine import
-torch; gatherwise.sidecar the web stack and never torch); tests/test_import_boundaries.py holds each to its side.
+torch; gatherwise.sidecar the web stack and never torch); tests/core/test_import_boundaries.py holds each to its side.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -345,7 +345,7 @@ def check_graphs(ctx: dict) -> dict:
     import torch
 
     if ctx["cpu"]:
-        raise Skip("needs CUDA (tests/test_graphs.py covers the logic on the CPU with a stand-in graph)")
+        raise Skip("needs CUDA (tests/engine_hooks/test_graphs.py covers the logic on the CPU with a stand-in graph)")
     from gatherwise.engine_hooks.graphs import CAPTURABLE, ModeGraphs  # sharded calls run eagerly, never in a graph
     from gatherwise.engine_hooks.table_source import InProcessTableSource
 

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests._engine_harness import REPO, clean_env
+from tests._engine_harness import clean_env
+from tests._repo import ROOT
 
 QUICK_TIMEOUT_S = 600
 
@@ -17,7 +18,7 @@ def run_quick(engine: str, out: Path) -> dict:
     """One `--quick` run into `out`; returns its results.json (with the table under "table")."""
     command = [sys.executable, "-m", "gatherwise.cli", "bench", "serve", "--engine", engine, "--quick",
                "--out", str(out / "results"), "--models-dir", str(out / "models")]
-    proc = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=QUICK_TIMEOUT_S)
+    proc = subprocess.run(command, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=QUICK_TIMEOUT_S)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-8000:]
     (run_dir,) = (out / "results").iterdir()
     results = json.loads((run_dir / "results.json").read_text())

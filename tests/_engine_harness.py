@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from gatherwise.child_process import stop_child
+from tests._repo import ROOT
 
 if TYPE_CHECKING:
     from gatherwise.sidecar.control.block_client import ControlClient
 
-REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT_TIMEOUT_S = 300
 SIDECAR_STOP_TIMEOUT_S = 20
 LOG_TAIL_CHARS = 8000  # of a failed engine run's output, in the assertion message
@@ -37,7 +37,7 @@ ERROR_LINE = re.compile(r"^(\(\w+ pid=\d+\) )?([\w.]*(Error|Exception)\b.*:|.*\b
 def build_model(out_dir: str, tokenizer: bool = False) -> str:
     """The tiny random Llama the engine tests load (scripts/tiny_checkpoint.py --for-engines), with the small BPE
     tokenizer and its vocabulary when asked (what structured outputs need)."""
-    subprocess.run([sys.executable, str(REPO / "scripts" / "tiny_checkpoint.py"), out_dir, "--for-engines",
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "tiny_checkpoint.py"), out_dir, "--for-engines",
                     *(["--tokenizer"] if tokenizer else [])], check=True, capture_output=True,
                    timeout=CHECKPOINT_TIMEOUT_S)
     return out_dir
@@ -98,7 +98,7 @@ def run_engine_process(module: str, model: str, env: dict[str, str], args: tuple
     the run left."""
     before = shm_files(shm_leftovers)
     try:
-        proc = subprocess.run([sys.executable, "-m", module, "--model", model, *args], cwd=REPO, env=env,
+        proc = subprocess.run([sys.executable, "-m", module, "--model", model, *args], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=timeout_s)
     finally:
         remove_new_shm_files(shm_leftovers, before)

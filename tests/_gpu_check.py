@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
-PATH = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+from tests._repo import ROOT
+
+PATH = ROOT / "scripts" / "gpu_check.py"
 
 
 def _load():

@@ -12,13 +12,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._repo import ROOT
+
 GATHERWISE = [sys.executable, "-m", "gatherwise.cli"]
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 

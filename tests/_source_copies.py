@@ -12,14 +12,13 @@ from pathlib import Path
 from gatherwise.engine_hooks.fingerprints.fingerprint import find_definition
 from gatherwise.engine_hooks.fingerprints.point import Point
 from gatherwise.engine_hooks.fingerprints.source_tree import SourceTree, module_files
-
-REPO = Path(__file__).resolve().parents[1]
+from tests._repo import ROOT
 
 
 def run_doctor(env: dict[str, str]) -> subprocess.CompletedProcess:
     """`gatherwise doctor` in this interpreter's environment with `env`."""
     return subprocess.run([sys.executable, "-m", "gatherwise", "doctor"], capture_output=True, text=True,
-                          timeout=120, cwd=REPO, env=env)
+                          timeout=120, cwd=ROOT, env=env)
 
 
 def copy_sources(tree: SourceTree, package: str, points: Iterable[Point], dest: Path) -> Path:

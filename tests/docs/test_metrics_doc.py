@@ -27,7 +27,7 @@ from gatherwise.shm_format.ring import engine_dir, ring_path
 from tests import _hooks_off
 from tests._sidecar import scrape, start_sidecar, wait_for
 from tests.docs.markdown import read, table
-from tests.test_sidecar_ingest import write_call
+from tests.sidecar.ingest.test_sidecar_ingest import write_call
 
 DOC = "docs/metrics.md"
 TOKEN = "metrics-doc-token"

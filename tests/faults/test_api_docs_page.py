@@ -12,7 +12,7 @@ import pytest
 from gatherwise.sidecar.api.routes_page import CSP
 from tests._sidecar import wait_for
 from tests.faults._faults import sidecar_with_token
-from tests.test_page_browser import CHROMIUM_ARGS, browser_or_skip
+from tests.sidecar.api.test_page_browser import CHROMIUM_ARGS, browser_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -18,7 +18,7 @@ from tests.faults._faults import (
     state_saved_after_a_switch,
     write_state,
 )
-from tests.test_page_browser import CHROMIUM_ARGS, browser_or_skip
+from tests.sidecar.api.test_page_browser import CHROMIUM_ARGS, browser_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 BAD_EVIDENCE = [{"paired": {"gather": None}}, {"paired": None}, {"mix": None}, {"probe_calls": None},

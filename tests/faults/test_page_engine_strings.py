@@ -11,7 +11,7 @@ import pytest
 from gatherwise.shm_format.hooks_off import NoticeWriter
 from tests._sidecar import wait_for
 from tests.faults._faults import sidecar_with_token
-from tests.test_page_browser import CHROMIUM_ARGS, browser_or_skip
+from tests.sidecar.api.test_page_browser import CHROMIUM_ARGS, browser_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 NOTICES = 256  # what the sidecar reads at most per scan
