@@ -5,6 +5,8 @@ lists and bounded integers, each failing with argparse's usage line and the opti
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 from collections.abc import Callable
 
 
@@ -56,3 +58,12 @@ def at_least(what: str, minimum: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def interpreter(text: str) -> str:
+    """An interpreter as an absolute path (a bare name is looked up on PATH): the servers and clients it runs start
+    in their own work directories, where a path relative to the caller's would name nothing."""
+    found = shutil.which(text)
+    if found is None:
+        raise argparse.ArgumentTypeError(f"--python: no executable interpreter at {text!r}")
+    return os.path.abspath(found)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gatherwise.bench.arg_types import at_least, int_list, name_list
+from gatherwise.bench.arg_types import at_least, int_list, interpreter, name_list
 from gatherwise.bench.host_cpu import cpu_description
 from gatherwise.bench.serve.cells import SAMPLINGS, build_cells
 from gatherwise.bench.serve.configurations import (
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-rounds", type=at_least("--warmup-rounds", 0),
                    help="rounds of every cell each server start runs before it is measured, with prompts of their "
                         "own, the same for every configuration (auto learns in them); default 1")
-    p.add_argument("--python", default=sys.executable,
+    p.add_argument("--python", type=interpreter, default=sys.executable,
                    help="the interpreter with the engine installed (runs the server and the client); default this one")
     p.add_argument("--max-load", type=float,
                    help="before each server start, wait while the 1-minute load average is above this")

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 
 import pytest
 
 from gatherwise.bench.cli import main
 from gatherwise.bench.serve.cells import build_cells
+from gatherwise.bench.serve.cli import build_parser
 from gatherwise.bench.serve.configurations import interleaved
 from gatherwise.bench.serve.engine_spec import Workload
 from gatherwise.bench.serve.greedy_match import TokenCounter, compare_outputs
@@ -29,12 +31,23 @@ from gatherwise.bench.serve.vllm_engine import VllmEngine
     (["--engine", "vllm", "--configurations", "plain,scatter"], "unknown configuration 'scatter'"),
     (["--engine", "vllm", "--concurrency", "0"], "--concurrency must be >= 1, got 0"),
     (["--engine", "sglang", "--sampling", "beam"], "unknown sampling 'beam'"),
+    (["--engine", "sglang", "--python", "no-such-venv/bin/python"],
+     "no executable interpreter at 'no-such-venv/bin/python'"),
 ])
 def test_bad_arguments_exit_2_and_start_nothing(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["serve", *argv])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_relative_interpreter_reaches_servers_and_clients_as_an_absolute_path(tmp_path, monkeypatch):
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.symlink_to(sys.executable)
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["--engine", "vllm", "--python", "venv/bin/python"])
+    assert args.python == str(venv_python)
 
 
 def test_servers_get_the_cpu_settings_and_a_callers_omp_wait_policy_wins(monkeypatch):
