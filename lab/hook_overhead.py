@@ -249,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("out/hook_overhead"))
     parser.add_argument("--path-runs", type=int, default=5,
                         help="repeat the TP=1 path A/B this many times; the result is the median of the runs")
+    parser.add_argument("--path-rounds", type=int, default=60,
+                        help="interleaved rounds of each TP=1 path A/B run (blocks of 100 calls per variant)")
+    parser.add_argument("--record-calls", type=int, default=200_000,
+                        help="record() calls per repeat of the isolated loop")
     args = parser.parse_args(argv)
     from gatherwise.bench.launch import run_ranks
 
@@ -257,9 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         for rows, _ in SHAPES:
             os.makedirs(os.path.join(shm_dir, engine_dir_name(rows)))
         per_rank = run_ranks(_rank_bench, args.tp, SHAPES, args.iters, args.warmup, shm_dir)
-    record_us = record_cost_us()
-    record_us_python = record_cost_us(pure_python=True)
-    runs = [single_rank_path_us() for _ in range(max(1, args.path_runs))]
+    record_us = record_cost_us(args.record_calls)
+    record_us_python = record_cost_us(args.record_calls, pure_python=True)
+    runs = [single_rank_path_us(args.path_rounds) for _ in range(max(1, args.path_runs))]
     single = {"median_us": {k: statistics.median(r["median_us"][k] for r in runs) for k in runs[0]["median_us"]},
               "compiled_writer": runs[0]["compiled_writer"], "calls_per_variant": runs[0]["calls_per_variant"],
               "runs": runs}
