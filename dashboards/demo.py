@@ -17,7 +17,6 @@ import argparse
 import importlib.util
 import secrets
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ import httpx
 
 from gatherwise.dashboards.local_stack import LocalStack, start_local_stack
 from gatherwise.modes import IMPLEMENTED_LABELS
+from gatherwise.stop_signals import ignore_stop_signals, raise_on_stop_signals
 from gatherwise.tp_engine.trained_models import MODELS, FetchError, cached, fetch
 
 # Shipped inside the package (package data), so an installed demo finds it as a checkout does.
@@ -169,14 +169,6 @@ def fetch_model(name: str) -> Path | None:
     return fetch(name)
 
 
-class StopRequested(KeyboardInterrupt):
-    """SIGINT or SIGTERM arrived: stop everything and exit 0."""
-
-
-def _request_stop(signum: int, _frame: object) -> None:
-    raise StopRequested(signal.Signals(signum).name)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if importlib.util.find_spec("torch") is None:
@@ -185,8 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ModuleNotFoundError("gatherwise demo starts the reference engine, which needs torch", name="torch")
     token = secrets.token_urlsafe(12)
     work_dir = Path(tempfile.mkdtemp(prefix="gatherwise-demo-"))
-    for sig in (signal.SIGINT, signal.SIGTERM):  # explicitly: an inherited "ignore" must not win
-        signal.signal(sig, _request_stop)
+    raise_on_stop_signals()  # SIGINT or SIGTERM: stop everything and exit 0
     stack = None
     try:
         stack = start_stack(args, token, work_dir, fetch_model(args.model))
@@ -202,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]), file=sys.stderr)
         return 1
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the cleanup short
-            signal.signal(sig, signal.SIG_IGN)
+        ignore_stop_signals()
         print("\nstopping every process the demo started ...", flush=True)
         if stack is not None:
             stack.stop()

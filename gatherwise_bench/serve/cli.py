@@ -25,6 +25,7 @@ from gatherwise.bench.serve.configurations import (
     interleaved,
 )
 from gatherwise.bench.serve.engine_spec import EngineSpec, Workload
+from gatherwise.stop_signals import StopRequested, raise_on_stop_signals
 
 if TYPE_CHECKING:
     from gatherwise.bench.serve.run import ServeBench
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_nodes(parser, args)
+    raise_on_stop_signals()
     for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -218,11 +220,20 @@ def main(argv: list[str] | None = None) -> int:
             bench = ServeBench(engine, model.resolve(), cells, workload, args.python, work_dir.resolve(),
                                args.max_load, args.max_load_wait, args.warmup_rounds, args.nodes, tp, prompts)
             started, load_start = time.time(), os.getloadavg()
-            runs = []
+            runs: list[dict[str, Any]] = []
             seen: dict[str, int] = {}
-            for name in order:
-                runs.append(run_configuration(bench, name, seen.get(name, 0)))
-                seen[name] = seen.get(name, 0) + 1
+            try:
+                for name in order:
+                    runs.append(run_configuration(bench, name, seen.get(name, 0)))
+                    seen[name] = seen.get(name, 0) + 1
+            except StopRequested as stop:
+                # every server start's finally has stopped what it started; what was measured is kept
+                print(f"[bench serve] {stop}: stopped after {len(runs)} of {len(order)} server starts",
+                      file=sys.stderr)
+                if runs:
+                    _write(out_dir, bench, about, configurations, order, runs, started, load_start, argv,
+                           _layout(args.nodes, args.link_rate))
+                return 130
             _write(out_dir, bench, about, configurations, order, runs, started, load_start, argv,
                    _layout(args.nodes, args.link_rate))
     return 0
@@ -275,6 +286,7 @@ def _write(out_dir: Path, bench: ServeBench, about: str, configurations: list[st
                         "load_avg_at_end": os.getloadavg()},
             "server_env": {k: env[k] for k in (*engine.env_defaults, *engine.env, *engine.tp_env(bench.tp))},
             "seconds": round(time.time() - started, 1), "auto_decisions": decisions,
+            "server_starts": {"done": len(runs), "planned": len(order)},
             "command": "gatherwise bench serve " + " ".join(sys.argv[3:] if argv is None else argv)}
     write_results(out_dir / "results.json", meta, runs, rows)
     table = format_table(rows, configurations)
