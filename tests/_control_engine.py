@@ -12,9 +12,12 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests._dist import run_ranks
+
+if TYPE_CHECKING:
+    import torch
 
 CHECK_EVERY = 8
 
@@ -44,7 +47,7 @@ class RankResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def logits_for(call: int, rows: int, vocab: int):
+def logits_for(call: int, rows: int, vocab: int) -> torch.Tensor:
     import torch
 
     gen = torch.Generator().manual_seed(1_000_003 * call + 17)

@@ -25,6 +25,8 @@ from gatherwise.child_process import stop_child
 from tests._repo import ROOT
 
 if TYPE_CHECKING:
+    import pytest
+
     from gatherwise.sidecar.control.block_client import ControlClient
 
 CHECKPOINT_TIMEOUT_S = 300
@@ -43,7 +45,7 @@ def build_model(out_dir: str, tokenizer: bool = False) -> str:
     return out_dir
 
 
-def tiny_model(env_variable: str, tmp_path_factory, tokenizer: bool = False) -> str:
+def tiny_model(env_variable: str, tmp_path_factory: pytest.TempPathFactory, tokenizer: bool = False) -> str:
     """The checkpoint named by `env_variable` (the make targets build one per run), else one built here."""
     given = os.environ.get(env_variable)
     return given if given else build_model(str(tmp_path_factory.mktemp("tiny-llama")), tokenizer)

@@ -19,7 +19,7 @@ def generate_json(*args: str) -> dict:
     return json.loads(done.stdout)
 
 
-def assert_refused(argv: list[str], message: str, capsys) -> None:
+def assert_refused(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     """`gatherwise generate ARGV` exits 2 before running anything and says `message` on stderr."""
     from gatherwise.tp_engine.generate_cli import generate_main
 

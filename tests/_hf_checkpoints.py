@@ -10,11 +10,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gatherwise.bench.serve.checkpoints import initialise_random
+
+if TYPE_CHECKING:
+    from transformers import GenerationMixin, PreTrainedModel
+
+    class CausalLM(PreTrainedModel, GenerationMixin):
+        """What AutoModelForCausalLM loads: a transformers model that generates."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ def _to_old_layout(path: Path, legacy_type_key: bool) -> None:
     path.write_text(json.dumps(raw, indent=2))
 
 
-def load_reference(directory: Path):
+def load_reference(directory: Path) -> CausalLM:
     """transformers' own model from the directory, in float64 with its eager (plain matmul) attention."""
     from transformers import AutoModelForCausalLM
 
@@ -75,7 +81,7 @@ def load_reference(directory: Path):
     return model.eval()
 
 
-def reference_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+def reference_greedy(model: CausalLM, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """transformers' greedy generate, one prompt at a time (no padding), stopping at its generation config's EOS."""
     out = []
     with torch.no_grad():

@@ -48,7 +48,7 @@ class OtlpReceiver:
                 self.end_headers()
                 self.wfile.write(reply)
 
-            def log_message(self, *args) -> None:
+            def log_message(self, *args: object) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -21,7 +21,7 @@ SIDECAR_STACK = ("fastapi", "uvicorn", "starlette", "opentelemetry", "prometheus
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`pip install --no-deps --target` of a copy of the checkout (the build writes build/ next to its source)."""
     tmp = tmp_path_factory.mktemp("install")
     source = tmp / "source"
@@ -38,14 +38,14 @@ def _dist_info(target: Path) -> Path:
     return dist_info
 
 
-def test_one_top_level_package(installed: Path):
+def test_one_top_level_package(installed: Path) -> None:
     tops = {p.name for p in installed.iterdir()} - {"bin", _dist_info(installed).name}  # bin: the console script
     assert tops == {"gatherwise"}
     floors = {p.name for p in (installed / "gatherwise").iterdir() if (p / "__init__.py").is_file()}
     assert {"shm_format", "engine_hooks", "tp_engine", "dashboards", "sidecar", "bench"} <= floors
 
 
-def test_every_package_folder_of_the_checkout_is_installed(installed: Path):
+def test_every_package_folder_of_the_checkout_is_installed(installed: Path) -> None:
     """setup.py derives the package list from pyproject.toml's package-dir: no room is left out."""
     from tests.core.test_import_boundaries import _package_dirs
 
@@ -57,7 +57,7 @@ def test_every_package_folder_of_the_checkout_is_installed(installed: Path):
             assert (installed / Path(*name.split("."), *sub) / "__init__.py").is_file(), (name, sub)
 
 
-def test_the_engine_plugins_and_the_commands_are_declared_entry_points(installed: Path):
+def test_the_engine_plugins_and_the_commands_are_declared_entry_points(installed: Path) -> None:
     text = (_dist_info(installed) / "entry_points.txt").read_text()
     sections = dict(re.findall(r"^\[([^\]]+)\]\n((?:[^\[\n].*\n?)*)", text, flags=re.M))
     assert "gatherwise = gatherwise.engine_hooks.adapters.vllm.plugin:register" in sections["vllm.general_plugins"]
@@ -77,7 +77,7 @@ def _distribution_name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "_", found.group(0)).lower()
 
 
-def test_the_base_requirements_carry_no_sidecar_stack(installed: Path):
+def test_the_base_requirements_carry_no_sidecar_stack(installed: Path) -> None:
     metadata = (_dist_info(installed) / "METADATA").read_text()
     requires = re.findall(r"^Requires-Dist: (.+)$", metadata, flags=re.M)
     base = [r for r in requires if "extra ==" not in r]
@@ -87,7 +87,7 @@ def test_the_base_requirements_carry_no_sidecar_stack(installed: Path):
     assert any(r.startswith("fastapi") for r in sidecar_extra)
 
 
-def test_the_live_page_assets_are_installed(installed: Path):
+def test_the_live_page_assets_are_installed(installed: Path) -> None:
     from gatherwise.sidecar.api.routes_page import ASSETS
 
     assets = installed / "gatherwise" / "sidecar" / "api" / "page_assets"
@@ -95,14 +95,14 @@ def test_the_live_page_assets_are_installed(installed: Path):
         assert (assets / name).is_file(), name
 
 
-def test_the_demo_finds_its_config_in_an_install(installed: Path):
+def test_the_demo_finds_its_config_in_an_install(installed: Path) -> None:
     """`gatherwise demo`'s default config ships with the package, not only in a checkout's config/."""
     from gatherwise.dashboards.demo import DEFAULT_CONFIG
 
     assert (installed / "gatherwise" / "dashboards" / DEFAULT_CONFIG.name).is_file()
 
 
-def test_the_verified_engine_fingerprints_are_installed(installed: Path):
+def test_the_verified_engine_fingerprints_are_installed(installed: Path) -> None:
     """The plugins' engagement check and `gatherwise doctor` read them next to their code."""
     from gatherwise.engine_hooks.fingerprints.verified import DATA_DIR
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from gatherwise.dashboards import promql
+from gatherwise.dashboards.local_prometheus import LocalPrometheus
 from gatherwise.dashboards.local_stack import start_local_stack
 from gatherwise.modes import IMPLEMENTED_LABELS
 from tests._hooks_off import start_reporter, stop
@@ -39,7 +40,7 @@ class _AcceptEverything(BaseHTTPRequestHandler):
         pass
 
 
-def has_data(prometheus, query: promql.Query, start: float) -> bool:
+def has_data(prometheus: LocalPrometheus, query: promql.Query, start: float) -> bool:
     """Alerts stay quiet in a healthy run, so for them every input selector must have data instead."""
     exprs = promql.selectors(query.expr) if "alert_rules" in query.source else [promql.substitute(query.expr)]
     for expr in exprs:

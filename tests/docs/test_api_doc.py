@@ -91,16 +91,16 @@ def unknown_route_mentions(text: str, routes: set[Route]) -> list[str]:
                   and path.startswith(("/v1", "/healthz", "/readyz", "/metrics")))
 
 
-def test_the_endpoints_are_the_apps(app: FastAPI):
+def test_the_endpoints_are_the_apps(app: FastAPI) -> None:
     assert api_differences(read(DOC), served_routes(app), schema_statuses(app)) == []
 
 
-def test_every_route_the_docs_name_is_served(app: FastAPI):
+def test_every_route_the_docs_name_is_served(app: FastAPI) -> None:
     for doc in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
         assert unknown_route_mentions(Path(doc).read_text(encoding="utf-8"), served_routes(app)) == [], doc.name
 
 
-def test_a_planted_status_route_and_mention_are_found(app: FastAPI):
+def test_a_planted_status_route_and_mention_are_found(app: FastAPI) -> None:
     text, routes, statuses = read(DOC), served_routes(app), schema_statuses(app)
     wrong_status = text.replace("| `GET` | `/v1/mode` | 200, 409 |", "| `GET` | `/v1/mode` | 200, 404 |")
     assert api_differences(wrong_status, routes, statuses) == [
@@ -111,7 +111,7 @@ def test_a_planted_status_route_and_mention_are_found(app: FastAPI):
     assert unknown_route_mentions("then `DELETE /v1/mode` and `GET /v1/mode`", routes) == ["DELETE /v1/mode"]
 
 
-def test_a_planted_status_in_an_endpoints_own_table_is_found(app: FastAPI):
+def test_a_planted_status_in_an_endpoints_own_table_is_found(app: FastAPI) -> None:
     text = read(DOC)
     assert "| 413 | body above 64 KiB |" in text
     assert api_differences(text.replace("| 413 | body above 64 KiB |", "| 418 | body above 64 KiB |"),

@@ -147,11 +147,11 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Fami
         yield scraped
 
 
-def test_the_documented_families_are_what_the_sidecar_exports(scraped: dict[str, Family]):
+def test_the_documented_families_are_what_the_sidecar_exports(scraped: dict[str, Family]) -> None:
     assert metrics_differences(documented(read(DOC)), scraped) == []
 
 
-def test_a_planted_family_and_label_are_found(scraped: dict[str, Family]):
+def test_a_planted_family_and_label_are_found(scraped: dict[str, Family]) -> None:
     text = read(DOC)
     renamed = text.replace("| `gatherwise_calls_total` | counter | engine, rank, mode |",
                            "| `gatherwise_calls_total` | counter | engine, rank, mode, bucket |")

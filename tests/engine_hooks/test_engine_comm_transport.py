@@ -19,7 +19,10 @@ import pytest
 from tests._dist import run_ranks
 
 if TYPE_CHECKING:  # imported where used: the ranks import torch and the adapters, this module does not
-    from gatherwise.engine_hooks.adapters.sglang.comm import SglangGroupCommunicator
+    import torch
+    import torch.distributed as dist
+
+    from gatherwise.engine_hooks.adapters.sglang.comm import SglangGroupCommunicator, ShmAllGather
     from gatherwise.engine_hooks.adapters.vllm.comm import VllmGroupCommunicator
 
 
@@ -30,21 +33,23 @@ class ShmOpsStandIn:
         self.calls: list[str] = []
 
     @staticmethod
-    def _check(*tensors) -> None:
+    def _check(*tensors: torch.Tensor | None) -> None:
         import torch
 
         for t in tensors:
             if t is not None and t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
                 raise TypeError(f"shm ops take floating point, got {t.dtype}")
 
-    def all_gather_into_tensor(self, output, input, group=None) -> None:
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor,
+                               group: dist.ProcessGroup | None = None) -> None:
         import torch.distributed as dist
 
         self._check(output, input)
         self.calls.append("all_gather")
         dist.all_gather_into_tensor(output, input, group=group)
 
-    def gather(self, input, gather_list, dst=-1, group=None) -> None:
+    def gather(self, input: torch.Tensor, gather_list: list[torch.Tensor] | None, dst: int = -1,
+               group: dist.ProcessGroup | None = None) -> None:
         import torch.distributed as dist
 
         self._check(input, *(gather_list or ()))
@@ -52,7 +57,7 @@ class ShmOpsStandIn:
         dist.gather(input, gather_list, dst=dst, group=group)
 
 
-def _payloads(rank: int):
+def _payloads(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     import torch
 
     floats = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-310, 3.5 + rank], dtype=torch.float64)
@@ -61,7 +66,7 @@ def _payloads(rank: int):
     return floats, ints
 
 
-def sglang_shm_allgather_stand_in(calls: list[str]):
+def sglang_shm_allgather_stand_in(calls: list[str]) -> ShmAllGather:
     def shm_allgather(inp, dim):
         import torch
         import torch.distributed as dist

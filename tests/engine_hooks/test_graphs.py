@@ -8,6 +8,8 @@ and scripts/gpu_check.sh."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +23,7 @@ STEPS = [1, 4, 4, 1, 4, 1, 1, 4, 4, 1]
 class StandInGraph:
     """Stands in for torch.cuda.CUDAGraph: replay() re-runs the captured device work into the static outputs."""
 
-    def __init__(self, fn, out) -> None:
+    def __init__(self, fn: Callable[[], Any], out: Any) -> None:
         self.fn, self.out, self.replays = fn, out, 0
 
     def replay(self) -> None:

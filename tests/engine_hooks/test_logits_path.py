@@ -1,22 +1,30 @@
 """The logits path on real gloo ranks: same tokens in every mode and schedule, one switch point for all ranks."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import pytest
 import torch
 
 from tests._dist import run_ranks
 
+if TYPE_CHECKING:
+    from gatherwise.engine_hooks.logits_path import LogitsPath
+    from gatherwise.engine_hooks.sampling import SamplingRow
+
 SAMPLING = [(0.0, 0, 1.0), (0.8, 0, 1.0), (0.7, 5, 1.0), (1.0, 0, 0.9), (1.2, 40, 0.8)]
 BATCHES = [1, 3, 8, 16, 2, 5, 7, 1, 12, 4]
 
 
-def _rows(step: int, batch: int):
+def _rows(step: int, batch: int) -> list[SamplingRow]:
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
 
     params = [SamplingParams(t, k, p, seed=11) for t, k, p in SAMPLING]
     return [SamplingRow(params[i % len(params)], request_id=i, position=step) for i in range(batch)]
 
 
-def _fill(path, rank: int, full: torch.Tensor) -> None:
+def _fill(path: LogitsPath, rank: int, full: torch.Tensor) -> None:
     buf = path.logits_buffer(full.shape[0])
     part = full[:, rank * path.width: (rank + 1) * path.width]
     buf[:, : part.shape[1]] = part.to(buf.dtype)

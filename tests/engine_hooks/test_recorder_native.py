@@ -30,7 +30,7 @@ VALUES = (  # (call_index, mode, rows, epoch, nbytes, t_start, coll_start, coll_
 CALLS = [CallMarks(*values) for values in VALUES]
 
 
-def _write(path: str, pure: bool, monkeypatch) -> bytes:
+def _write(path: str, pure: bool, monkeypatch: pytest.MonkeyPatch) -> bytes:
     monkeypatch.setenv(PURE_PYTHON_ENV, "1" if pure else "0")
     rec = RingRecorder(path, engine_id=9, rank=1, tp_size=2, vocab=32000, dtype="bfloat16", capacity=4)
     assert rec.native is not pure

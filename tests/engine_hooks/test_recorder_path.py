@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -13,6 +14,9 @@ from gatherwise.shm_format import ring as fmt
 from gatherwise.sidecar.ingest.ring_reader import RingReader
 from tests._dist import run_ranks
 
+if TYPE_CHECKING:
+    from gatherwise.engine_hooks.sampling import SamplingRow
+
 VOCAB = 1001
 BATCHES = [1, 4, 2, 1, 3, 8]  # rows 1 -> all_gather, more -> gather (table below)
 
@@ -20,7 +24,7 @@ BATCHES = [1, 4, 2, 1, 3, 8]  # rows 1 -> all_gather, more -> gather (table belo
 TOP_P_STEPS = (1, 3)  # one row of these calls samples with top-p: the call's kind is top_p
 
 
-def _rows(step: int, batch: int):
+def _rows(step: int, batch: int) -> list[SamplingRow]:
     from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow
 
     top_p = SamplingParams(temperature=0.8, top_p=0.9)

@@ -6,6 +6,7 @@ import hashlib
 import multiprocessing as mp
 import os
 import struct
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import pytest
@@ -210,7 +211,7 @@ def test_discover_engines_newest_first(tmp_path):
     assert discover_engines(tmp_path / "missing") == []
 
 
-def _writer(path: str, n: int, ready) -> None:
+def _writer(path: str, n: int, ready: Event) -> None:
     rec = RingRecorder(path, engine_id=7, rank=0, tp_size=1, vocab=32000, dtype="float32", capacity=64)
     ready.set()
     for i in range(n):

@@ -14,7 +14,7 @@ SCHEDULE = [(True, True), (False, True), (False, True), (True, False), (False, F
             (True, True), (False, True), (True, True), (False, False), (True, True)]
 
 
-def _draw(rows: int):
+def _draw(rows: int) -> list[int]:
     import torch
 
     probs = torch.softmax(torch.arange(64, dtype=torch.float32).repeat(rows, 1) / 16, dim=-1)

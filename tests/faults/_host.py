@@ -12,6 +12,7 @@ import struct
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -70,7 +71,7 @@ def as_user(uid: int, gid: int, action: Callable[[], object]) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def run_as(user: LocalUser, args: list[str], **kwargs) -> subprocess.CompletedProcess:
+def run_as(user: LocalUser, args: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
     return subprocess.run(args, user=user.uid, group=user.gid, extra_groups=[], capture_output=True, text=True,
                           **kwargs)
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ from tests.faults._faults import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def writers(*args: str, **kwargs) -> subprocess.Popen:
+def writers(*args: str, **kwargs: Any) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tests.faults._writers", *args], cwd=ROOT, text=True, **kwargs)
 
 

@@ -9,6 +9,7 @@ running as the engine's own user can (it could as well kill or ptrace the engine
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 
@@ -28,7 +29,9 @@ from tests.faults._host import as_user
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def as_other_user(action) -> int:
+# Callable[..., object], not [[], object]: mypy cannot infer the callers' lambdas with a default (`p=path`) for the
+# latter; `action` is called with no arguments.
+def as_other_user(action: Callable[..., object]) -> int:
     """Run `action` in a child process with uid/gid NOBODY; returns the errno it raised (0 if none)."""
     return as_user(NOBODY, NOBODY, action)
 

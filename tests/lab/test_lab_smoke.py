@@ -51,7 +51,7 @@ def test_every_measurement_has_a_tiny_run():
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_every_measurement_runs_at_tiny_size(tmp_path: Path):
+def test_every_measurement_runs_at_tiny_size(tmp_path: Path) -> None:
     # Most of a tiny run is waiting (processes starting, a sidecar attaching, fixed warm-ups), so three at a time
     # keep two cores busy; the longest start first.
     def run(name: str) -> str | None:
@@ -68,7 +68,7 @@ def test_every_measurement_runs_at_tiny_size(tmp_path: Path):
     assert not failures, "\n\n".join(failures)
 
 
-def test_vllm_paired_draws_its_figure(tmp_path: Path):
+def test_vllm_paired_draws_its_figure(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     rank = {key: 1.0 for key in ("path_ms", "collective_ms", "second_op_ms", "sample_ms", "gap_ms")}
     summary = [{"batch": 1, "mode": mode, "tokens_per_s": 10.0, "ratio": 1.0, "ratio_min": 1.0, "ratio_max": 1.0,

@@ -23,5 +23,5 @@ def _sglang_installed() -> None:
 
 
 @pytest.fixture(scope="session")
-def model(tmp_path_factory) -> str:
+def model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return tiny_model("GATHERWISE_SGLANG_MODEL", tmp_path_factory)

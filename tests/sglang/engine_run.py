@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 from tests._engine_harness import engine_run_arguments, http, read_rings
 
 if TYPE_CHECKING:
+    import sglang
+
     from gatherwise.sidecar.ingest.ring_reader import RingReader
 
 PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23, 29, 31, 37], [2], [900, 901, 902, 903],
@@ -113,15 +115,16 @@ class PhaseMarks:
         self.marks[phase] = self.last
 
 
-def batch_ids(engine, prompts: list[list[int]], params: list[dict], **kwargs) -> list[list[int]]:
+def batch_ids(engine: sglang.Engine, prompts: list[list[int]], params: list[dict], **kwargs: Any) -> list[list[int]]:
     return [out["output_ids"] for out in engine.generate(input_ids=prompts, sampling_params=params, **kwargs)]
 
 
-def one_at_a_time(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
+def one_at_a_time(engine: sglang.Engine, prompts: list[list[int]], n: int) -> list[list[int]]:
     return [engine.generate(input_ids=p, sampling_params=sampled(n))["output_ids"] for p in prompts]
 
 
-def streamed(engine, params: dict, ctl: Controller, phase: str, flips: tuple[str, ...] = ("gather", "all_gather"),
+def streamed(engine: sglang.Engine, params: dict, ctl: Controller, phase: str,
+             flips: tuple[str, ...] = ("gather", "all_gather"),
              stop_after: int | None = None) -> list[int]:
     """One streamed generation; the mode flips between chunks (mid-generation), cycling through `flips`
     (`stop_after` flips at most)."""
@@ -164,7 +167,7 @@ def run_phases(phases: Callable[[Any, Controller, PhaseMarks, argparse.Namespace
     os._exit(0)  # SGLang's shutdown leaves non-daemon threads behind; the result is out
 
 
-def phases(engine, ctl: Controller, marks: PhaseMarks, args: argparse.Namespace) -> dict:
+def phases(engine: sglang.Engine, ctl: Controller, marks: PhaseMarks, args: argparse.Namespace) -> dict:
     result: dict = {}
     result["greedy_sharded"] = batch_ids(engine, PROMPTS, [greedy(n) for n in MAX_TOKENS])
     marks.mark("greedy_sharded")

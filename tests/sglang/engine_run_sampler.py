@@ -22,8 +22,12 @@ Phases (mode asked for before it):
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Any
 
 from tests.sglang.engine_run import Controller, PhaseMarks, run_phases
+
+if TYPE_CHECKING:
+    import sglang
 
 TOKENS = 16
 FLIP_EVERY = 3  # chunks between two mode switches in streamed_switch
@@ -56,17 +60,17 @@ def params(extra: dict) -> dict:
     return dict(extra, max_new_tokens=TOKENS, ignore_eos=True)
 
 
-def one(engine, rid: str, prompt: list[int], extra: dict, **kwargs) -> list[int]:
+def one(engine: sglang.Engine, rid: str, prompt: list[int], extra: dict, **kwargs: Any) -> list[int]:
     return engine.generate(input_ids=prompt, sampling_params=params(extra), rid=rid, **kwargs)["output_ids"]
 
 
-def batch(engine, requests: list[tuple[str, list[int], dict]]) -> dict[str, list[int]]:
+def batch(engine: sglang.Engine, requests: list[tuple[str, list[int], dict]]) -> dict[str, list[int]]:
     outs = engine.generate(input_ids=[p for _, p, _ in requests], sampling_params=[params(e) for *_, e in requests],
                            rid=[rid for rid, _, _ in requests])
     return {rid: out["output_ids"] for (rid, _, _), out in zip(requests, outs, strict=True)}
 
 
-def streamed(engine, ctl: Controller, request: Request) -> tuple[list[int], int]:
+def streamed(engine: sglang.Engine, ctl: Controller, request: Request) -> tuple[list[int], int]:
     """The (top-p) request streamed; the mode cycles between chunks. Returns its ids and the switches made."""
     rid, prompt, extra = request
     ids: list[int] = []
@@ -81,7 +85,7 @@ def streamed(engine, ctl: Controller, request: Request) -> tuple[list[int], int]
     return ids, made
 
 
-def phases(engine, ctl: Controller, marks: PhaseMarks, args: argparse.Namespace) -> dict:
+def phases(engine: sglang.Engine, ctl: Controller, marks: PhaseMarks, args: argparse.Namespace) -> dict:
     requests, others, seeded, penalty, logprobs = (with_real_prompts(args.model) if args.real_prompts
                                                    else (REQUESTS, OTHERS, SEEDED, PENALTY, LOGPROBS))
     result: dict = {}

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from gatherwise.engine_hooks.adapters.sglang import keyed_gumbel as kg
-from gatherwise.engine_hooks.comm import SingleRankCommunicator
+from gatherwise.engine_hooks.comm import Communicator, SingleRankCommunicator
 from tests._dist import run_ranks
 
 VOCAB = 151_936
@@ -161,7 +161,7 @@ def _near_tie_batches(path: str) -> list[dict]:
     return batches
 
 
-def _naive_sharded(comm, batch: dict) -> torch.Tensor:
+def _naive_sharded(comm: Communicator, batch: dict) -> torch.Tensor:
     """The wrong combine: trust that the normaliser, one constant per row, cannot change the argmax, and take
     each shard's winner of (logit / temperature + noise) in float64, then the best (value, lowest column) across
     ranks. Exact in real numbers; not SGLang's token where SGLang's per-column rounding reorders a near tie."""
@@ -200,7 +200,7 @@ def _rank(rank: int, world: int, random_batches: list[tuple[str, int]], near_tie
 
 
 @pytest.fixture(scope="module")
-def reference(sglang_hash_patched, tmp_path_factory) -> dict:
+def reference(sglang_hash_patched: None, tmp_path_factory: pytest.TempPathFactory) -> dict:
     path = str(tmp_path_factory.mktemp("keyed") / "near_ties.pt")
     near_ties = _near_tie_batches(path)
     random_batches = [(case, index) for case in CASES for index in range(RANDOM_BATCHES.get(case, 3))]

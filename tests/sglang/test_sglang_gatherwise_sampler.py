@@ -36,7 +36,7 @@ HEAD_ENTROPY = 2.5  # nats at T = 1, as `gatherwise bench serve --head-entropy` 
 
 
 @pytest.fixture(scope="module")
-def peaked(model, tmp_path_factory) -> str:
+def peaked(model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The tiny checkpoint with its logits scaled to HEAD_ENTROPY. The random init's rows are near flat (top-p
     0.95 keeps 20 000 of 32 000 tokens), so a sampled token hangs on logit differences of 1e-6, and SGLang's CPU
     forward gives a prompt logits that differ by that much alone and in a batch: no sampler could then draw the
@@ -57,7 +57,7 @@ SUBJECTS = ["tiny"] + (engine_models() if full_matrix() else [])
 
 
 @pytest.fixture(scope="module", params=SUBJECTS)
-def run(request) -> dict:
+def run(request: pytest.FixtureRequest) -> dict:
     """The run on the peaked tiny checkpoint (TP 2), or on a trained model at its TP with its real prompts."""
     tp, omp = 2, {}
     args: tuple[str, ...] = ()

@@ -29,12 +29,12 @@ SETTLE = ADOPT_LAG + 1  # a command rides in one call and every rank adopts it A
 
 
 @pytest.fixture(scope="module")
-def plain(model) -> dict:
+def plain(model: str) -> dict:
     return run_engine(model, base_env())
 
 
 @pytest.fixture(scope="module")
-def hooked(model) -> dict:
+def hooked(model: str) -> dict:
     shm = f"/dev/shm/gatherwise-sglang-test-{os.getpid()}-{os.urandom(4).hex()}"
     os.makedirs(shm)
     try:

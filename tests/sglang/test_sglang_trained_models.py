@@ -36,7 +36,7 @@ def _env(tp: int, **extra: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module", params=engine_models())
-def runs(request) -> tuple[dict, dict, int]:
+def runs(request: pytest.FixtureRequest) -> tuple[dict, dict, int]:
     """(plain SGLang, the plugin, TP) on one trained model."""
     name = request.param
     tp = MODELS[name].engine_tp

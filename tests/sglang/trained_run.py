@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests._engine_harness import Control
 from tests._trained_models import prompt_ids
 from tests.sglang.engine_run import FLIP_EVERY, Controller, PhaseMarks, run_phases
+
+if TYPE_CHECKING:
+    import sglang
 
 REGEX = "[0-9]{4}"
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
@@ -36,7 +39,7 @@ def greedy(**extra: Any) -> dict:
     return {"temperature": 0.0, "max_new_tokens": MAX_NEW, **extra}
 
 
-def phases(engine, ctl: Controller, marks: PhaseMarks, args: argparse.Namespace) -> dict:
+def phases(engine: sglang.Engine, ctl: Controller, marks: PhaseMarks, args: argparse.Namespace) -> dict:
     control = Control(args.shm_dir)
     ids = prompt_ids(args.model)
 

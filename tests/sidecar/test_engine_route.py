@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -48,7 +49,7 @@ def test_the_engine_and_the_metric_name_each_ranks_route(client: TestClient) -> 
     assert line.endswith(" 1.0")
 
 
-def test_a_file_without_a_route_reads_as_none_and_an_unknown_route_key_is_refused(tmp_path) -> None:
+def test_a_file_without_a_route_reads_as_none_and_an_unknown_route_key_is_refused(tmp_path: Path) -> None:
     write_rank_info(tmp_path, 0, "gatherwise reference engine", "1.0", {})
     info = read_rank_info(tmp_path, 0)
     assert info is not None and info.route == RankRoute()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from gatherwise.modes import Mode, ModeTable
 from gatherwise.tp_engine.hf_config import config_from_hf
 from gatherwise.tp_engine.launch import LaunchError, launch
 from gatherwise.tp_engine.runner import DTYPES, Engine, GenerateSpec, ModelSpec, generate_rank, make_path
-from gatherwise.tp_engine.scheduler import make_requests
+from gatherwise.tp_engine.scheduler import StepBatch, make_requests
 from gatherwise.tp_engine.weights import RandomSource
 from tests._counting_comm import CountingComm
 from tests._generate_cli import assert_refused, generate_json
@@ -85,7 +86,8 @@ def run_suite(rank: int, world: int, models: list[ModelSpec], cases: list[Case])
         sharded_calls: list[int] = []  # what each call would have cost in sharded mode
         last = [comm.count]
 
-        def on_step(batch, tokens, counted=counted, last=last, sharded_calls=sharded_calls, width=path.width) -> None:
+        def on_step(batch: StepBatch, tokens: torch.Tensor, counted: list[int] = counted, last: list[int] = last,
+                    sharded_calls: list[int] = sharded_calls, width: int = path.width) -> None:
             counted.append(comm.count - last[0])
             last[0] = comm.count
             sharded_calls.append(collectives_for(batch.rows, width))  # what this call costs in sharded mode
@@ -165,14 +167,14 @@ def reference_logits(checkpoint: Path, tokens: list[int]) -> torch.Tensor:
 
 # -- the suite: built once, run once per P -----------------------------------------------------------------
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> list[Path]:
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     base = tmp_path_factory.mktemp("checkpoints")
     return [write_checkpoint(base / "llama", LLAMA, torch.float32, files=2, seed=3),
             write_checkpoint(base / "qwen2", QWEN2, torch.bfloat16, files=1, seed=4)]
 
 
 @pytest.fixture(scope="module")
-def suite(checkpoints) -> tuple[list[ModelSpec], list[Case]]:
+def suite(checkpoints: list[Path]) -> tuple[list[ModelSpec], list[Case]]:
     models = [ModelSpec(vocab=32000), ModelSpec(vocab=1001, weights_seed=1)]
     models += [ModelSpec(checkpoint=str(c)) for c in checkpoints]
     cases = []
@@ -211,11 +213,12 @@ def runs(suite):
     _RUNS.clear()
 
 
-def case_index(suite, name: str) -> int:
+def case_index(suite: tuple[list[ModelSpec], list[Case]], name: str) -> int:
     return next(i for i, c in enumerate(suite[1]) if c.name == name)
 
 
-def each_rank_case(suite, runs, world: int):
+def each_rank_case(suite: tuple[list[ModelSpec], list[Case]], runs: Callable[[int], list[dict]],
+                   world: int) -> Iterator[tuple[Case, dict, int, dict]]:
     """(case, its P=1 result, rank, that rank's result) for every case and every rank of the P=world run."""
     reference, ranks = runs(1)[0], runs(world)
     for i, case in enumerate(suite[1]):

@@ -17,7 +17,7 @@ MAX_NEW = 6
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Llama checkpoint whose vocabulary is its tokenizer's, with a chat template and </s> as EOS."""
     directory = tmp_path_factory.mktemp("chat") / "ckpt"
     vocab = write_tokenizer(directory)

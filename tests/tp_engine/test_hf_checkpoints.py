@@ -77,13 +77,13 @@ CHECKPOINTS = (
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> list[Path]:
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     base = tmp_path_factory.mktemp("hf")
     return [build(spec, base / f"ckpt{i}") for i, spec in enumerate(CHECKPOINTS)]
 
 
 @pytest.fixture(scope="module")
-def expected(checkpoints) -> list[list[list[int]]]:
+def expected(checkpoints: list[Path]) -> list[list[list[int]]]:
     """transformers' greedy tokens for every checkpoint and prompt."""
     return [reference_greedy(load_reference(c), [list(p) for p in PROMPTS], MAX_NEW_TOKENS) for c in checkpoints]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -199,13 +200,13 @@ def test_eos_ids_come_from_generation_config_then_config(tmp_path):
         eos_token_ids(tmp_path)
 
 
-def _tiny(tmp_path: Path, **config) -> Path:
+def _tiny(tmp_path: Path, **config: Any) -> Path:
     spec = TinyCheckpoint("t", "llama", dict(vocab_size=67, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                              num_attention_heads=2, num_key_value_heads=1, **config))
     return build(spec, tmp_path / "ckpt")
 
 
-def _rewrite_config(path: Path, **changes) -> None:
+def _rewrite_config(path: Path, **changes: object) -> None:
     raw = json.loads((path / "config.json").read_text())
     raw.update(changes)
     (path / "config.json").write_text(json.dumps(raw))

@@ -29,11 +29,11 @@ def _vllm_importable() -> None:
 
 
 @pytest.fixture(scope="session")
-def model(tmp_path_factory) -> str:
+def model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return tiny_model("GATHERWISE_VLLM_MODEL", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def model_with_tokenizer(tmp_path_factory) -> str:
+def model_with_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The same shapes with the small BPE tokenizer (structured outputs need the tokenizer's vocabulary)."""
     return tiny_model("GATHERWISE_VLLM_TOKENIZER_MODEL", tmp_path_factory, tokenizer=True)

@@ -20,19 +20,23 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING
 
 from tests._engine_harness import engine_run_arguments, http, read_rings
+
+if TYPE_CHECKING:
+    from vllm import LLM, RequestOutput
 
 PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23, 29, 31, 37], [2], [900, 901, 902, 903],
            [12345, 54321, 11]]
 MAX_TOKENS = [24, 16, 20, 12, 24, 8]
 
 
-def token_ids(outputs) -> list[list[int]]:
+def token_ids(outputs: list[RequestOutput]) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]  # LLM.generate keeps the order of the prompts
 
 
-def run_switched(llm, sidecar: str, token: str) -> dict:
+def run_switched(llm: LLM, sidecar: str, token: str) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -63,7 +67,7 @@ def run_switched(llm, sidecar: str, token: str) -> dict:
             "metrics": metrics, "mode": json.loads(mode) if code == 200 else None}
 
 
-def run_control_switched(llm, shm_dir: str) -> dict:
+def run_control_switched(llm: LLM, shm_dir: str) -> dict:
     """Greedy requests stepped by hand; the table is flipped across all three modes through the control block."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt

@@ -18,8 +18,12 @@ Phase boundaries are rank 0's call index (the control block's heartbeat).
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from tests._engine_harness import Control, engine_run_arguments, read_rings
+
+if TYPE_CHECKING:
+    from vllm import LLM
 
 ROUNDS = ("all_gather", "gather", "sharded", "switched")
 ALONE_ROUNDS = ("sharded",)
@@ -41,7 +45,7 @@ def prompt_of(name: str) -> list[int]:
     return PROMPTS[names.index(name) % len(PROMPTS)] if name in names else PROMPTS[0]
 
 
-def run_stepped(llm, control: Control, requests: dict[str, dict], flips: dict[int, str] | None = None
+def run_stepped(llm: LLM, control: Control, requests: dict[str, dict], flips: dict[int, str] | None = None
                 ) -> tuple[dict[str, list[int]], list[dict]]:
     """`requests` ({request id: SamplingParams arguments}) added at once, each with its own prompt, and stepped
     to the end."""

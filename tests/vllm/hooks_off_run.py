@@ -15,11 +15,16 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING
 
 from tests._engine_harness import engine_run_arguments, http
 
+if TYPE_CHECKING:
+    import torch
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
 
-def call_gather_outside_a_step(processor, logits) -> str | None:
+
+def call_gather_outside_a_step(processor: LogitsProcessor, logits: torch.Tensor) -> str | None:
     try:
         processor._gather_logits(logits)
     except Exception as exc:  # vLLM's all_gather without a TP group

@@ -24,8 +24,13 @@ served which phase.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from tests._engine_harness import Control, engine_run_arguments, http, read_rings
+
+if TYPE_CHECKING:
+    from vllm import LLM, RequestOutput
+    from vllm.v1.worker.worker_base import WorkerBase
 
 ROUNDS = ("all_gather", "gather", "sharded")  # the plugin's table in each round
 FLIPS = {1: "gather", 4: "sharded", 6: "all_gather", 8: "gather", 11: "all_gather", 13: "gather"}  # step -> mode
@@ -93,7 +98,7 @@ def stepped_params() -> dict[str, list]:
                                    SamplingParams(**greedy, ignore_eos=True)]}
 
 
-def summary(output) -> dict:
+def summary(output: RequestOutput) -> dict:
     """What must match between engines: the text, the token ids and the sampled tokens' logprobs."""
     out = output.outputs[0]
     result = {"text": out.text, "ids": list(out.token_ids)}
@@ -105,7 +110,7 @@ def summary(output) -> dict:
     return result
 
 
-def run_stepped(llm, control: Control | None, name: str, params: list) -> tuple[list[dict], list[dict]]:
+def run_stepped(llm: LLM, control: Control | None, name: str, params: list) -> tuple[list[dict], list[dict]]:
     from vllm.inputs import TextPrompt
 
     engine = llm.llm_engine
@@ -122,7 +127,7 @@ def run_stepped(llm, control: Control | None, name: str, params: list) -> tuple[
     return [outputs[f"{name}-{i}"] for i in range(len(PROMPTS))], flips
 
 
-def runner_class(worker) -> str:
+def runner_class(worker: WorkerBase) -> str:
     """The model runner a worker built, and its base (LLM.collective_rpc; VLLM_ALLOW_INSECURE_SERIALIZATION=1
     lets a function travel to the workers)."""
     cls = type(worker.model_runner)

@@ -40,12 +40,12 @@ def run_with_sampler(model: str, sampler_seed: str, *args: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def rounds_run(model) -> dict:
+def rounds_run(model: str) -> dict:
     return run_with_sampler(model, SAMPLER_SEED)
 
 
 @pytest.fixture(scope="module")
-def other_seed_run(model) -> dict:
+def other_seed_run(model: str) -> dict:
     return run_with_sampler(model, "8", "--rounds", "gather")
 
 

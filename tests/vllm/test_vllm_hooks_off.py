@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
-def refused(model, tmp_path_factory) -> dict:
+def refused(model: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     shm = str(tmp_path_factory.mktemp("hooks-off") / "shm")
     env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm)
     result = run_next_to_sidecar(functools.partial(run_engine, module="tests.vllm.hooks_off_run"), model, shm, env)

@@ -53,12 +53,12 @@ def v2_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def plain_v2(model_with_tokenizer) -> dict:
+def plain_v2(model_with_tokenizer: str) -> dict:
     return run_engine(model_with_tokenizer, v2_env(), *ARGS, module=RUN)
 
 
 @pytest.fixture(scope="module")
-def plugin_v2(model_with_tokenizer, tmp_path_factory) -> dict:
+def plugin_v2(model_with_tokenizer: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     shm = str(tmp_path_factory.mktemp("v2") / "shm")
     env = v2_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm)
     run = functools.partial(run_engine, module=RUN)

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -26,6 +28,9 @@ from gatherwise.free_port import free_port
 from gatherwise.shm_format.liveness import is_engine_dir_name
 from tests._engine_harness import remove_new_shm_files, shm_files, start_sidecar
 from tests.vllm.conftest import REQUIRED
+
+if TYPE_CHECKING:
+    from openai import OpenAI
 from tests.vllm.harness import VLLM_SHM_LEFTOVERS, base_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -39,7 +44,7 @@ except ImportError:  # scripts/test_vllm.sh installs it into .venv-vllm
 PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23, 29, 31, 37]]
 
 
-def complete(client, model: str) -> list[list[int]]:
+def complete(client: OpenAI, model: str) -> list[list[int]]:
     out = []
     for prompt in PROMPTS:
         response = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0.0,
@@ -48,7 +53,7 @@ def complete(client, model: str) -> list[list[int]]:
     return out
 
 
-def stream(client, model: str, flip=None, at: int = 6) -> list[int]:
+def stream(client: OpenAI, model: str, flip: Callable[[], None] | None = None, at: int = 6) -> list[int]:
     """One seeded, sampled request streamed token by token; `flip()` runs once `at` chunks have arrived (the
     request then goes on under the new mode). A seeded request's tokens depend on its own generator only, so
     every streamed run must give the same tokens, whatever the mode does meanwhile."""
@@ -103,7 +108,7 @@ def test_openai_server_with_plugin_and_sidecar_stops_clean(model):
         api = httpx.Client(base_url=sidecar.url, timeout=30, headers={"Authorization": f"Bearer {sidecar.token}"})
         applied = []
 
-        def flip_to(mode: str):
+        def flip_to(mode: str) -> Callable[[], None]:
             def flip() -> None:  # waits until every rank runs it: the stream is still generating then
                 applied.append(api.put("/v1/mode", params={"wait": 10}, json={"mode": mode}).status_code)
             return flip

@@ -28,19 +28,19 @@ def shm_root():
 
 
 @pytest.fixture(scope="module")
-def plain(model) -> dict:
+def plain(model: str) -> dict:
     return run_engine(model, base_env())
 
 
 @pytest.fixture(scope="module")
-def gather_run(model, shm_root) -> dict:
+def gather_run(model: str, shm_root: str) -> dict:
     shm = os.path.join(shm_root, "gather")
     env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, GATHERWISE_ENGINE_INITIAL_MODE="gather")
     return run_engine(model, env, "--shm-dir", shm)
 
 
 @pytest.fixture(scope="module")
-def sharded_run(model, shm_root) -> dict:
+def sharded_run(model: str, shm_root: str) -> dict:
     """Starts in sharded mode; after the greedy and seeded phases the table is flipped across all three modes
     through the engine's control block (in-process engine core, so each step is one model step)."""
     shm = os.path.join(shm_root, "sharded")
@@ -50,7 +50,7 @@ def sharded_run(model, shm_root) -> dict:
 
 
 @pytest.fixture(scope="module")
-def switched_run(model, shm_root) -> dict:
+def switched_run(model: str, shm_root: str) -> dict:
     shm = os.path.join(shm_root, "switched")
     os.makedirs(shm, exist_ok=True)
     # In-process engine core: each LLMEngine.step() is one model step, so the switches land mid-generation.

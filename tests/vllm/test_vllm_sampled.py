@@ -29,12 +29,12 @@ APPLY_DELAY = 2  # a command is on the wire at rank 0's next call and every rank
 
 
 @pytest.fixture(scope="module")
-def plain(model_with_tokenizer) -> dict:
+def plain(model_with_tokenizer: str) -> dict:
     return run_engine(model_with_tokenizer, base_env(**IN_PROCESS), module=RUN)
 
 
 @pytest.fixture(scope="module")
-def switched(model_with_tokenizer) -> dict:
+def switched(model_with_tokenizer: str) -> dict:
     shm = f"/dev/shm/gatherwise-vllm-sampled-{os.getpid()}"
     env = base_env(GATHERWISE_ENABLE="1", GATHERWISE_ENGINE_SHM_DIR=shm, **IN_PROCESS)
     try:

@@ -5,6 +5,8 @@ sampling metadata is the one vLLM's runner builds for a step. No engine starts h
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from gatherwise.engine_hooks.adapters.sampler_rows import SEEDED_REQUEST
@@ -12,11 +14,17 @@ from gatherwise.engine_hooks.adapters.vllm.v1_sampler_rows import sampler_rows, 
 from gatherwise.engine_hooks.sampling_params import SamplingParams as Params
 from gatherwise.stable_hash import stable_hash
 
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+
 VOCAB = 1000
 SAMPLER_SEED = 11
 
 
-def vllm_batch(*params, outputs: tuple[int, ...] | None = None):
+def vllm_batch(*params: SamplingParams,
+               outputs: tuple[int, ...] | None = None) -> tuple[InputBatch, dict[str, CachedRequestState]]:
     """vLLM's InputBatch holding one request per SamplingParams (request i produced outputs[i] tokens so far),
     refreshed as the runner refreshes it before a step; returns (batch, request states by id)."""
     import torch
@@ -41,7 +49,7 @@ def vllm_batch(*params, outputs: tuple[int, ...] | None = None):
     return batch, requests
 
 
-def reason(*params, structured: bool = False, processor=None) -> str | None:
+def reason(*params: SamplingParams, structured: bool = False, processor: LogitsProcessor | None = None) -> str | None:
     batch, _ = vllm_batch(*params)
     return step_aside_reason(batch.sampling_metadata, processor, structured)
 

@@ -46,7 +46,7 @@ def _run(name: str, *extra: str, env: dict[str, str]) -> dict:
 
 
 @pytest.fixture(scope="module", params=engine_models())
-def runs(request) -> tuple[dict, dict, int]:
+def runs(request: pytest.FixtureRequest) -> tuple[dict, dict, int]:
     """(plain vLLM, the plugin, TP) on one trained model."""
     name = request.param
     plain = _run(name, env=base_env(**IN_PROCESS))
@@ -64,7 +64,7 @@ def runs(request) -> tuple[dict, dict, int]:
 
 
 @pytest.fixture(scope="module", params=engine_models())
-def sampler_rounds(request) -> dict:
+def sampler_rounds(request: pytest.FixtureRequest) -> dict:
     """`engine.sampler: gatherwise` on one trained model: tests/vllm/gatherwise_sampler_run.py's rounds."""
     name = request.param
     shm = f"/dev/shm/gatherwise-vllm-trained-gws-{os.getpid()}"
@@ -91,7 +91,7 @@ def test_the_gatherwise_sampler_draws_alike_in_every_mode(sampler_rounds):
 
 
 @pytest.fixture(scope="module", params=engine_models())
-def v2_runs(request) -> tuple[dict, dict]:
+def v2_runs(request: pytest.FixtureRequest) -> tuple[dict, dict]:
     """(plain Model Runner V2, V2 with the plugin) on one trained model: greedy and keyed phases, every round."""
     from tests.vllm.test_vllm_model_runner_v2 import v2_env
 

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -63,7 +64,7 @@ def enabled(monkeypatch, tmp_path):
     return tmp_path / "shm"
 
 
-def _fresh(engine: Engine, monkeypatch) -> None:
+def _fresh(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine.plugin.PLUGIN, "registered", False)
 
 
@@ -71,7 +72,7 @@ def _no_apply(hooks):
     raise AssertionError("the engine must not be patched")
 
 
-def _tree(root, engine: Engine, body: str) -> InstalledTree:
+def _tree(root: Path, engine: Engine, body: str) -> InstalledTree:
     """`root` as a site directory holding stand-ins for every point of the hooked runner of `engine` that relies
     on its runner method, that method running `body`."""
     classes: dict[str, dict[str, list[str]]] = {}  # module -> class (or "" for module level) -> members
@@ -98,7 +99,7 @@ def _tree(root, engine: Engine, body: str) -> InstalledTree:
     return InstalledTree(root)
 
 
-def _checks(engine: Engine, tmp_path) -> tuple[InstallCheck, InstallCheck]:
+def _checks(engine: Engine, tmp_path: Path) -> tuple[InstallCheck, InstallCheck]:
     """(the tree as verified, the same tree with its runner method altered), both against fingerprints generated
     from the first: the decision is the code's, whatever the version string says."""
     data = tmp_path / "verified"

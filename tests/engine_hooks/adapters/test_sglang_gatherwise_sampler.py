@@ -13,12 +13,17 @@ tests/sglang run the real thing).
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import pytest
 import torch
 
 from tests._dist import run_ranks
+
+if TYPE_CHECKING:
+    from gatherwise.engine_hooks.adapters.sglang.step import SglangStepHooks
+    from gatherwise.engine_hooks.comm import Communicator
+    from gatherwise.engine_hooks.table_source import InProcessTableSource
 
 PADDED = 16  # SGLang's padded LM head: two shards of 8
 VOCAB = 14  # the model's vocab: SGLang trims the last 2 columns after its gather
@@ -28,7 +33,7 @@ TOP_K_ALL = 1 << 30  # SGLang's top_k "whole vocabulary"
 class Info:
     """What the adapter reads of SGLang's SamplingBatchInfo."""
 
-    def __init__(self, params: list[tuple[float, float, int, float]], **fields) -> None:
+    def __init__(self, params: list[tuple[float, float, int, float]], **fields: object) -> None:
         temperature, top_p, top_k, min_p = zip(*params, strict=True)
         self.temperatures = torch.tensor(temperature, dtype=torch.float32).view(-1, 1)
         self.top_ps = torch.tensor(top_p, dtype=torch.float32)
@@ -134,7 +139,8 @@ def _full_logits(step: int, rows: int) -> torch.Tensor:
     return torch.randn(rows, PADDED, generator=torch.Generator().manual_seed(900 + step)) * 3
 
 
-def _expected(logits: torch.Tensor, schedule, info, sampler_seed: int, softcap: float | None) -> list[int]:
+def _expected(logits: torch.Tensor, schedule: SimpleNamespace, info: Info, sampler_seed: int,
+              softcap: float | None) -> list[int]:
     """gatherwise's sampler on each row's full logits (padding at -inf) alone, in the all_gather layout: what a
     request draws whatever the mode and whatever else shares its batch."""
     from gatherwise.engine_hooks.adapters.sglang.sampled_rows import batch_rows
@@ -167,7 +173,8 @@ PENALTY_STEP = 8
 SAMPLER_SEED = 5
 
 
-def _hooks(comm, sampler: Literal["engine", "gatherwise"], graph_modes: str = "all_gather,gather"):
+def _hooks(comm: Communicator, sampler: Literal["engine", "gatherwise"],
+           graph_modes: str = "all_gather,gather") -> tuple[SglangStepHooks, InProcessTableSource | None]:
     from gatherwise.config import EngineSection, GatherwiseConfig
     from gatherwise.engine_hooks.adapters.sglang.step import SglangStepHooks
     from gatherwise.engine_hooks.install import InstalledHooks
@@ -191,6 +198,7 @@ def _serve(rank, world, softcap):
     from gatherwise.engine_hooks.adapters.sglang import patches as p
     from gatherwise.engine_hooks.adapters.sglang.patches import _HookedGatherer
     from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.modes import Mode, ModeTable
 
     torch.manual_seed(1)  # SGLang seeds every rank alike
@@ -213,6 +221,7 @@ def _serve(rank, world, softcap):
     steps = []
     for i, (reqs, seq_lens, params, request) in enumerate(STEPS):
         if request is not None and rank == 0:
+            assert source is not None  # rank 0's
             source.request(ModeTable.uniform(Mode.parse(request)))
         extra = {"penalizer_orchestrator": SimpleNamespace(is_required=True)} if i == PENALTY_STEP else {}
         schedule, forward = _batches([_req(*r) for r in reqs], seq_lens, params, **extra)
@@ -232,7 +241,9 @@ def _serve(rank, world, softcap):
         drew = not torch.equal(generator_before, torch.default_generator.get_state())
         steps.append((ids.tolist(), str(ids.dtype), drew, _expected(logits, schedule, forward.sampling_info,
                                                                      SAMPLER_SEED, softcap)))
-    return steps, [m.label for m in hooks.installed.logits_path.mode_log], engine_sampled
+    installed = hooks.installed
+    assert installed is not None and isinstance(installed.logits_path, LoggedLogitsPath)  # as _hooks installed it
+    return steps, [m.label for m in installed.logits_path.mode_log], engine_sampled
 
 
 @pytest.mark.parametrize("softcap", [None, 2.0], ids=["plain", "soft-capped"])
@@ -262,11 +273,13 @@ def _serve_engine_sampler(rank, world):
     from gatherwise.engine_hooks.adapters.sglang import patches as p
     from gatherwise.engine_hooks.adapters.sglang.patches import _HookedGatherer
     from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.modes import Mode, ModeTable
 
     torch.manual_seed(1)
     hooks, source = _hooks(default_communicator(), "engine")
     if rank == 0:
+        assert source is not None  # rank 0's
         source.request(ModeTable.uniform(Mode.SHARDED))
     by_target = {target: fn for target, fn, _ in p.wrappers(hooks)}
     processor = SimpleNamespace(vocab_size=VOCAB, final_logit_softcapping=None)
@@ -294,7 +307,9 @@ def _serve_engine_sampler(rank, world):
 
         steps.append(by_target[p.TP_WORKER_FORWARD](model_step, SimpleNamespace(), schedule, forward, None,
                                                     False).tolist())
-    return steps, [m.label for m in hooks.installed.logits_path.mode_log], engine_sampled
+    installed = hooks.installed
+    assert installed is not None and isinstance(installed.logits_path, LoggedLogitsPath)  # as _hooks installed it
+    return steps, [m.label for m in installed.logits_path.mode_log], engine_sampled
 
 
 def _graph_steps(rank, world):

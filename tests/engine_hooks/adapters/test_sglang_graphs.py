@@ -13,12 +13,21 @@ real (two gloo ranks). The same patches in a real SGLang engine with CUDA graphs
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 from tests._dist import run_ranks
+
+if TYPE_CHECKING:
+    from gatherwise.engine_hooks.adapters.sglang.graphs import DecodeGraphModes
+    from gatherwise.engine_hooks.adapters.sglang.step import SglangStepHooks
+    from gatherwise.engine_hooks.comm import Communicator
+    from gatherwise.engine_hooks.table_source import InProcessTableSource
+    from gatherwise.modes import Mode
 
 VOCAB = 16
 CAPTURE_BS = [1, 2, 4]
@@ -38,7 +47,8 @@ def _batch(rows: int) -> SimpleNamespace:
 class StandInGraph:
     """Stands in for a CUDA graph: replay re-runs the captured forward in the captured mode into the output."""
 
-    def __init__(self, graphs, mode, fn, out) -> None:
+    def __init__(self, graphs: DecodeGraphModes, mode: Mode | None, fn: Callable[[], torch.Tensor],
+                 out: torch.Tensor) -> None:
         self.graphs, self.mode, self.fn, self.out = graphs, mode, fn, out
 
     def replay(self) -> None:
@@ -53,7 +63,7 @@ class StandInDecodeGraphRunner:
     """Stands in for SGLang's DecodeCudaGraphRunner and the model forward it captures (LM head shard, then
     LogitsProcessor.forward with its hooked gatherer). Public methods go through the registered wrappers."""
 
-    def __init__(self, hooks, wrapped, rank: int, world: int, modes_key=None) -> None:
+    def __init__(self, hooks: SglangStepHooks, wrapped: dict, rank: int, world: int) -> None:
         self.hooks, self.wrapped, self.rank, self.world = hooks, wrapped, rank, world
         self.capture_bs = CAPTURE_BS
         self.model_runner = SimpleNamespace(is_draft_worker=False, max_running_requests=6)
@@ -119,7 +129,7 @@ class StandInDecodeGraphRunner:
         return self.wrapped["execute"](type(self)._raw_execute, self, forward_batch, None)
 
 
-def _wrapped(hooks) -> dict:
+def _wrapped(hooks: SglangStepHooks) -> dict:
     from gatherwise.engine_hooks.adapters.sglang import patches as p
 
     by_target = {target: fn for target, fn, _ in p.wrappers(hooks)}
@@ -134,7 +144,8 @@ def _logits_forward(hooks, original, processor, batch):
         return original(processor, batch)
 
 
-def _hooks(comm, graph_modes: str, installed: bool = True):
+def _hooks(comm: Communicator, graph_modes: str,
+           installed: bool = True) -> tuple[SglangStepHooks, InProcessTableSource | None]:
     from gatherwise.config import EngineSection, GatherwiseConfig
     from gatherwise.engine_hooks.adapters.sglang.step import SglangStepHooks
     from gatherwise.engine_hooks.install import InstalledHooks
@@ -160,19 +171,23 @@ def _serve(rank, world, graph_modes, schedule):
     """Capture, then decode steps of `schedule` [(rows, table requested before the step or None)]; returns what
     every step did and gave."""
     from gatherwise.engine_hooks.comm import default_communicator
+    from gatherwise.engine_hooks.logged_path import LoggedLogitsPath
     from gatherwise.modes import Mode, ModeTable
 
     hooks, source = _hooks(default_communicator(), graph_modes)
     wrapped = _wrapped(hooks)
     runner = StandInDecodeGraphRunner(hooks, wrapped, rank, world)
     runner.capture()
-    path = hooks.installed.logits_path
+    installed = hooks.installed
+    assert installed is not None and isinstance(installed.logits_path, LoggedLogitsPath)  # as _hooks installed it
+    path = installed.logits_path
     keys = sorted(str(k) for k in runner.graphs)
     assert path.call_index == 0 and not path.mode_log  # capturing ran and recorded no call
 
     steps = []
     for i, (rows, request) in enumerate(schedule):
         if request is not None and rank == 0:
+            assert source is not None  # rank 0's
             source.request(ModeTable.uniform(Mode.parse(request)))
         batch = _batch(rows)
         batch.logits = _full_logits(i, rows)

@@ -32,7 +32,8 @@ def test_unsupported_features_are_named(server, parallel, named):
     assert (found == []) if named is None else any(named in f for f in found), found
 
 
-def _batch(mode: str, *, return_logprob=False, prefill_only=False, info=True):
+def _batch(mode: str, *, return_logprob: bool = False, prefill_only: bool = False,
+           info: bool = True) -> SimpleNamespace:
     return SimpleNamespace(forward_mode=SimpleNamespace(name=mode), return_logprob=return_logprob,
                            is_prefill_only=prefill_only, sampling_info=SimpleNamespace() if info else None)
 

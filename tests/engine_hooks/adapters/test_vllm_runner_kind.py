@@ -5,6 +5,8 @@ naming the point. Runs without vLLM: the runner classes are stand-ins with vLLM'
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gatherwise.config import GatherwiseConfig
@@ -38,7 +40,7 @@ class _Check:
 
 
 @pytest.fixture
-def config(tmp_path, monkeypatch) -> GatherwiseConfig:
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> GatherwiseConfig:
     monkeypatch.setattr(hooks_off, "_said", set())  # each test is a fresh worker process
     return GatherwiseConfig.model_validate({"engine": {"shm_dir": str(tmp_path / "shm")}})
 

@@ -49,7 +49,7 @@ def record_call(engine: StandinEngine, index: int) -> None:
                                  now + 16_100, now + 20_000, now + 21_000))
 
 
-def test_live_serves_the_model_and_the_sample_from_the_engine_dir(state: SidecarState, engine: StandinEngine):
+def test_live_serves_the_model_and_the_sample_from_the_engine_dir(state: SidecarState, engine: StandinEngine) -> None:
     write_rank_info(engine.dir, 0, "gatherwise reference engine", "1.0", {"all_gather": "every rank"},
                     model=f"SmolLM2 {MARKUP}")
     finished = time.time_ns() - 5_000_000_000
@@ -67,7 +67,7 @@ def test_live_serves_the_model_and_the_sample_from_the_engine_dir(state: Sidecar
     assert sample["age_seconds"] >= 5.0
 
 
-def test_no_model_and_no_sample_are_null(state: SidecarState, engine: StandinEngine):
+def test_no_model_and_no_sample_are_null(state: SidecarState, engine: StandinEngine) -> None:
     write_rank_info(engine.dir, 0, "vLLM", "0.11", {})  # an engine that does not name its model
     with TestClient(create_app(state)) as client:
         body = wait_for(lambda: (b := client.get("/v1/live").json())["engine"] and b, 60, "the engine to attach")
@@ -79,7 +79,7 @@ def test_no_model_and_no_sample_are_null(state: SidecarState, engine: StandinEng
     b'{"format": 1, "prompt": 7, "text": "t", "tokens": 1, "wall_ns": 1}',
     b'{"format": 1, "prompt": "p", "text": "t", "tokens": -1, "wall_ns": 1}', b"oversized"])
 def test_a_bad_or_oversized_sample_is_null_and_nothing_else_breaks(state: SidecarState, engine: StandinEngine,
-                                                                    content: bytes):
+                                                                    content: bytes) -> None:
     write_rank_info(engine.dir, 0, "gatherwise reference engine", "1.0", {}, model="random")
     if content == b"oversized":  # a valid sample padded past the reader's limit
         content = EngineSample("p", "t", 1, 1).to_json() + b" " * MAX_SAMPLE_BYTES
@@ -99,7 +99,8 @@ def test_a_linked_sample_is_not_followed(tmp_path):
     assert live_sample(tmp_path) is None
 
 
-def test_history_is_taken_on_the_sidecars_schedule_before_any_page_asks(state: SidecarState, engine: StandinEngine):
+def test_history_is_taken_on_the_sidecars_schedule_before_any_page_asks(state: SidecarState,
+                                                                        engine: StandinEngine) -> None:
     stop = threading.Event()
 
     def calls() -> None:  # the stand-in engine's traffic, while the test waits

@@ -13,6 +13,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -27,6 +28,9 @@ from gatherwise.shm_format.ring import ring_path
 from gatherwise.sidecar.ingest.ring_reader import RingReader
 from tests._sidecar import ROOT, start_engine, start_sidecar, wait_for
 from tests.conftest import IN_CI
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 TOKEN = "page-test-token"
 FORGED = '<img src=x onerror="document.title=\'owned\'"><script>document.title="owned"</script>'
@@ -87,7 +91,7 @@ def records_from(shm_dir: str, engine_id: str, first_call: int) -> list:
     return [r for r in records if r.call_index >= first_call]
 
 
-def save(page, tmp_path: Path, name: str) -> None:
+def save(page: Page, tmp_path: Path, name: str) -> None:
     page.screenshot(path=str(tmp_path / name), full_page=True)
     if os.environ.get("GATHERWISE_UPDATE_SCREENSHOTS") == "1":
         shutil.copy(tmp_path / name, ROOT / "docs" / "img" / name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 import yaml
@@ -15,7 +17,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 
-def write_config(tmp_path, shm_dir, **policy) -> str:
+def write_config(tmp_path: Path, shm_dir: str, **policy: object) -> str:
     cfg = {"engine": {"shm_dir": shm_dir, "initial_mode": "all_gather"},
            "telemetry": {"ring_capacity": 4096},
            "sidecar": {"poll_interval_seconds": 0.01},

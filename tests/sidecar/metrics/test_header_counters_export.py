@@ -6,6 +6,7 @@ timings and some the way the CUDA event resolver does when the device falls behi
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,7 @@ def _expected(shm: Path) -> dict[tuple[str, ...], float]:
     return out
 
 
-def _exported(url: str, keys) -> dict[tuple[str, ...], float]:
+def _exported(url: str, keys: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], float]:
     """The same keys as _expected, read from the sidecar's /metrics."""
     text = scrape(url)
     out = {}

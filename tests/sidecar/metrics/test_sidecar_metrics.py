@@ -76,7 +76,7 @@ def run(tmp_path_factory):
         assert sidecar.stop() == 0, "".join(sidecar.output)
 
 
-def test_every_family_with_its_labels(run) -> None:
+def test_every_family_with_its_labels(run: dict) -> None:
     got = samples(scrape(run["url"]))
     names = {n for n, _, _ in got}
     for family, labels in HISTOGRAMS.items():
@@ -95,7 +95,7 @@ def test_every_family_with_its_labels(run) -> None:
     assert ranks == {"0", "1"}
 
 
-def test_counts_match_the_calls_made(run) -> None:
+def test_counts_match_the_calls_made(run: dict) -> None:
     text, calls, eng = scrape(run["url"]), run["calls"], run["engine_id"]
     assert run["info"]["records_dropped"] == 0 and run["info"]["calls_incomplete"] == 0
     assert run["info"]["calls_joined"] == calls
@@ -124,7 +124,7 @@ def test_counts_match_the_calls_made(run) -> None:
     assert total(text, "gatherwise_engine_up", engine=eng) == 0  # the engine closed its rings on exit
 
 
-def test_openmetrics_has_exemplars_with_trace_ids(run) -> None:
+def test_openmetrics_has_exemplars_with_trace_ids(run: dict) -> None:
     response = httpx.get(f"{run['url']}/metrics", headers={"Accept": OPENMETRICS}, timeout=10)
     assert response.headers["content-type"].startswith("application/openmetrics-text")
     assert response.text.rstrip().endswith("# EOF")
@@ -135,7 +135,7 @@ def test_openmetrics_has_exemplars_with_trace_ids(run) -> None:
     assert httpx.get(f"{run['url']}/v1/engine", timeout=5).json()["traces_started"] > 0
 
 
-def test_promtool_accepts_the_exposition(run) -> None:
+def test_promtool_accepts_the_exposition(run: dict) -> None:
     promtool = require_tool("promtool")
     result = subprocess.run([promtool, "check", "metrics"], input=scrape(run["url"]), capture_output=True,
                             text=True, timeout=60)
@@ -143,7 +143,7 @@ def test_promtool_accepts_the_exposition(run) -> None:
         result.stdout + result.stderr
 
 
-def test_prometheus_scrapes_per_rank_per_op_series(run, tmp_path: Path) -> None:
+def test_prometheus_scrapes_per_rank_per_op_series(run: dict, tmp_path: Path) -> None:
     prometheus = require_tool("prometheus")
     target = run["url"].removeprefix("http://")
     config = tmp_path / "prometheus.yml"

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from gatherwise.modes import NUM_BUCKETS, Mode, ModeTable, bucket_of
 from gatherwise.sidecar.policy.auto_choice import should_switch
+from gatherwise.sidecar.policy.decision_log import Decision
 from gatherwise.sidecar.policy.estimates import Estimate, WindowEstimates
 from gatherwise.sidecar.policy.mode_policy import ModePolicy, PolicyParams
 from gatherwise.sidecar.policy.saved_state import MAX_STATE_BYTES, policy_from_json, policy_to_json, state_text
@@ -56,8 +58,8 @@ def test_summarize_and_window_age_out():
     assert w.get(0, G, now=5.0) is None
 
 
-def simulate(policy: ModePolicy, cost, seconds: float, now: float, rows=(1,), calls_per_second=1000,
-             step_every=20) -> tuple[float, list]:
+def simulate(policy: ModePolicy, cost: Callable[[int, Mode, float], float], seconds: float, now: float,
+             rows: tuple[int, ...] = (1,), calls_per_second: float = 1000, step_every: int = 20) -> tuple[float, list]:
     """Run calls at a fixed rate; each call's cost = cost(bucket_mode, now); step the policy like a sidecar."""
     decisions = []
     dt = 1.0 / calls_per_second
@@ -71,7 +73,7 @@ def simulate(policy: ModePolicy, cost, seconds: float, now: float, rows=(1,), ca
     return now, decisions
 
 
-def delay_on(slow: Mode):
+def delay_on(slow: Mode) -> Callable[[int, Mode, float], float]:
     return lambda rows, mode, now: 0.002 if mode == slow else 0.001
 
 
@@ -246,7 +248,7 @@ def three_modes(monkeypatch):
 S = Mode.SHARDED
 
 
-def costs(table: dict):
+def costs(table: dict) -> Callable[[int, Mode, float], float]:
     """rows, mode, now -> seconds from {mode: seconds} (or {mode: callable(rows)})."""
     return lambda rows, mode, now: table[mode](rows) if callable(table[mode]) else table[mode]
 
@@ -263,7 +265,7 @@ def test_three_modes_each_bucket_goes_to_its_fastest(three_modes):
     assert {m for _, m in probed} >= {"gather", "sharded"}  # every other mode gets probed
 
 
-def probe_starts(decisions) -> int:
+def probe_starts(decisions: list[Decision]) -> int:
     return len([d for d in decisions if d.reason == "probe" and d.evidence["phase"] == "start"])
 
 
@@ -353,8 +355,10 @@ from gatherwise.call_kind import Sampling, call_kind, call_tag  # noqa: E402
 GREEDY, TOP_P = call_kind(Sampling.GREEDY), call_kind(Sampling.TOP_P)
 
 
-def simulate_engine(policy: ModePolicy, cost, calls: int, now: float, *, kinds=(GREEDY,), rows=32,
-                    calls_per_second=2.6, steps_aside=lambda kind, mode: mode) -> tuple[float, list, int | None]:
+def simulate_engine(policy: ModePolicy, cost: Callable[[int, Mode, float], float], calls: int, now: float, *,
+                    kinds: tuple[int, ...] = (GREEDY,), rows: int = 32, calls_per_second: float = 2.6,
+                    steps_aside: Callable[[int, Mode], Mode] = lambda kind, mode: mode,
+                    ) -> tuple[float, list, int | None]:
     """A CPU engine's decode loop: one call every 1/calls_per_second s, kinds in rotation; each call runs what
     its table names unless `steps_aside` says otherwise (as a sharded table's sampled calls run all_gather),
     is recorded with its tag, and the policy steps after it as the sidecar does. Returns the time, the
@@ -374,7 +378,8 @@ def simulate_engine(policy: ModePolicy, cost, calls: int, now: float, *, kinds=(
     return now, decisions, switched_at
 
 
-def noisy(costs: dict, sigma: float, seed: int = 5):
+def noisy(costs: dict[int, dict[Mode, float]], sigma: float,
+          seed: int = 5) -> Callable[[int, Mode, float], float]:
     import random
 
     rng = random.Random(seed)

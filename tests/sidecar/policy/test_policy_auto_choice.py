@@ -21,7 +21,7 @@ PARAMS = PolicyParams(margin=0.05, min_samples=10, window=64, dwell_seconds=5.0,
                       max_sample_age_seconds=100.0)
 
 
-def choice_of(modes=(A, G, S)) -> AutoChoice:
+def choice_of(modes: tuple[Mode, ...] = (A, G, S)) -> AutoChoice:
     traffic = BucketTraffic(PARAMS, modes)
     return AutoChoice(PARAMS, modes, ModeTable.uniform(A), traffic)
 

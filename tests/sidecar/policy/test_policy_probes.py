@@ -24,7 +24,7 @@ def parts(params: PolicyParams = PARAMS) -> tuple[Probes, AutoChoice, BucketTraf
     return Probes(params, (A, G), traffic), AutoChoice(params, (A, G), ModeTable.uniform(A), traffic), traffic
 
 
-def running_calls(probes: Probes, traffic: BucketTraffic, bucket: int, seconds: float, times) -> None:
+def running_calls(probes: Probes, traffic: BucketTraffic, bucket: int, seconds: float, times: list[float]) -> None:
     for t in times:
         traffic.add(bucket, A, A, GREEDY, seconds, t)
         probes.observe(bucket, A, GREEDY, seconds, t, running=A, pinned=False)

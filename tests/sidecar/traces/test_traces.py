@@ -8,6 +8,7 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -42,7 +43,7 @@ def attrs(item: ReadableSpan | EventBase) -> Mapping[str, AnyValue]:
     return item.attributes
 
 
-def in_memory_tracer(**kw) -> tuple[CallTracer, InMemorySpanExporter]:
+def in_memory_tracer(**kw: Any) -> tuple[CallTracer, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     return CallTracer(new_provider("gw-test", SimpleSpanProcessor(exporter)), offset_ns=OFFSET, **kw), exporter
 

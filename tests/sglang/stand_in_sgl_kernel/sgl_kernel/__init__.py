@@ -11,6 +11,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
+from collections.abc import Callable
 
 STAND_IN = True
 
@@ -30,7 +31,7 @@ class _StandInMeta(type):
         raise StandInCalled(f"{cls.__qualname__} was called, but sgl_kernel here is gatherwise's import-only "
                             "test stand-in")
 
-    def __getattr__(cls, name: str):
+    def __getattr__(cls, name: str) -> type:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
         return _stand_in(f"{cls.__qualname__}.{name}")
@@ -43,8 +44,8 @@ def _stand_in(qualname: str) -> type:
     return _made[qualname]
 
 
-def _module_getattr(module_name: str):
-    def __getattr__(name: str):
+def _module_getattr(module_name: str) -> Callable[[str], type]:
+    def __getattr__(name: str) -> type:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)  # keep Python's own protocol lookups (e.g. __path__, __file__) honest
         return _stand_in(f"{module_name}.{name}")
