@@ -19,7 +19,8 @@ from contextlib import contextmanager
 from gatherwise.modes import Mode
 
 # The modes a graph can hold: all_gather and gather (engine_hooks.graphs.CAPTURABLE, which imports torch; kept
-# in step by tests/engine_hooks/adapters/test_sglang_graphs.py). Sharded decides on the host per call: those steps run eagerly.
+# in step by tests/engine_hooks/adapters/test_sglang_graphs.py). Sharded decides on the host per call: those steps
+# run eagerly.
 GRAPH_MODES = (Mode.ALL_GATHER, Mode.GATHER)
 
 
