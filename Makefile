@@ -63,9 +63,9 @@ test-models: $(STAMP)
 test-multinode: apt $(STAMP)
 	GATHERWISE_SGLANG_INSTALL_ONLY=1 bash scripts/test_sglang.sh
 	GATHERWISE_VLLM_INSTALL_ONLY=1 bash scripts/test_vllm.sh
-	.venv-sglang/bin/python scripts/two_node.py --engine sglang --out out/two_node
-	.venv-sglang/bin/python scripts/two_node.py --engine vllm --out out/two_node
-	.venv-sglang/bin/python scripts/two_node.py --engine reference --out out/two_node
+	.venv-sglang/bin/python -m tests.machine.two_node --engine sglang --out out/two_node
+	.venv-sglang/bin/python -m tests.machine.two_node --engine vllm --out out/two_node
+	.venv-sglang/bin/python -m tests.machine.two_node --engine reference --out out/two_node
 
 # The serving benchmark on both engines' own servers and clients, with its defaults (docs/bench_serve.md): about
 # an hour per engine on a 2-core host (53 min vLLM, 58 SGLang); each waits for the load average to fall under 3 first.

@@ -1,6 +1,6 @@
 """Two "nodes" on one Linux host: network namespaces joined by a veth pair, each node's processes in their own
-mount namespace with a private tmpfs on /dev/shm. Root only. Used by scripts/two_node.py and `gatherwise bench serve
---nodes 2`."""
+mount namespace with a private tmpfs on /dev/shm. Root only. Used by tests/machine/two_node.py and `gatherwise bench
+serve --nodes 2`."""
 
 from __future__ import annotations
 

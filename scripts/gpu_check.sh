@@ -10,19 +10,23 @@ if [ $# -lt 1 ]; then
   echo "usage: $0 OUTDIR [--cpu] [--only check1,check2]" >&2
   exit 2
 fi
-outdir=$1
+mkdir -p "$1"
+outdir=$(cd "$1" && pwd)  # absolute: the checks run from another directory
 shift
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
-mkdir -p "$outdir"
 cd "$root"
+# Uninstalled, the checkout's floors are laid out as the one installed `gatherwise` package (symlinks).
+tree=$("$python" scripts/package_tree.py "$root/build/package-tree")
+# The rest runs from inside the tree: `python -c` and `python -m` put the current directory first on sys.path, and
+# from the checkout's root its gatherwise/ folder (the core alone) would hide the tree's whole package. The root
+# comes after the tree, for `tests`: the checks are the module tests.machine.gpu_checks.
+export PYTHONPATH="$tree:$root${PYTHONPATH:+:$PYTHONPATH}"
+cd "$tree"
 if ! "$python" -c "import gatherwise.engine_hooks._ring_writer" 2>/dev/null && command -v cc >/dev/null; then
   suffix=$("$python" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
   include=$("$python" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
-  cc -O2 -shared -fPIC -I"$include" engine_hooks/_ring_writer.c -o "engine_hooks/_ring_writer$suffix" \
+  cc -O2 -shared -fPIC -I"$include" "$root/engine_hooks/_ring_writer.c" -o "$root/engine_hooks/_ring_writer$suffix" \
     2>"$outdir/build_ring_writer.log" || echo "compiled record writer not built (see build_ring_writer.log)"
 fi
-# Uninstalled, the checkout's floors are laid out as the one installed `gatherwise` package (symlinks).
-tree=$("$python" scripts/package_tree.py "$root/build/package-tree")
-export PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout 480 "$python" scripts/gpu_check.py "$outdir" "$@"
+exec timeout 480 "$python" -m tests.machine.gpu_checks "$outdir" "$@"

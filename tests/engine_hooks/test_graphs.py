@@ -2,8 +2,8 @@
 
 No GPU here, so graphs are stood in for by StandInGraphBackend: "replay" runs the captured function again with
 the path in capture mode (device work only, exactly what a CUDA graph replays) and writes the results into the
-outputs returned at capture, as a graph's static outputs. Real capture and replay on CUDA: tests/machine/test_gpu.py
-and scripts/gpu_check.sh."""
+outputs returned at capture, as a graph's static outputs. Real capture and replay on CUDA: the `graphs` check of
+tests/machine/gpu_checks.py, which scripts/gpu_check.sh runs."""
 
 from __future__ import annotations
 

@@ -4,16 +4,18 @@ collected"); a failing or crashing check fails the run without hiding the checks
 
 What the checks establish on a GPU is recorded by scripts/gpu_check.sh itself (gpu_check.json); the same logic
 runs on the CPU in test_gpu_check.py (the script, --cpu), test_deferred_word.py, test_graphs.py and
-test_cuda_timing.py."""
+test_cuda_timing.py. The rule and the report are tests.machine.harness's, shared with the two-node check."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests._gpu_check import gpu_check
+from tests.machine import gpu_checks
+from tests.machine.harness import CheckFunction, Checks, Skip, verdict
 
 
 @pytest.mark.parametrize(("statuses", "ok"), [
@@ -27,7 +29,7 @@ from tests._gpu_check import gpu_check
 ])
 def test_the_verdict(statuses, ok):
     checks = {f"c{i}": ({} if s is None else {"status": s}) for i, s in enumerate(statuses)}
-    assert gpu_check.verdict(checks) is ok
+    assert verdict(checks) is ok
 
 
 def _passes(ctx: dict) -> dict:
@@ -43,12 +45,20 @@ def _crashes(ctx: dict) -> dict:
 
 
 def _skips(ctx: dict) -> dict:
-    raise gpu_check.Skip("needs CUDA")
+    raise Skip("needs CUDA")
 
 
-def _run(monkeypatch, tmp_path: Path, checks, **kwargs) -> tuple[dict, str]:
-    monkeypatch.setattr(gpu_check, "CHECKS", tuple(checks))
-    report = gpu_check.run(tmp_path, cpu=True, **kwargs)
+def _registry(checks: list[tuple[str, CheckFunction]]) -> Checks:
+    registry = Checks()
+    for name, function in checks:
+        registry.check(name)(function)
+    return registry
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, checks: list[tuple[str, CheckFunction]],
+         **kwargs: Any) -> tuple[dict, str]:
+    monkeypatch.setattr(gpu_checks, "CHECKS", _registry(checks))
+    report = gpu_checks.run(tmp_path, cpu=True, **kwargs)
     assert json.loads((tmp_path / "gpu_check.json").read_text())["ok"] is report["ok"]
     return report, (tmp_path / "summary.txt").read_text()
 
@@ -77,7 +87,24 @@ def test_a_spent_budget_skips_the_rest_and_checks_nothing(monkeypatch, tmp_path)
 
 
 def test_a_passing_run_exits_0_and_a_failing_one_1(monkeypatch, tmp_path):
-    monkeypatch.setattr(gpu_check, "CHECKS", (("a", _passes), ("b", _fails)))
-    assert gpu_check.main([str(tmp_path / "one"), "--cpu", "--only", "a"]) == 0
-    assert gpu_check.main([str(tmp_path / "two"), "--cpu"]) == 1
+    monkeypatch.setattr(gpu_checks, "CHECKS", _registry([("a", _passes), ("b", _fails)]))
+    assert gpu_checks.main([str(tmp_path / "one"), "--cpu", "--only", "a"]) == 0
+    assert gpu_checks.main([str(tmp_path / "two"), "--cpu"]) == 1
     assert "overall: ok" in (tmp_path / "one" / "summary.txt").read_text()
+
+
+def test_the_checks_are_listed_from_their_registry_in_the_order_they_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpu_checks.main(["--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == gpu_checks.CHECKS.names()
+    assert all(len(line.split()) > 1 for line in listed)  # each named with what it checks
+
+
+def test_each_summary_line_is_written_by_its_own_check() -> None:
+    registry = Checks()
+    registry.check("counted", summary=lambda result: f"{result['calls']} calls" if "calls" in result else None)(_passes)
+    check = registry["counted"]
+    assert check.summary_line({"status": "pass", "calls": 3}) == f"{'counted':15s} pass  3 calls"
+    assert check.summary_line({"status": "skip", "reason": "needs CUDA"}) == f"{'counted':15s} skip  needs CUDA"
+    with pytest.raises(ValueError, match="two checks named"):
+        registry.check("counted")(_fails)

@@ -1,12 +1,15 @@
 """SGLang or vLLM TP=2 across two "nodes" on this Linux host, plain and with gatherwise, a sidecar on each node.
 
-    sudo .venv-sglang/bin/python scripts/two_node.py --engine sglang --out out/two_node   # root: namespaces
+    sudo .venv-sglang/bin/python -m tests.machine.two_node --engine sglang --out out/two_node   # root: namespaces
     ... --engine vllm --rate 100mbit          # the link between the nodes limited (tc htb)
     ... --engine reference --sweep 1,4,16     # `gatherwise bench` across the nodes instead of the checks
+    python -m tests.machine.two_node --list   # the checks, in the order they run (no root needed)
+
+Run from the checkout's root, with an engine venv's Python (`make test-multinode` installs them).
 
 A node is a network namespace joined to the other by a veth pair, with its own private `/dev/shm`
 (gatherwise.bench.netns_nodes): what two hosts look like to the engine and to gatherwise. Node k runs the engine's
-node k (one TP rank each; rank 0, the gather root and the control block, on node 0; scripts/two_node_engines.py)
+node k (one TP rank each; rank 0, the gather root and the control block, on node 0; two_node_engines.py)
 with gloo over the veth, and, with gatherwise, a `gatherwise sidecar` beside it on the node's shm_dir; one
 Prometheus in node 0 scrapes both sidecars.
 
@@ -16,15 +19,17 @@ rounds, then with every bucket released to the auto policy for a while. It check
 the plain engine's, that both sidecars attached to their node's rank (node file, partial attach), that node 0's is
 the controller and node 1's an observer (409 on a mutation, the role on /v1/mode and /readyz), that each exports
 its own rank's series, that Prometheus scraped both and sees both ranks and one controller, and that the auto
-policy probed on the controller and chose a mode for the batch's bucket. Writes OUT/two_node-ENGINE.json; exit
-status 0 when every check passed. Everything it creates (namespaces, veths, mounts, processes) is gone when it
-ends.
+policy probed on the controller and chose a mode for the batch's bucket: each of these is a check registered with
+tests.machine.harness, named after its function. Writes OUT/two_node-ENGINE.json (each check's name: passed or
+not); exit status 0 when every check passed. Everything it creates (namespaces, veths, mounts, processes) is gone
+when it ends.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import secrets
 import shlex
@@ -32,9 +37,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-
-from two_node_engines import ENGINES, REPO, Engine, Reference
+from typing import Any
 
 from gatherwise.bench.netns_nodes import (
     NodeProcess,
@@ -48,6 +54,9 @@ from gatherwise.bench.netns_nodes import (
     set_up_network,
     tear_down_network,
 )
+from tests._repo import ROOT
+from tests.machine.harness import Budget, Checks, Context, Result, list_checks, run_checks
+from tests.machine.two_node_engines import ENGINES, Engine, Reference
 
 SIDECAR_PORT, PROMETHEUS_PORT = 9400, 9090
 PROMPTS = [[1, 15, 27, 99, 4000, 12], [7, 8], [31000, 5, 5, 5, 17, 23], [2]]
@@ -236,34 +245,131 @@ def reference_tokens(engine: Reference, out: Path) -> dict:
     return {"tokens": by_mode["all_gather"], "by_mode": by_mode}
 
 
-def checks(plain: dict, gw: dict) -> dict[str, bool]:
-    mode0, mode1 = (json.loads(gw[f"mode{k}"][1]) for k in (0, 1))
-    scraped, auto = gw["scraped"], gw["auto"]
+@dataclass(frozen=True)
+class Observed:
+    """What a run saw: the plain engine's tokens, and with gatherwise the engine's rounds, the sidecars' answers,
+    what Prometheus scraped and what the auto policy did."""
+
+    plain: dict[str, Any]
+    gw: dict[str, Any]
+
+    def role(self, k: int) -> str | None:
+        role: str | None = json.loads(self.gw[f"mode{k}"][1]).get("role")
+        return role
+
+
+CHECKS = Checks()  # each registers below, named after its function, in the order a run takes them
+
+
+def two_node_check(predicate: Callable[[Observed], bool]) -> Callable[[Observed], bool]:
+    """Registers `predicate` as the check of its name: it passes when the predicate holds of what the run saw."""
+    def check(context: Context) -> Result:
+        return {"status": "pass" if predicate(context["observed"]) else "fail"}
+
+    check.__doc__ = predicate.__doc__
+    CHECKS.check(predicate.__name__)(check)
+    return predicate
+
+
+@two_node_check
+def tokens_equal_plain_in_every_round(run: Observed) -> bool:
     # a server engine's rounds carry tokens; the reference engine's tokens come from its generate runs
-    rounds = [r["tokens"] for r in gw["rounds"] if r["tokens"]] + list(plain.get("by_mode", {}).values())
-    return {
-        "tokens_equal_plain_in_every_round": bool(rounds) and all(t == plain["tokens"] for t in rounds),
-        "controller_accepted_every_switch": all(p["status"] in (200, 202) for p in gw["puts"]),
-        "both_sidecars_attached": all(e.get("attached") for e in gw["engine"]),
-        "each_sidecar_reads_its_nodes_rank": [e.get("ranks") for e in gw["engine"]] == [[0], [1]],
-        "node_indices": [e.get("node_index") for e in gw["engine"]] == [0, 1],
-        "roles": (mode0.get("role"), mode1.get("role")) == ("controller", "observer"),
-        "observer_refuses_with_409": gw["observer_put"][0] == 409,
-        "both_ready": gw["readyz0"][0] == gw["readyz1"][0] == 200,
-        "each_node_exports_its_rank_only": all(f'rank="{k}"' in gw[f"metrics{k}"] and f'rank="{1 - k}"' not in
-                                               gw[f"metrics{k}"] for k in (0, 1)),
-        "every_mode_ran_on_both_nodes": all(modes_run(gw[f"metrics{k}"]) >= set(SCHEDULE) for k in (0, 1)),
-        "prometheus_scraped_both_sidecars": [u[1] for u in scraped["up"]] == ["1", "1"],
-        "prometheus_sees_both_ranks": [r[0] for r in scraped["ranks"]] == ["0", "1"],
-        "prometheus_one_controller_one_observer": [c[0] for c in scraped["controllers"]] == [f"{address(0)}:9400"]
-        and [o[0] for o in scraped["observers"]] == [f"{address(1)}:9400"],
-        "auto_accepted_on_controller": all(code in (200, 202) for code in auto["puts"]),
-        "auto_tokens_equal_plain": all(tokens == plain["tokens"] for tokens in auto["rounds"] if tokens),
-        "auto_probed_on_controller": "probe" in auto["reasons"],
-        "auto_chose_a_mode_for_the_bucket": auto["table"].get(BUCKET) in ("all_gather", "gather", "sharded"),
-        "observer_runs_no_policy": auto["observer_decisions"][0] == 409
-        or not json.loads(auto["observer_decisions"][1] or "{}").get("decisions"),
-    }
+    rounds = [r["tokens"] for r in run.gw["rounds"] if r["tokens"]] + list(run.plain.get("by_mode", {}).values())
+    return bool(rounds) and all(t == run.plain["tokens"] for t in rounds)
+
+
+@two_node_check
+def controller_accepted_every_switch(run: Observed) -> bool:
+    return all(p["status"] in (200, 202) for p in run.gw["puts"])
+
+
+@two_node_check
+def both_sidecars_attached(run: Observed) -> bool:
+    return all(e.get("attached") for e in run.gw["engine"])
+
+
+@two_node_check
+def each_sidecar_reads_its_nodes_rank(run: Observed) -> bool:
+    return [e.get("ranks") for e in run.gw["engine"]] == [[0], [1]]
+
+
+@two_node_check
+def node_indices(run: Observed) -> bool:
+    return [e.get("node_index") for e in run.gw["engine"]] == [0, 1]
+
+
+@two_node_check
+def roles(run: Observed) -> bool:
+    return (run.role(0), run.role(1)) == ("controller", "observer")
+
+
+@two_node_check
+def observer_refuses_with_409(run: Observed) -> bool:
+    return bool(run.gw["observer_put"][0] == 409)
+
+
+@two_node_check
+def both_ready(run: Observed) -> bool:
+    return bool(run.gw["readyz0"][0] == run.gw["readyz1"][0] == 200)
+
+
+@two_node_check
+def each_node_exports_its_rank_only(run: Observed) -> bool:
+    return all(f'rank="{k}"' in run.gw[f"metrics{k}"] and f'rank="{1 - k}"' not in run.gw[f"metrics{k}"]
+               for k in (0, 1))
+
+
+@two_node_check
+def every_mode_ran_on_both_nodes(run: Observed) -> bool:
+    return all(modes_run(run.gw[f"metrics{k}"]) >= set(SCHEDULE) for k in (0, 1))
+
+
+@two_node_check
+def prometheus_scraped_both_sidecars(run: Observed) -> bool:
+    return [u[1] for u in run.gw["scraped"]["up"]] == ["1", "1"]
+
+
+@two_node_check
+def prometheus_sees_both_ranks(run: Observed) -> bool:
+    return [r[0] for r in run.gw["scraped"]["ranks"]] == ["0", "1"]
+
+
+@two_node_check
+def prometheus_one_controller_one_observer(run: Observed) -> bool:
+    scraped = run.gw["scraped"]
+    return ([c[0] for c in scraped["controllers"]] == [f"{address(0)}:{SIDECAR_PORT}"]
+            and [o[0] for o in scraped["observers"]] == [f"{address(1)}:{SIDECAR_PORT}"])
+
+
+@two_node_check
+def auto_accepted_on_controller(run: Observed) -> bool:
+    return all(code in (200, 202) for code in run.gw["auto"]["puts"])
+
+
+@two_node_check
+def auto_tokens_equal_plain(run: Observed) -> bool:
+    return all(tokens == run.plain["tokens"] for tokens in run.gw["auto"]["rounds"] if tokens)
+
+
+@two_node_check
+def auto_probed_on_controller(run: Observed) -> bool:
+    return "probe" in run.gw["auto"]["reasons"]
+
+
+@two_node_check
+def auto_chose_a_mode_for_the_bucket(run: Observed) -> bool:
+    return run.gw["auto"]["table"].get(BUCKET) in ("all_gather", "gather", "sharded")
+
+
+@two_node_check
+def observer_runs_no_policy(run: Observed) -> bool:
+    code, text = run.gw["auto"]["observer_decisions"]
+    return code == 409 or not json.loads(text or "{}").get("decisions")
+
+
+def checked(plain: dict, gw: dict) -> dict[str, Result]:
+    """Every check's result: a check that raised (an answer missing from what the run saw) is an error, a failure."""
+    return run_checks(CHECKS, {"observed": Observed(plain, gw)}, budget=Budget(math.inf))
 
 
 def path_ms(metrics: str) -> dict[str, float]:
@@ -282,26 +388,30 @@ def modes_run(metrics: str) -> set[str]:
     return set(path_ms(metrics))
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.machine.two_node", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--engine", choices=sorted(ENGINES), default="sglang")
     p.add_argument("--model", help="checkpoint directory (default: a tiny Llama built here)")
     p.add_argument("--out", type=Path, default=Path("out/two_node"))
     p.add_argument("--rate", help="limit the link between the nodes to this rate (tc htb, e.g. 100mbit)")
     p.add_argument("--sweep", metavar="ROWS", help="instead of the checks: `gatherwise bench` across the nodes at "
                    "these batch rows (e.g. 1,4,16,64; the reference engine only)")
-    args = p.parse_args()
+    p.add_argument("--list", action="store_true", help="name the checks, in the order they run, and exit")
+    args = p.parse_args(argv)
+    if args.list:
+        print(list_checks(CHECKS))
+        return 0
     if args.sweep and args.engine != "reference":
         p.error("--sweep runs gatherwise bench: only with --engine reference")
     if os.geteuid() != 0:
-        print("two_node.py needs root (network and mount namespaces)", file=sys.stderr)
+        print("tests.machine.two_node needs root (network and mount namespaces)", file=sys.stderr)
         return 2
     engine = ENGINES[args.engine]
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     model = args.model or str(out / "tiny-llama")
     if not args.model and not isinstance(engine, Reference) and not (Path(model) / "config.json").exists():
-        subprocess.run([engine.python, str(REPO / "scripts" / "tiny_checkpoint.py"), model, "--for-engines"],
+        subprocess.run([engine.python, str(ROOT / "scripts" / "tiny_checkpoint.py"), model, "--for-engines"],
                        check=True, capture_output=True)
     token = secrets.token_hex(16)
     busy = in_use()  # the namespace names are fixed: setting up would tear another run's nodes down under it
@@ -324,11 +434,14 @@ def main() -> int:
         tear_down_network()
     paths = {f"node{k}": path_ms(gw[f"metrics{k}"]) for k in (0, 1)}
     auto = gw["auto"]
-    result = {"engine": engine.name, "checks": checks(plain, gw), "rate": args.rate, "rows": len(PROMPTS),
+    results = checked(plain, gw)
+    passed = {name: r["status"] == "pass" for name, r in results.items()}
+    result = {"engine": engine.name, "checks": passed, "rate": args.rate, "rows": len(PROMPTS),
               "logits_path_ms": paths, "auto_choice": auto["table"].get(BUCKET), "plain": plain, "gatherwise": gw}
     (out / f"two_node-{engine.name}.json").write_text(json.dumps(result, indent=1))
-    for name, ok in result["checks"].items():
-        print(f"{'ok  ' if ok else 'FAIL'} {engine.name}: {name}")
+    for name, ok in passed.items():
+        error = results[name].get("error")
+        print(f"{'ok  ' if ok else 'FAIL'} {engine.name}: {name}" + (f" ({error})" if error else ""))
     link = args.rate or "unlimited"
     for node, per_mode in paths.items():
         print(f"{engine.name} {node} logits path per call (ms, {len(PROMPTS)} rows, link {link}): "

@@ -1,4 +1,4 @@
-"""The engines scripts/two_node.py runs across its two nodes: how node k starts, when the group is ready, and how
+"""The engines tests.machine.two_node runs across its two nodes: how node k starts, when the group is ready, and how
 one batched greedy request is sent to node 0 (rank 0's node, the only one that serves HTTP)."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME
 from gatherwise.bench.serve.node_servers import DIST_PORT, ENGINE_PORT, node_rank
 from gatherwise.bench.serve.sglang_engine import SGLANG_ENV, SGLANG_ENV_DEFAULTS, SglangEngine
 from gatherwise.bench.serve.vllm_engine import VLLM_ENV, VllmEngine
-
-REPO = Path(__file__).resolve().parent.parent
+from tests._repo import ROOT
 
 
 @dataclass(frozen=True)
@@ -24,11 +23,11 @@ class Engine:
 
     @property
     def python(self) -> str:
-        return str(REPO / self.venv / "bin" / "python")
+        return str(ROOT / self.venv / "bin" / "python")
 
     @property
     def gatherwise(self) -> str:
-        return str(REPO / self.venv / "bin" / "gatherwise")
+        return str(ROOT / self.venv / "bin" / "gatherwise")
 
     def url(self, path: str) -> str:
         return f"http://{address(0)}:{ENGINE_PORT}{path}"

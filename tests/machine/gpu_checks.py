@@ -1,34 +1,25 @@
 """The GPU check: what must hold (and what it costs) when the logits path runs on CUDA.
 
-    scripts/gpu_check.sh OUTDIR            # lays out the package tree, then runs this file
-    scripts/gpu_check.sh OUTDIR --cpu      # the same checks on the CPU (what `make test` runs; no GPU parts)
+    scripts/gpu_check.sh OUTDIR                 # lays out the package tree, then runs this module
+    scripts/gpu_check.sh OUTDIR --cpu           # the same checks on the CPU (what `make test` runs; no GPU parts)
+    python -m tests.machine.gpu_checks --list   # the checks, in the order they run
 
 Needs torch (with CUDA for the real check), pyyaml and, for the metrics part, prometheus-client; nothing else,
-no network, no install. Writes OUTDIR/gpu_check.json (every number) and OUTDIR/summary.txt (one line per
+no network, no install, no pytest. Writes OUTDIR/gpu_check.json (every number) and OUTDIR/summary.txt (one line per
 check). Each check is independent: a failure is recorded with its message and the next check runs. A global
-deadline keeps the run under 8 minutes (checks that would start past it are recorded as skipped).
-
-Checks (every mode in gatherwise.modes.IMPLEMENTED, so a new mode is covered without changing this file):
-  sync_free       TP=1 path on CUDA per capturable mode (not sharded) and sampling kind, steady state under
-                  torch.cuda.set_sync_debug_mode("error"), with a mode switch; every rank's switch call
-  tp2_gloo_cuda   TP=2 on one GPU: two processes, gloo, CUDA tensors (if this torch's gloo takes them)
-  event_timing    CUDA-event timings of the path against wall clock (synchronized) per mode
-  graphs          capture + replay of one variant per capturable mode (ModeGraphs), tokens vs eager, switch
-  sampler         the path's sampling per mode, B in {1, 64, 256}, V = 152064, bfloat16
-  hook_overhead   host time per call, recording off vs on, TP=1 path on the GPU
-  header_metrics  the ring header exported through the sidecar's metrics module (prometheus-client only)
+deadline keeps the run under 8 minutes (checks that would start past it are recorded as skipped). The checks run
+every mode in gatherwise.modes.IMPLEMENTED, so a new mode is covered without changing this file.
 
 A run passes when every check passed or was skipped for a stated reason, and at least one passed: a run that
-checked nothing (every check skipped, the budget spent before the first) is a failure, never an empty success.
-A checkout tool, not part of the installed package: it runs from a plain checkout on machines with no install.
+checked nothing (every check skipped, the budget spent before the first) is a failure, never an empty success
+(tests.machine.harness). Part of the checkout, not of the installed package: it runs from a plain checkout on
+machines with no install.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib
-import json
 import os
 import platform
 import statistics
@@ -39,14 +30,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.machine import harness
+from tests.machine.harness import Budget, Checks, Skip
+
 BUDGET_S = 450.0  # the whole run stays under 8 minutes with margin for process start and imports
 SAMPLER_ROWS = (1, 64, 256)
 SAMPLER_VOCAB = 152064
 KINDS = ("greedy", "temperature", "top_k", "top_p")
-
-
-class Skip(Exception):
-    """A check that cannot run here (no GPU, a package missing); the reason goes into the report."""
+CHECKS = Checks()  # each check registers itself below, in the order a run takes them
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
@@ -139,8 +130,15 @@ SYNCS_BY_DESIGN = {"top_p": "the coverage decision: does each row's nucleus lie 
                               "full-row fallback, whose size the host must know)"}
 
 
+def _sync_free_summary(result: dict) -> str | None:
+    return "sync in: " + ", ".join(result["failed"]) if result.get("failed") else None
+
+
+@CHECKS.check("sync_free", summary=_sync_free_summary)
 def check_sync_free(ctx: dict) -> dict:
-    """Steady state (after warm-up calls) under sync debug "error": no call may synchronize the host, in every
+    """No call of the TP=1 path synchronizes the host, in every mode and sampling kind, across a mode switch.
+
+    Steady state (after warm-up calls) under sync debug "error": no call may synchronize the host, in every
     mode and sampling kind, with a mode switch — except the kinds in SYNCS_BY_DESIGN, which are run and reported
     (synchronizes or not) without failing the check."""
     import torch
@@ -270,7 +268,16 @@ def _tp2_winners(device: str, vocab: int, logits: list) -> dict:
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
 
 
+def _tp2_summary(result: dict) -> str | None:
+    if "modes" not in result:
+        return None
+    why = harness.reason(result)
+    return "; ".join(f"{m}: {v['status']}" for m, v in result["modes"].items()) + (f" ({why})" if why else "")
+
+
+@CHECKS.check("tp2_gloo_cuda", summary=_tp2_summary)
 def check_tp2_gloo_cuda(ctx: dict) -> dict:
+    """TP=2 on one device: two processes, gloo, CUDA tensors (if this torch's gloo takes them); every mode."""
     from gatherwise.tp_engine.launch import launch
 
     device, vocab, batch = ctx["device"], 1001, 3
@@ -296,6 +303,9 @@ def check_tp2_gloo_cuda(ctx: dict) -> dict:
     return out
 
 
+@CHECKS.check("event_timing", summary=lambda result: None if "modes" not in result else "; ".join(
+    f"{m}: recorded/wall {v['recorded_over_wall']:.2f}" if v["recorded_over_wall"] else m
+    for m, v in result["modes"].items()))
 def check_event_timing(ctx: dict) -> dict:
     """Per mode: the recorded path time (CUDA events, resolved later) against synchronized wall time."""
     import torch
@@ -341,7 +351,10 @@ def check_event_timing(ctx: dict) -> dict:
     return out
 
 
+@CHECKS.check("graphs", summary=lambda result: None if "starts" not in result else "; ".join(
+    f"start {m}: {v['status']}" for m, v in result["starts"].items()))
 def check_graphs(ctx: dict) -> dict:
+    """Capture + replay of every capturable mode (ModeGraphs) from each start: tokens vs eager, a mode switch."""
     import torch
 
     if ctx["cpu"]:
@@ -425,8 +438,12 @@ def _cuda_time_us(device: Any, fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(times)
 
 
+@CHECKS.check("sampler", summary=lambda result: None if "path_us" not in result else "; ".join(
+    f"{k} {v:.0f} µs" for k, v in result["path_us"].items() if k.endswith("B256")))
 def check_sampler(ctx: dict) -> dict:
-    """Per mode, B, kind: the path call as that mode runs it (collective + that mode's sampling) at TP=1, and
+    """The path's sampling per mode and kind, B in {1, 64, 256}, V = 152064, bfloat16; the sampler alone.
+
+    Per mode, B, kind: the path call as that mode runs it (collective + that mode's sampling) at TP=1, and
     the shared sampler alone on the received [P, B, V/P] layout for P = 1 and 8."""
     import torch
 
@@ -466,6 +483,9 @@ def check_sampler(ctx: dict) -> dict:
     return out
 
 
+@CHECKS.check("hook_overhead", summary=lambda result: None if "modes" not in result else "; ".join(
+    f"{m}: off {v['off_us']:.1f} µs, on {v['on_us']:.1f} µs, +{v['added_us']:.2f} µs"
+    for m, v in result["modes"].items()))
 def check_hook_overhead(ctx: dict) -> dict:
     """Host µs per TP=1 path call, recording off vs on, interleaved blocks; per-call host time (no sync)."""
     import torch
@@ -514,6 +534,8 @@ def _host_us(fn: Callable[[], Any], reps: int = 2000) -> float:
     return statistics.median(times) / 1e3
 
 
+@CHECKS.check("event_costs", summary=lambda result: None if "host_us" not in result else "; ".join(
+    f"{k} {v:.2f}" for k, v in result["host_us"].items()) + " (µs)")
 def check_event_costs(ctx: dict) -> dict:
     """Where recording's host time goes on CUDA: each piece the event clock and resolver use, alone."""
     import torch
@@ -573,6 +595,7 @@ def _compiled_writer() -> bool:
     return True
 
 
+@CHECKS.check("header_metrics")
 def check_header_metrics(ctx: dict) -> dict:
     """A ring written through the CUDA timing path, exported by the sidecar's metrics module."""
     try:
@@ -616,21 +639,6 @@ def check_header_metrics(ctx: dict) -> dict:
             "records": header.write_index, "drops": header.drops, "op_seconds_exported": has_seconds}
 
 
-CHECKS: tuple[tuple[str, Callable[[dict], dict]], ...] = (
-    ("sync_free", check_sync_free), ("tp2_gloo_cuda", check_tp2_gloo_cuda), ("event_timing", check_event_timing),
-    ("graphs", check_graphs), ("sampler", check_sampler), ("hook_overhead", check_hook_overhead),
-    ("event_costs", check_event_costs),
-    ("header_metrics", check_header_metrics),
-)
-PASSING = ("pass", "skip")  # the statuses a passing run may contain (a skip always carries its reason)
-
-
-def verdict(checks: dict[str, dict]) -> bool:
-    """True when the run checked something and nothing failed: every status is in PASSING, at least one passed."""
-    statuses = [result.get("status") for result in checks.values()]
-    return "pass" in statuses and all(status in PASSING for status in statuses)
-
-
 def _environment(device: str, cpu: bool) -> dict:
     import torch
 
@@ -645,27 +653,10 @@ def _environment(device: str, cpu: bool) -> dict:
     return env
 
 
-def _summary_line(name: str, result: dict) -> str:
-    status = result.get("status", "?")
-    detail = result.get("reason") or result.get("error") or ""
-    if name == "sync_free" and result.get("failed"):
-        detail = "sync in: " + ", ".join(result["failed"])
-    elif name == "hook_overhead" and "modes" in result:
-        detail = "; ".join(f"{m}: off {v['off_us']:.1f} µs, on {v['on_us']:.1f} µs, +{v['added_us']:.2f} µs"
-                           for m, v in result["modes"].items())
-    elif name == "event_timing" and "modes" in result:
-        detail = "; ".join(f"{m}: recorded/wall {v['recorded_over_wall']:.2f}" if v["recorded_over_wall"] else m
-                           for m, v in result["modes"].items())
-    elif name == "sampler" and "path_us" in result:
-        detail = "; ".join(f"{k} {v:.0f} µs" for k, v in result["path_us"].items() if k.endswith("B256"))
-    elif name == "tp2_gloo_cuda" and "modes" in result:
-        detail = "; ".join(f"{m}: {v['status']}" for m, v in result["modes"].items()) + (
-            f" ({detail})" if detail else "")
-    elif name == "event_costs" and "host_us" in result:
-        detail = "; ".join(f"{k} {v:.2f}" for k, v in result["host_us"].items()) + " (µs)"
-    elif name == "graphs" and "starts" in result:
-        detail = "; ".join(f"start {m}: {v['status']}" for m, v in result["starts"].items())
-    return f"{name:15s} {status:5s} {detail}"
+def _title(report: dict) -> str:
+    env = report["environment"]
+    return (f"gatherwise gpu check on {env.get('gpu', 'CPU (fallback)')} — torch {env['torch']}, "
+            f"{report['elapsed_s']} s, compiled record writer: {env['compiled_record_writer']}")
 
 
 def run(outdir: Path, *, cpu: bool, only: list[str] | None = None, budget_s: float = BUDGET_S) -> dict:
@@ -673,58 +664,20 @@ def run(outdir: Path, *, cpu: bool, only: list[str] | None = None, budget_s: flo
 
     if not cpu and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --cpu for the CPU-only parts")
-    t0 = time.monotonic()
+    budget = Budget(budget_s)
     device = "cpu" if cpu else "cuda:0"
     if cpu:
         torch.set_num_threads(1)
-    report: dict[str, Any] = {"started_unix": time.time(), "environment": _environment(device, cpu), "checks": {}}
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
-        ctx: dict[str, Any] = {"device": device, "cpu": cpu, "tmp": tmp,
-                               "left": lambda: budget_s - (time.monotonic() - t0)}
-        for name, check in CHECKS:
-            if only and name not in only:
-                continue
-            if ctx["left"]() < 20:
-                report["checks"][name] = {"status": "skip", "reason": "time budget spent"}
-                continue
-            started = time.monotonic()
-            try:
-                result = check(ctx)
-            except Skip as why:
-                result = {"status": "skip", "reason": str(why)}
-            except Exception as exc:  # one check's failure must not hide the others
-                result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:600],
-                          "traceback": traceback.format_exc()[-3000:]}
-            result["seconds"] = round(time.monotonic() - started, 2)
-            report["checks"][name] = result
-            print(_summary_line(name, result), flush=True)
-    report["elapsed_s"] = round(time.monotonic() - t0, 1)
-    report["ok"] = verdict(report["checks"])
-    outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
-    env = report["environment"]
-    lines = [f"gatherwise gpu check on {env.get('gpu', 'CPU (fallback)')} — torch {env['torch']}, "
-             f"{report['elapsed_s']} s, compiled record writer: {env['compiled_record_writer']}",
-             *(_summary_line(n, r) for n, r in report["checks"].items()),
-             f"overall: {'ok' if report['ok'] else 'FAILURES'} (details: gpu_check.json)"]
-    (outdir / "summary.txt").write_text("\n".join(lines) + "\n")
-    return report
+        return harness.run(CHECKS, outdir, report_name="gpu_check", title=_title,
+                           environment=functools.partial(_environment, device, cpu),
+                           context={"device": device, "cpu": cpu, "tmp": tmp}, budget=budget, only=only)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/gpu_check.sh", description=__doc__.split("\n")[0])
-    parser.add_argument("outdir", type=Path)
-    parser.add_argument("--cpu", action="store_true", help="run the checks on the CPU (no GPU parts)")
-    parser.add_argument("--only", default="", help="comma-separated check names (default: all)")
-    parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all checks together")
-    args = parser.parse_args(argv)
-    only = [c for c in args.only.split(",") if c] or None
-    unknown = set(only or ()) - {n for n, _ in CHECKS}
-    if unknown:
-        parser.error(f"unknown check(s): {', '.join(sorted(unknown))}")
-    report = run(args.outdir, cpu=args.cpu, only=only, budget_s=args.budget)
-    print((args.outdir / "summary.txt").read_text(), end="")
-    return 0 if report["ok"] else 1
+    return harness.main(CHECKS, lambda args, only: run(args.outdir, cpu=args.cpu, only=only, budget_s=args.budget),
+                        argv, prog="scripts/gpu_check.sh", description=(__doc__ or "").split("\n")[0],
+                        budget_s=BUDGET_S)
 
 
 if __name__ == "__main__":
