@@ -31,13 +31,6 @@ def config_for(shm_dir: str, **policy: object) -> GatherwiseConfig:
 
 
 @pytest.fixture
-def engine(shm_dir: str) -> Iterator[StandinEngine]:
-    standin = StandinEngine(shm_dir)
-    yield standin
-    standin.close()
-
-
-@pytest.fixture
 def state(shm_dir: str, engine: StandinEngine) -> SidecarState:
     """Built, not started: the tests below drive its schedule by hand, one step at a time."""
     return build_state(config_for(shm_dir), env={})

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
@@ -29,13 +28,6 @@ MARKUP = '<img src=x onerror="alert(1)">'
 def config_for(shm_dir: str) -> GatherwiseConfig:
     return GatherwiseConfig.model_validate({"engine": {"shm_dir": shm_dir}, "traces": {"enabled": False},
                                             "sidecar": {"poll_interval_seconds": 0.02}})
-
-
-@pytest.fixture
-def engine(shm_dir: str) -> Iterator[StandinEngine]:
-    standin = StandinEngine(shm_dir)
-    yield standin
-    standin.close()
 
 
 @pytest.fixture
