@@ -13,10 +13,12 @@ from tests._processes import processes_mentioning
 from tests._repo import ROOT
 
 
-def test_demo_shows_live_numbers_and_ctrl_c_cleans_up():
+def test_demo_shows_live_numbers_and_ctrl_c_cleans_up(tmp_path: Path) -> None:
+    # the demo's work directory (its processes' logs) goes under tmp_path: removed by the demo on a clean stop, and
+    # by pytest after a run that had to kill it
     proc = subprocess.Popen([sys.executable, "-m", "gatherwise.cli", "demo", "--interval", "1"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)})
     output: list[str] = []
     deadline = time.monotonic() + 240
     seen_numbers = seen_text = False
@@ -49,3 +51,4 @@ def test_demo_shows_live_numbers_and_ctrl_c_cleans_up():
     assert shm_dir, text[-3000:]
     assert not Path(shm_dir.group(1)).exists()
     assert processes_mentioning(shm_dir.group(1)) == []
+    assert list(tmp_path.glob("gatherwise-demo-*")) == []
