@@ -15,9 +15,10 @@ QUICK_TIMEOUT_S = 600
 
 
 def run_quick(engine: str, out: Path) -> dict:
-    """One `--quick` run into `out`; returns its results.json (with the table under "table")."""
+    """One `--quick` run into `out`, on real prompts (each engine's client reads them as its own dataset file);
+    returns its results.json (with the table under "table")."""
     command = [sys.executable, "-m", "gatherwise.cli", "bench", "serve", "--engine", engine, "--quick",
-               "--out", str(out / "results"), "--models-dir", str(out / "models")]
+               "--prompts", "real", "--out", str(out / "results"), "--models-dir", str(out / "models")]
     proc = subprocess.run(command, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=QUICK_TIMEOUT_S)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-8000:]
     (run_dir,) = (out / "results").iterdir()
@@ -31,6 +32,7 @@ def check_quick(results: dict) -> None:
     client's numbers are there, the pinned mode is the mode that ran, the plain engine has no gatherwise numbers,
     and greedy outputs were compared."""
     assert results["order"] == ["plain", "gather"] and results["warmup_rounds"] == 1
+    assert results["prompts"]["source"] == "pydoc_data.topics"
     runs = {run["configuration"]: run for run in results["runs"]}
     assert set(runs) == {"plain", "gather"}
     for run in runs.values():
