@@ -21,12 +21,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def start_demo_in_background(log: Path, *extra: str) -> tuple[subprocess.Popen, int]:
-    """`sh -c 'demo & wait'`: returns the shell and the demo's pid. The shell's exit status is the demo's."""
+    """`sh -c 'demo & wait'`: returns the shell and the demo's pid. The shell's exit status is the demo's. The demo's
+    work directory goes beside the log (TMPDIR), so a demo the test kills leaves it to pytest's tmp_path."""
     command = f"grep SigIgn /proc/self/status > {log}.sigign & " \
               f"{sys.executable} -m gatherwise.cli demo --interval 1 {' '.join(extra)} > {log} 2>&1 & " \
               f"echo $!; wait $!"
     shell = subprocess.Popen(["bash", "-c", command], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                             env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(log.parent)},
+                             start_new_session=True)
     assert shell.stdout is not None  # stdout=PIPE
     pid = int(shell.stdout.readline())
     return shell, pid
