@@ -16,10 +16,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-OP_SECONDS = "gatherwise_op_seconds_total"
-CALLS = "gatherwise_calls_total"
-TOPP_ROWS = "gatherwise_topp_rows_total"
-TOPP_FALLBACK_ROWS = "gatherwise_topp_fallback_rows_total"
+from gatherwise.sidecar.metrics import names
+
+# the counters as a scrape exposes them (the sidecar names each family once, without the _total suffix)
+OP_SECONDS, CALLS, TOPP_ROWS, TOPP_FALLBACK_ROWS = (
+    f"{family}_total" for family in (names.OP_SECONDS, names.CALLS, names.TOPP_ROWS, names.TOPP_FALLBACK_ROWS))
 
 
 def header_counters(metrics: str | list[str]) -> dict[str, dict[tuple[str, str], float]]:
