@@ -222,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             started, load_start = time.time(), os.getloadavg()
             runs: list[dict[str, Any]] = []
             seen: dict[str, int] = {}
+            stopped = False
             try:
                 for name in order:
                     runs.append(run_configuration(bench, name, seen.get(name, 0)))
@@ -230,12 +231,12 @@ def main(argv: list[str] | None = None) -> int:
                 # every server start's finally has stopped what it started; what was measured is kept
                 print(f"[bench serve] {stop}: stopped after {len(runs)} of {len(order)} server starts",
                       file=sys.stderr)
-                if runs:
-                    _write(out_dir, bench, about, configurations, order, runs, started, load_start, argv,
-                           _layout(args.nodes, args.link_rate))
+                stopped = True
+            if runs:
+                _write(out_dir, bench, about, configurations, order, runs, started, load_start, argv,
+                       _layout(args.nodes, args.link_rate))
+            if stopped:
                 return 130
-            _write(out_dir, bench, about, configurations, order, runs, started, load_start, argv,
-                   _layout(args.nodes, args.link_rate))
     return 0
 
 
