@@ -15,7 +15,8 @@ the engines' samplers write into their input):
   `TopKTopPSampler.forward`, which on x86 CPUs is `forward_cpu`).
 
 An engine that does not import in this interpreter is reported as such (run the bench from its venv) and the
-rest is measured. Logits: `realistic` (gatherwise.bench.realistic_logits: Zipf ranks at --entropy nats), `flat`
+rest is measured. Logits: `realistic` (gatherwise.bench.realistic_logits: Zipf ranks, each row at an entropy
+drawn from trained models' rows, or every row at --entropy nats), `flat`
 (N(0, 1), a random-weight head's: the worst case) and `real:<model>`, a trained model's own next-token rows as
 `python -m gatherwise.bench.real_rows` saves them (--rows-dir, rows-<model>-T<t>.pt, the rows sampled at the
 sampling's temperature; B of them drawn at random per batch, as a batch holds unrelated requests; its vocab and,
@@ -78,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where real:<model> finds rows-<model>-T<t>.pt (python -m gatherwise.bench.real_rows), "
                    "default out/real_rows")
     p.add_argument("--entropy", type=float, default=None,
-                   help="next-token entropy (nats, T = 1) of the realistic logits; default "
-                   "gatherwise.bench.realistic_logits.DEFAULT_ENTROPY (the real rows' mean, see there)")
+                   help="every realistic row at this next-token entropy (nats, T = 1); default each row at one "
+                   "drawn from trained models' rows (gatherwise.bench.realistic_logits)")
     p.add_argument("--engines", type=name_list("--engines", _choice("--engines", ENGINES)), default=ENGINES,
                    help="engine samplers to try, default sglang,vllm (each only where it imports)")
     p.add_argument("--tp", type=at_least("--tp", 2), default=None,
@@ -252,10 +253,9 @@ def engine_variant(engine: str, logits: Any, sampling: str) -> tuple[Sampler, Ca
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from gatherwise.bench.realistic_logits import DEFAULT_ENTROPY, flat_logits, nucleus_sizes, realistic_logits
+    from gatherwise.bench.realistic_logits import flat_logits, nucleus_sizes, realistic_logits
 
     torch.set_num_threads(args.threads)
-    entropy = DEFAULT_ENTROPY if args.entropy is None else args.entropy
     engines: dict[str, str] = {}
     for engine in args.engines:
         try:
@@ -277,8 +277,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     pick = torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(args.seed))
                     full = rows[pick[:max(args.batch)]]
                 else:
-                    full = (realistic_logits(max(args.batch), vocab, entropy, seed=args.seed) if kind == "realistic"
-                            else flat_logits(max(args.batch), vocab, seed=args.seed))
+                    rows_needed = max(args.batch)
+                    full = (realistic_logits(rows_needed, vocab, args.entropy, seed=args.seed) if kind == "realistic"
+                            else flat_logits(rows_needed, vocab, seed=args.seed))
                 for batch in args.batch:
                     logits = full[:batch].contiguous()
                     shape = Shape(logits.shape[1], kind, sampling, batch)
@@ -286,7 +287,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     print(_line(results[-1]), file=sys.stderr)
     return {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()
                        if k not in ("out", "rows_dir")} | {"rows_dir": str(args.rows_dir)}
-            | {"entropy": entropy}, "engines": engines, "results": results}
+            | {"entropy": "measured" if args.entropy is None else args.entropy}, "engines": engines, "results": results}
 
 
 def _one_shape(shape: Shape, logits: Any, args: argparse.Namespace, tp: int, engines: dict[str, str],

@@ -1,4 +1,4 @@
-"""Benchmark logits and checkpoints with a trained model's next-token entropy, not a random head's flat one."""
+"""Benchmark logits and checkpoints with trained models' next-token entropies, not a random head's flat one."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gatherwise.bench.realistic_logits import (
+    MEASURED_ENTROPY_PERCENTILES,
     entropy_of,
     flat_logits,
     nucleus_sizes,
@@ -23,6 +24,21 @@ def test_every_row_has_the_target_entropy(vocab, entropy):
     assert x.shape == (3, vocab) and x.dtype == torch.float32
     assert torch.allclose(entropy_of(x), torch.full((3,), entropy, dtype=torch.float64), atol=1e-5)
     assert len({int(i) for i in x.argmax(dim=1)}) > 1  # the winners land on different columns (and shards)
+
+
+def test_by_default_the_rows_entropies_follow_the_measured_ones():
+    x = realistic_logits(200, 8000, seed=1)
+    entropies = entropy_of(x)
+    measured = torch.tensor(MEASURED_ENTROPY_PERCENTILES, dtype=torch.float64)
+    assert float(entropies.min()) >= float(measured[0]) - 1e-6 and float(entropies.max()) <= float(measured[-1]) + 1e-6
+    for q, i in ((0.1, 2), (0.5, 10), (0.9, 18)):  # the draw's deciles sit near the measured ones
+        assert abs(float(torch.quantile(entropies, q)) - float(measured[i])) < 0.35
+    assert torch.equal(realistic_logits(3, 8000, seed=1), realistic_logits(3, 8000, seed=1))  # seeded
+
+
+def test_a_vocab_too_small_for_the_highest_measured_entropies_keeps_them_under_ln_v():
+    entropies = entropy_of(realistic_logits(200, 500, seed=0))
+    assert float(entropies.max()) < math.log(500)
 
 
 def test_the_exponent_is_monotone_and_bad_targets_are_refused():
