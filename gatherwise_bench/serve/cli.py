@@ -266,7 +266,14 @@ def _layout(nodes: int, link_rate: str | None) -> dict[str, Any]:
 def _write(out_dir: Path, bench: ServeBench, about: str, configurations: list[str], order: list[str],
            runs: list[dict[str, Any]], started: float, load_start: tuple, argv: list[str] | None,
            layout: dict[str, Any]) -> None:
-    from gatherwise.bench.serve.report import auto_decisions, format_decisions, format_table, summarize, write_results
+    from gatherwise.bench.serve.report import (
+        auto_decisions,
+        format_cpu_table,
+        format_decisions,
+        format_table,
+        summarize,
+        write_results,
+    )
     from gatherwise.bench.serve.run import server_environment
 
     engine, model, workload = bench.engine, bench.model, bench.workload
@@ -290,7 +297,7 @@ def _write(out_dir: Path, bench: ServeBench, about: str, configurations: list[st
             "server_starts": {"done": len(runs), "planned": len(order)},
             "command": "gatherwise bench serve " + " ".join(sys.argv[3:] if argv is None else argv)}
     write_results(out_dir / "results.json", meta, runs, rows)
-    table = format_table(rows, configurations)
+    table = format_table(rows, configurations) + "\n\n" + format_cpu_table(rows, configurations)
     if any(CONFIGURATIONS[name].auto for name in configurations):
         table += "\n\n" + format_decisions(decisions)
     (out_dir / "table.txt").write_text(table + "\n")

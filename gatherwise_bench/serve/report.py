@@ -57,7 +57,7 @@ def summarize(runs: list[dict[str, Any]], model: Path) -> list[dict[str, Any]]:
                "tpot_p99_per_pass": [c["latencies_ms"]["tpot_p99"] for c in cells],
                "logits_path_share": _mean(shares), "logits_path_us_per_call": _mean(per_call),
                "calls_by_mode": [c["logits_path"]["calls_by_mode"] if c["logits_path"] else None for c in cells],
-               "topp_rows": _summed_topp_rows(cells)}
+               "topp_rows": _summed_topp_rows(cells), "cpu_cores": _mean_cores(cells)}
         if first["sampling"] == "greedy":
             found = [matches.get((name, p, key)) for p in passes[(name, key)]]
             row["greedy_vs_plain"] = found
@@ -111,6 +111,26 @@ def _summed_topp_rows(cells: list[dict[str, Any]]) -> dict[str, int] | None:
     if not counted or any(n is None for n in counted):
         return None
     return {kind: sum(n[kind] for n in counted) for kind in ("rows", "fallback_rows")}
+
+
+def _mean_cores(cells: list[dict[str, Any]]) -> dict[str, float]:
+    """Cores each process kept busy during the cell, the mean over its passes (a pass that did not see a process
+    counts it as 0)."""
+    seen = [c.get("cpu_cores") or {} for c in cells]
+    labels = sorted({label for cores in seen for label in cores})
+    return {label: round(statistics.fmean(cores.get(label, 0.0) for cores in seen), 3) for label in labels}
+
+
+def format_cpu_table(rows: list[dict[str, Any]], configurations: list[str]) -> str:
+    """Cores kept busy during each measured cell: the host, the engine's processes, the sidecar, the client."""
+    order = {name: i for i, name in enumerate(configurations)}
+    lines = ["CPU: cores kept busy during each measured cell (mean over passes)"]
+    for row in sorted(rows, key=lambda r: (r["sampling"], r["concurrency"], order.get(r["configuration"], 99))):
+        cores = row.get("cpu_cores") or {}
+        rest = "  ".join(f"{label} {value:.2f}" for label, value in cores.items() if label != "host")
+        lines.append(f"{row['configuration']:>18} {row['sampling']:>11} {row['concurrency']:>4}  "
+                     f"host {_fmt(cores.get('host'), '.2f')}  {rest}")
+    return "\n".join(lines)
 
 
 def _fallback_text(row: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ from gatherwise.bench.serve.engine_spec import LOCAL_HOST, SERVED_MODEL_NAME, En
 from gatherwise.bench.serve.load_wait import wait_for_load
 from gatherwise.bench.serve.logits_share import logits_share
 from gatherwise.bench.serve.node_servers import ENGINE_PORT, NODE_SHM_DIR, NodeServers
+from gatherwise.bench.serve.process_cpu import CpuSnapshot, cores_busy
 from gatherwise.bench.serve.real_prompts import RealPrompts
 from gatherwise.bench.serve.server_process import ServerProcess
 from gatherwise.bench.serve.sidecar_link import SidecarLink
@@ -150,6 +151,8 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
                                    bench.work_dir / f"server-{tag}.log", bench.engine.shm_leftovers)
             record["server_command"] = command
         record["server_ready_s"] = round(server.wait_ready(), 1)
+        # the processes of a one-node server's session (a group across nodes runs its own in other namespaces)
+        engine_session = server.proc.pid if isinstance(server, ServerProcess) else None
         _warm_up(server.url)
         if sidecar is not None:
             record["engine"] = sidecar.wait_attached()
@@ -159,14 +162,18 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
         for round_index, (phase, workload) in enumerate(phases(bench)):
             for cell in bench.cells:
                 before = sidecar.metrics_texts() if sidecar else None
+                cpu_before = CpuSnapshot.take(engine_session, sidecar.pid if sidecar else None)
                 started = time.monotonic()
                 ran = _run_client(bench, server, cell, workload,
                                   bench.work_dir / f"client-{tag}-{phase}{round_index}-{cell.key}.json",
                                   real_prompts(bench, round_index, cell))
+                wall_s = time.monotonic() - started
+                cpu = cores_busy(cpu_before, CpuSnapshot.take(engine_session, sidecar.pid if sidecar else None),
+                                 wall_s)
                 result = ran["result"]
                 entry = {"phase": phase, "seed": workload.seed, "cell": cell.key, "sampling": cell.sampling.name,
                          "concurrency": cell.concurrency, "num_prompts": cell.num_prompts,
-                         "client_wall_s": round(time.monotonic() - started, 1), **result.summary(),
+                         "client_wall_s": round(wall_s, 1), "cpu_cores": cpu, **result.summary(),
                          "logits_path": logits_share(before, sidecar.metrics_texts(), result.duration_s)
                          if sidecar and before is not None else None}
                 record["cells"].append(entry)

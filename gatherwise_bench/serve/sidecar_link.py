@@ -48,6 +48,11 @@ class SidecarLink:
                 raise RuntimeError(f"the sidecar(s) did not attach to the engine within {timeout_s:.0f} s: {engines}")
             time.sleep(0.2)
 
+    @property
+    def pid(self) -> int | None:
+        """The sidecar process started here (None: those already running on the nodes)."""
+        return None if self.proc is None else self.proc.pid
+
     def put_mode(self, body: dict[str, Any]) -> dict[str, Any]:
         # wait=0: the engine applies a command at its next logits call, and an idle engine makes none
         reply = self.http.put("/v1/mode", params={"wait": 0}, json=body)

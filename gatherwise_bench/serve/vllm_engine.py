@@ -11,11 +11,12 @@ from gatherwise.bench.serve.cells import Cell
 from gatherwise.bench.serve.client_result import ClientResult, read_vllm_result
 from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, NodeRank, Workload
 
-# As tests/vllm/harness.py: 1 GiB of KV cache, no OpenMP thread pinning (2 shared cores).
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-# ranks (and the API server) sharing the cores: idle OpenMP workers sleep instead of spinning on a core another rank
-# needs (docs/vllm.md: 3.5x slower at TP 3 on 2 cores without it); a caller's OMP_WAIT_POLICY wins
-VLLM_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+# As tests/vllm/harness.py: 1 GiB of KV cache.
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# Ranks (and the API server) sharing the cores: idle OpenMP workers sleep instead of spinning on a core another rank
+# needs (docs/vllm.md: 3.5x slower at TP 3 on 2 cores without it), and no OpenMP thread pinning (as the engine
+# tests). A caller's values win: VLLM_CPU_OMP_THREADS_BIND="0|1" pins each rank to a core of its own.
+VLLM_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 # `vllm serve` itself: the api_server entry point ignores --headless, which a follower node needs (see there)
 SERVE_MODULE = "gatherwise.bench.serve.vllm_serve"
 

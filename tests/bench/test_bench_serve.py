@@ -18,7 +18,9 @@ from gatherwise.bench.serve.configurations import interleaved
 from gatherwise.bench.serve.engine_spec import Workload
 from gatherwise.bench.serve.greedy_match import TokenCounter, compare_outputs
 from gatherwise.bench.serve.logits_share import logits_share
+from gatherwise.bench.serve.process_cpu import CpuSnapshot, cores_busy
 from gatherwise.bench.serve.real_prompts import RealPrompts, documentation_paragraphs
+from gatherwise.bench.serve.report import format_cpu_table, summarize
 from gatherwise.bench.serve.run import ServeBench, phases, real_prompts, server_environment
 from gatherwise.bench.serve.sglang_engine import SglangEngine
 from gatherwise.bench.serve.tokenizer import write_tokenizer
@@ -60,6 +62,11 @@ def test_servers_get_the_cpu_settings_and_a_callers_omp_wait_policy_wins(monkeyp
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert server_environment(SglangEngine())["OMP_WAIT_POLICY"] == "ACTIVE"
     assert server_environment(VllmEngine())["OMP_WAIT_POLICY"] == "ACTIVE"
+    # vLLM's ranks run unpinned unless the caller pins them
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    assert server_environment(VllmEngine())["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    assert server_environment(VllmEngine())["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
     # a rank per OpenMP core, ranks past the host's cores sharing them
     cores = os.cpu_count() or 1
     assert SglangEngine().tp_env(3)["SGLANG_CPU_OMP_THREADS_BIND"] == "|".join(str(r % cores) for r in range(3))
@@ -190,3 +197,44 @@ def test_real_prompts_reach_each_client_as_its_own_dataset_file(engine, tmp_path
     random_dataset = engine.client_command("python", tmp_path, "127.0.0.1", 1, cell, Workload(64, 32, 0),
                                            tmp_path / "client.json")
     assert "--dataset-path" not in random_dataset and "64" in random_dataset
+
+
+
+def test_cpu_is_counted_per_process_of_the_engines_session_by_the_title_it_gives_itself():
+    """A stand-in server session (no engine runs here): its leader, and a child titled as vLLM titles its ranks
+    that burns half a CPU second (/proc counts it in clock ticks: at least 0.4 s of it), then both sleep until
+    killed."""
+    import signal
+    import subprocess
+    import time
+
+    burn = "import time\nwhile time.process_time() < 0.5: pass\ntime.sleep(60)"
+    leader = ("import subprocess, sys, time; "
+              f"subprocess.Popen(['VLLM::Worker_TP0', '-c', {burn!r}], executable=sys.executable); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", leader], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (seen := CpuSnapshot.take(proc.pid, None).seconds).get("VLLM::Worker_TP0", 0.0) < 0.4:
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.1)
+        assert "server" in seen and "sidecar" not in seen and seen["host"] > 0
+        assert not [label for label in seen if label.startswith("python")]  # every process of it is labelled
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_cores_busy_is_cpu_seconds_over_wall_seconds_and_the_table_means_the_passes():
+    before = CpuSnapshot({"VLLM::Worker_TP0": 10.0, "sidecar": 1.0, "client": 0.0, "host": 100.0})
+    after = CpuSnapshot({"VLLM::Worker_TP0": 18.0, "VLLM::Worker_TP1": 2.0, "sidecar": 1.5, "client": 1.0,
+                         "host": 119.0})
+    cores = cores_busy(before, after, 10.0)
+    assert cores == {"VLLM::Worker_TP0": 0.8, "VLLM::Worker_TP1": 0.2, "sidecar": 0.05, "client": 0.1, "host": 1.9}
+    assert cores_busy(before, after, 0.0) == {}
+    cells = [{"phase": "measured", "cell": "greedy-c8", "sampling": "greedy", "concurrency": 8,
+              "output_throughput": 1.0, "request_throughput": 1.0, "latencies_ms": {"tpot_p99": 1.0},
+              "logits_path": None, "cpu_cores": c} for c in ({"host": 2.0, "sidecar": 0.1}, {"host": 1.0})]
+    runs = [{"configuration": "sharded", "pass": p, "cells": [cell], "outputs": {}} for p, cell in enumerate(cells)]
+    row, = summarize(runs, model=None)  # type: ignore[arg-type]  # no greedy comparison without a plain run
+    assert row["cpu_cores"] == {"host": 1.5, "sidecar": 0.05}
+    assert "host 1.50  sidecar 0.05" in format_cpu_table([row], ["sharded"])

@@ -85,7 +85,7 @@ class Vllm(Engine):
     SPEC = VllmEngine()
 
     def env(self, node: int) -> dict[str, str]:
-        return {**VLLM_ENV, **self.SPEC.node_env(node_rank(node))}
+        return {**VLLM_ENV, "VLLM_CPU_OMP_THREADS_BIND": "nobind", **self.SPEC.node_env(node_rank(node))}
 
     def command(self, node: int, model: str) -> list[str]:
         return [*self.SPEC.server_command(self.python, Path(model), address(node), ENGINE_PORT, context_len=256,
