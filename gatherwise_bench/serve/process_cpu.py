@@ -13,6 +13,7 @@ from pathlib import Path
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 _PROC = Path("/proc")
+WHOLE_RUN = ("client", "host")  # counted over the client's whole run, not only its measured duration
 
 
 def _stat(pid: str) -> tuple[int, float] | None:
@@ -72,10 +73,13 @@ class CpuSnapshot:
         return cls(seconds)
 
 
-def cores_busy(before: CpuSnapshot, after: CpuSnapshot, wall_s: float) -> dict[str, float]:
-    """{label: cores kept busy} between two snapshots `wall_s` apart. A process that started or ended between them
-    counts only the part it was seen for."""
-    if wall_s <= 0:
+def cores_busy(before: CpuSnapshot, after: CpuSnapshot, run_s: float, wall_s: float) -> dict[str, float]:
+    """{label: cores kept busy} between two snapshots around a client run. The engine's processes and the sidecar
+    over the client's measured duration `run_s` (they idle while the client starts and loads its tokenizer, so
+    this is what serving its requests cost); the client and the host over the client's whole run `wall_s`, its own
+    start included. A process that started or ended between the snapshots counts only the part it was seen for."""
+    if run_s <= 0 or wall_s <= 0:
         return {}
-    return {label: round((after.seconds[label] - before.seconds.get(label, 0.0)) / wall_s, 3)
+    return {label: round((after.seconds[label] - before.seconds.get(label, 0.0))
+                         / (wall_s if label in WHOLE_RUN else run_s), 3)
             for label in after.seconds}

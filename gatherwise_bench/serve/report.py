@@ -124,7 +124,8 @@ def _mean_cores(cells: list[dict[str, Any]]) -> dict[str, float]:
 def format_cpu_table(rows: list[dict[str, Any]], configurations: list[str]) -> str:
     """Cores kept busy during each measured cell: the host, the engine's processes, the sidecar, the client."""
     order = {name: i for i, name in enumerate(configurations)}
-    lines = ["CPU: cores kept busy during each measured cell (mean over passes)"]
+    lines = ["CPU: cores kept busy in each measured cell, mean over passes (engine processes and sidecar over the "
+             "measured duration; client and host over the client's whole run)"]
     for row in sorted(rows, key=lambda r: (r["sampling"], r["concurrency"], order.get(r["configuration"], 99))):
         cores = row.get("cpu_cores") or {}
         rest = "  ".join(f"{label} {value:.2f}" for label, value in cores.items() if label != "host")

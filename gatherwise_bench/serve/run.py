@@ -168,9 +168,9 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
                                   bench.work_dir / f"client-{tag}-{phase}{round_index}-{cell.key}.json",
                                   real_prompts(bench, round_index, cell))
                 wall_s = time.monotonic() - started
-                cpu = cores_busy(cpu_before, CpuSnapshot.take(engine_session, sidecar.pid if sidecar else None),
-                                 wall_s)
                 result = ran["result"]
+                cpu = cores_busy(cpu_before, CpuSnapshot.take(engine_session, sidecar.pid if sidecar else None),
+                                 result.duration_s, wall_s)
                 entry = {"phase": phase, "seed": workload.seed, "cell": cell.key, "sampling": cell.sampling.name,
                          "concurrency": cell.concurrency, "num_prompts": cell.num_prompts,
                          "client_wall_s": round(wall_s, 1), "cpu_cores": cpu, **result.summary(),

@@ -228,9 +228,10 @@ def test_cores_busy_is_cpu_seconds_over_wall_seconds_and_the_table_means_the_pas
     before = CpuSnapshot({"VLLM::Worker_TP0": 10.0, "sidecar": 1.0, "client": 0.0, "host": 100.0})
     after = CpuSnapshot({"VLLM::Worker_TP0": 18.0, "VLLM::Worker_TP1": 2.0, "sidecar": 1.5, "client": 1.0,
                          "host": 119.0})
-    cores = cores_busy(before, after, 10.0)
-    assert cores == {"VLLM::Worker_TP0": 0.8, "VLLM::Worker_TP1": 0.2, "sidecar": 0.05, "client": 0.1, "host": 1.9}
-    assert cores_busy(before, after, 0.0) == {}
+    # the engine and the sidecar over the client's measured 10 s, the client and the host over its whole 20 s
+    cores = cores_busy(before, after, 10.0, 20.0)
+    assert cores == {"VLLM::Worker_TP0": 0.8, "VLLM::Worker_TP1": 0.2, "sidecar": 0.05, "client": 0.05, "host": 0.95}
+    assert cores_busy(before, after, 0.0, 20.0) == {}
     cells = [{"phase": "measured", "cell": "greedy-c8", "sampling": "greedy", "concurrency": 8,
               "output_throughput": 1.0, "request_throughput": 1.0, "latencies_ms": {"tpot_p99": 1.0},
               "logits_path": None, "cpu_cores": c} for c in ({"host": 2.0, "sidecar": 0.1}, {"host": 1.0})]
