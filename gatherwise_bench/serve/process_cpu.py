@@ -1,8 +1,8 @@
 """CPU time of what serves a cell, read from /proc around each client run: every process of the engine's session
 (its server, engine core, each rank; vLLM and SGLang name their processes, e.g. `VLLM::Worker_TP0`,
 `sglang::scheduler_TP1`), gatherwise's sidecar, the benchmark client, and the host as a whole. Reported as cores
-kept busy over the run's wall time. On a host whose cores the ranks share, a core a sidecar or a waiting rank keeps
-busy is a core the step does not get: this is where such a cost shows, beside the throughput it costs."""
+kept busy (cores_busy says over which time). On a host whose cores the ranks share, a core a sidecar or a waiting
+rank keeps busy is a core the step does not get: this is where such a cost shows, beside the throughput it costs."""
 
 from __future__ import annotations
 

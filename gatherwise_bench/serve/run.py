@@ -153,6 +153,7 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
         record["server_ready_s"] = round(server.wait_ready(), 1)
         # the processes of a one-node server's session (a group across nodes runs its own in other namespaces)
         engine_session = server.proc.pid if isinstance(server, ServerProcess) else None
+        sidecar_pid = sidecar.pid if sidecar else None
         _warm_up(server.url)
         if sidecar is not None:
             record["engine"] = sidecar.wait_attached()
@@ -162,15 +163,14 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
         for round_index, (phase, workload) in enumerate(phases(bench)):
             for cell in bench.cells:
                 before = sidecar.metrics_texts() if sidecar else None
-                cpu_before = CpuSnapshot.take(engine_session, sidecar.pid if sidecar else None)
+                cpu_before = CpuSnapshot.take(engine_session, sidecar_pid)
                 started = time.monotonic()
                 ran = _run_client(bench, server, cell, workload,
                                   bench.work_dir / f"client-{tag}-{phase}{round_index}-{cell.key}.json",
                                   real_prompts(bench, round_index, cell))
                 wall_s = time.monotonic() - started
                 result = ran["result"]
-                cpu = cores_busy(cpu_before, CpuSnapshot.take(engine_session, sidecar.pid if sidecar else None),
-                                 result.duration_s, wall_s)
+                cpu = cores_busy(cpu_before, CpuSnapshot.take(engine_session, sidecar_pid), result.duration_s, wall_s)
                 entry = {"phase": phase, "seed": workload.seed, "cell": cell.key, "sampling": cell.sampling.name,
                          "concurrency": cell.concurrency, "num_prompts": cell.num_prompts,
                          "client_wall_s": round(wall_s, 1), "cpu_cores": cpu, **result.summary(),
