@@ -123,10 +123,9 @@ def _mean_cores(cells: list[dict[str, Any]]) -> dict[str, float]:
 
 def format_cpu_table(rows: list[dict[str, Any]], configurations: list[str]) -> str:
     """Cores kept busy during each measured cell: the host, the engine's processes, the sidecar, the client."""
-    order = {name: i for i, name in enumerate(configurations)}
     lines = ["CPU: cores kept busy in each measured cell, mean over passes (engine processes and sidecar over the "
              "measured duration; client and host over the client's whole run)"]
-    for row in sorted(rows, key=lambda r: (r["sampling"], r["concurrency"], order.get(r["configuration"], 99))):
+    for row in _in_table_order(rows, configurations):
         cores = row.get("cpu_cores") or {}
         rest = "  ".join(f"{label} {value:.2f}" for label, value in cores.items() if label != "host")
         lines.append(f"{row['configuration']:>18} {row['sampling']:>11} {row['concurrency']:>4}  "
@@ -139,17 +138,22 @@ def _fallback_text(row: dict[str, Any]) -> str:
     return "-" if not counted or not counted["rows"] else f"{counted['fallback_rows']}/{counted['rows']}"
 
 
+def _in_table_order(rows: list[dict[str, Any]], configurations: list[str]) -> list[dict[str, Any]]:
+    """Rows by sampling, then concurrency, then the configurations' order on the command line."""
+    order = {name: i for i, name in enumerate(configurations)}
+    return sorted(rows, key=lambda r: (r["sampling"], r["concurrency"], order.get(r["configuration"], 99)))
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
 def format_table(rows: list[dict[str, Any]], configurations: list[str]) -> str:
-    order = {name: i for i, name in enumerate(configurations)}
     head = (f"{'configuration':>18} {'sampling':>11} {'conc':>4} {'tok/s':>8} {'x plain':>7} {'req/s':>6} "
             + " ".join(f"{m.upper() + ' p50/p99 (ms)':>19}" for m in TABLE_METRICS)
             + f" {'TPOT p99 x':>10} {'path share':>10} {'fallback':>11} {'greedy = plain':>14}")
     lines = [head]
-    for row in sorted(rows, key=lambda r: (r["sampling"], r["concurrency"], order.get(r["configuration"], 99))):
+    for row in _in_table_order(rows, configurations):
         lat = row["latencies_ms"]
         greedy = row.get("greedy_equal_to_plain")
         lines.append(
