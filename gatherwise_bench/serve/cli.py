@@ -277,7 +277,7 @@ def _write(out_dir: Path, bench: ServeBench, about: str, configurations: list[st
     from gatherwise.bench.serve.run import server_environment
 
     engine, model, workload = bench.engine, bench.model, bench.workload
-    env = {**server_environment(engine), **engine.tp_env(bench.tp)}
+    env = server_environment(engine, bench.tp)
 
     rows = summarize(runs, model)
     decisions = auto_decisions(runs)
@@ -292,7 +292,7 @@ def _write(out_dir: Path, bench: ServeBench, about: str, configurations: list[st
             "machine": {"cpu_count": os.cpu_count(), **cpu_description(), "platform": platform.platform(),
                         "python": platform.python_version(), "load_avg_at_start": load_start,
                         "load_avg_at_end": os.getloadavg()},
-            "server_env": {k: env[k] for k in (*engine.env_defaults, *engine.env, *engine.tp_env(bench.tp))},
+            "server_env": {k: env[k] for k in (*engine.env_defaults(bench.tp), *engine.env, *engine.tp_env(bench.tp))},
             "seconds": round(time.time() - started, 1), "auto_decisions": decisions,
             "server_starts": {"done": len(runs), "planned": len(order)},
             "command": "gatherwise bench serve " + " ".join(sys.argv[3:] if argv is None else argv)}

@@ -3,10 +3,10 @@ run its own benchmark client against it, and what it leaves behind in /dev/shm."
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from gatherwise.bench.serve.cells import Cell
 from gatherwise.bench.serve.client_result import ClientResult
@@ -38,7 +38,6 @@ class Workload:
 class EngineSpec(ABC):
     name: str
     env: dict[str, str]  # the CPU settings the engine tests use
-    env_defaults: ClassVar[dict[str, str]] = {}  # what the engine's docs give a CPU host, unless the caller set it
     shm_leftovers: tuple[str, ...]  # /dev/shm names (globs) the engine may leave when it kills its own workers
 
     @abstractmethod
@@ -47,6 +46,10 @@ class EngineSpec(ABC):
         """The engine's OpenAI-compatible server at TP=`tp` on `host`:`port`: requests of up to `context_len`
         tokens, room for `max_total_tokens` in the KV cache where the engine asks. With `node`, this node's share of
         a group across nodes, one rank per node (node 0 serves HTTP; the others run their ranks only)."""
+
+    def env_defaults(self, tp: int) -> dict[str, str]:
+        """What a CPU host runs the engine with at TP=`tp` unless the caller set it."""
+        return {}
 
     def tp_env(self, tp: int) -> dict[str, str]:
         """What a server at TP=`tp` sets on top of `env` (the engine's per-rank CPU settings)."""
@@ -66,3 +69,10 @@ class EngineSpec(ABC):
     @abstractmethod
     def read_result(self, result_file: Path) -> ClientResult:
         """The client's result file, normalized."""
+
+
+def core_per_rank(tp: int) -> str:
+    """An OpenMP core list per rank in the engines' `A|B|...` form: rank r on core r, ranks past the host's cores
+    sharing them from core 0 again."""
+    cores = os.cpu_count() or 1
+    return "|".join(str(rank % cores) for rank in range(tp))

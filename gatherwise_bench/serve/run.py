@@ -58,19 +58,17 @@ class ServeBench:
         return max(2048, max(c.concurrency for c in self.cells) * self.context_len)
 
 
-def server_environment(engine: EngineSpec) -> dict[str, str]:
-    """What every server start of the engine runs with: this process's environment without GATHERWISE_*, the
-    engine's CPU defaults where unset, its CPU settings, and no hub."""
-    env = {**engine.env_defaults, **{k: v for k, v in os.environ.items() if not k.startswith("GATHERWISE_")}}
-    env.update(engine.env, **OFFLINE)
+def server_environment(engine: EngineSpec, tp: int) -> dict[str, str]:
+    """What every server start of the engine at TP=`tp` runs with: this process's environment without
+    GATHERWISE_*, the engine's CPU defaults where unset, its CPU settings, and no hub."""
+    env = {**engine.env_defaults(tp), **{k: v for k, v in os.environ.items() if not k.startswith("GATHERWISE_")}}
+    env.update(engine.env, **engine.tp_env(tp), **OFFLINE)
     return env
 
 
 def _environment(bench: ServeBench, conf: Configuration, shm_dir: str) -> dict[str, str]:
     """The server's environment, with gatherwise on only where the configuration says."""
-    env = server_environment(bench.engine)
-    env.update(bench.engine.tp_env(bench.tp), **conf.environment(shm_dir))
-    return env
+    return {**server_environment(bench.engine, bench.tp), **conf.environment(shm_dir)}
 
 
 def _warm_up(url: str) -> None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from gatherwise.bench.serve.cells import Cell
 from gatherwise.bench.serve.client_result import ClientResult, read_sglang_result
-from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, NodeRank, Workload
+from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, NodeRank, Workload, core_per_rank
 
 # As tests/sglang/harness.py: SGLang's CPU engine, one OpenMP core per TP rank (its NUMA check refuses TP=2 on one
 # node otherwise), and no pynccl (its CUDA torch build would load libnccl; a missing path turns that off).
@@ -23,7 +22,6 @@ RANDOM_SEED = 1234
 class SglangEngine(EngineSpec):
     name = "sglang"
     env = SGLANG_ENV
-    env_defaults = SGLANG_ENV_DEFAULTS
     shm_leftovers = ("sglang_loads_*", "sgl_shm_mq_*", "sem.mp-*")
 
     def server_command(self, python: str, model: Path, host: str, port: int, context_len: int,
@@ -50,10 +48,12 @@ class SglangEngine(EngineSpec):
         # one host do not share a core.
         return {"SGLANG_HOST_IP": node.address, "SGLANG_CPU_OMP_THREADS_BIND": str(node.index)}
 
+    def env_defaults(self, tp: int) -> dict[str, str]:
+        return SGLANG_ENV_DEFAULTS
+
     def tp_env(self, tp: int) -> dict[str, str]:
-        # one OpenMP core per rank; ranks past the host's cores share them (its NUMA check wants a core each)
-        cores = os.cpu_count() or 1
-        return {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(r % cores) for r in range(tp))}
+        # one OpenMP core per rank, whatever the caller set: its NUMA check wants a core each
+        return {"SGLANG_CPU_OMP_THREADS_BIND": core_per_rank(tp)}
 
     def client_command(self, python: str, model: Path, host: str, port: int, cell: Cell, workload: Workload,
                        result_file: Path, prompts: list[str] | None = None) -> list[str]:

@@ -9,14 +9,13 @@ from pathlib import Path
 
 from gatherwise.bench.serve.cells import Cell
 from gatherwise.bench.serve.client_result import ClientResult, read_vllm_result
-from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, NodeRank, Workload
+from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, NodeRank, Workload, core_per_rank
 
 # As tests/vllm/harness.py: 1 GiB of KV cache.
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 # Ranks (and the API server) sharing the cores: idle OpenMP workers sleep instead of spinning on a core another rank
-# needs (docs/vllm.md: 3.5x slower at TP 3 on 2 cores without it), and no OpenMP thread pinning (as the engine
-# tests). A caller's values win: VLLM_CPU_OMP_THREADS_BIND="0|1" pins each rank to a core of its own.
-VLLM_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# needs (docs/vllm.md: 3.5x slower at TP 3 on 2 cores without it). A caller's values win.
+VLLM_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 # `vllm serve` itself: the api_server entry point ignores --headless, which a follower node needs (see there)
 SERVE_MODULE = "gatherwise.bench.serve.vllm_serve"
 
@@ -24,9 +23,14 @@ SERVE_MODULE = "gatherwise.bench.serve.vllm_serve"
 class VllmEngine(EngineSpec):
     name = "vllm"
     env = VLLM_ENV
-    env_defaults = VLLM_ENV_DEFAULTS
     # psm_*: its message queues (Python shared memory), sem.mp-*: multiprocessing semaphores, when killed
     shm_leftovers = ("vllm_dist_*", "psm_*", "sem.mp-*")
+
+    def env_defaults(self, tp: int) -> dict[str, str]:
+        # each rank's OpenMP threads on a core of its own: unpinned (`nobind`) vLLM on CPU sets no thread count, so
+        # every rank runs a thread per core and the ranks take turns on all of them (docs/vllm.md: plain vLLM
+        # serves 1.8x more at TP 2 on 2 cores pinned)
+        return {**VLLM_ENV_DEFAULTS, "VLLM_CPU_OMP_THREADS_BIND": core_per_rank(tp)}
 
     def server_command(self, python: str, model: Path, host: str, port: int, context_len: int,
                        max_total_tokens: int, node: NodeRank | None = None, tp: int = 2) -> list[str]:
@@ -55,8 +59,9 @@ class VllmEngine(EngineSpec):
 
     def node_env(self, node: NodeRank) -> dict[str, str]:
         # VLLM_HOST_IP: vLLM finds its own address through a socket towards a public one, and a node with only its
-        # links gets 0.0.0.0, which the other node cannot reach (docs/vllm.md)
-        return {"VLLM_HOST_IP": node.address}
+        # links gets 0.0.0.0, which the other node cannot reach (docs/vllm.md). Each node's one rank unpinned: the
+        # one-host core list would put both nodes' rank 0 on core 0.
+        return {"VLLM_HOST_IP": node.address, "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
     def client_command(self, python: str, model: Path, host: str, port: int, cell: Cell, workload: Workload,
                        result_file: Path, prompts: list[str] | None = None) -> list[str]:

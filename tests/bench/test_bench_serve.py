@@ -15,7 +15,7 @@ from gatherwise.bench.cli import main
 from gatherwise.bench.serve.cells import build_cells
 from gatherwise.bench.serve.cli import build_parser
 from gatherwise.bench.serve.configurations import interleaved
-from gatherwise.bench.serve.engine_spec import Workload
+from gatherwise.bench.serve.engine_spec import NodeRank, Workload
 from gatherwise.bench.serve.greedy_match import TokenCounter, compare_outputs
 from gatherwise.bench.serve.logits_share import logits_share
 from gatherwise.bench.serve.process_cpu import CpuSnapshot, cores_busy
@@ -52,24 +52,29 @@ def test_a_relative_interpreter_reaches_servers_and_clients_as_an_absolute_path(
     assert args.python == str(venv_python)
 
 
-def test_servers_get_the_cpu_settings_and_a_callers_omp_wait_policy_wins(monkeypatch):
+def test_servers_get_the_cpu_settings_and_a_callers_omp_wait_policy_and_core_list_win(monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.setenv("GATHERWISE_ENABLE", "1")  # only a configuration turns gatherwise on
-    sglang = server_environment(SglangEngine())
+    sglang = server_environment(SglangEngine(), tp=2)
     assert sglang["OMP_WAIT_POLICY"] == "PASSIVE" and sglang["SGLANG_USE_CPU_ENGINE"] == "1"
     assert sglang["HF_HUB_OFFLINE"] == "1" and "GATHERWISE_ENABLE" not in sglang
-    assert server_environment(VllmEngine())["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert server_environment(VllmEngine(), tp=2)["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert server_environment(SglangEngine())["OMP_WAIT_POLICY"] == "ACTIVE"
-    assert server_environment(VllmEngine())["OMP_WAIT_POLICY"] == "ACTIVE"
-    # vLLM's ranks run unpinned unless the caller pins them
+    assert server_environment(SglangEngine(), tp=2)["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert server_environment(VllmEngine(), tp=2)["OMP_WAIT_POLICY"] == "ACTIVE"
+    # a core per rank, ranks past the host's cores sharing them from core 0 again: a default on vLLM, which the
+    # caller may replace (nobind included), and always on SGLang, whose NUMA check wants a core per rank
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
-    assert server_environment(VllmEngine())["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-    assert server_environment(VllmEngine())["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
-    # a rank per OpenMP core, ranks past the host's cores sharing them
-    cores = os.cpu_count() or 1
-    assert SglangEngine().tp_env(3)["SGLANG_CPU_OMP_THREADS_BIND"] == "|".join(str(r % cores) for r in range(3))
+    assert server_environment(VllmEngine(), tp=2)["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert server_environment(VllmEngine(), tp=3)["VLLM_CPU_OMP_THREADS_BIND"] == "0|1|0"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    assert server_environment(VllmEngine(), tp=3)["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "0")
+    assert server_environment(SglangEngine(), tp=3)["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1|0"
+    # the nodes of one host: each node's one rank unpinned, not both on core 0
+    node = NodeRank(index=1, count=2, address="10.77.0.2", master="10.77.0.1", dist_port=29500)
+    assert VllmEngine().node_env(node)["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
 
 
 def test_the_gatherwise_sampler_variant_is_opt_in_and_reaches_the_engine_through_its_environment():

@@ -12,7 +12,7 @@ from gatherwise.bench.netns_nodes import address, http
 from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME
 from gatherwise.bench.serve.node_servers import DIST_PORT, ENGINE_PORT, node_rank
 from gatherwise.bench.serve.sglang_engine import SGLANG_ENV, SGLANG_ENV_DEFAULTS, SglangEngine
-from gatherwise.bench.serve.vllm_engine import VLLM_ENV, VLLM_ENV_DEFAULTS, VllmEngine
+from gatherwise.bench.serve.vllm_engine import VLLM_ENV, VllmEngine
 from tests._repo import ROOT
 
 
@@ -85,8 +85,7 @@ class Vllm(Engine):
     SPEC = VllmEngine()
 
     def env(self, node: int) -> dict[str, str]:
-        return {**VLLM_ENV, "VLLM_CPU_OMP_THREADS_BIND": VLLM_ENV_DEFAULTS["VLLM_CPU_OMP_THREADS_BIND"],
-                **self.SPEC.node_env(node_rank(node))}
+        return {**VLLM_ENV, **self.SPEC.node_env(node_rank(node))}
 
     def command(self, node: int, model: str) -> list[str]:
         return [*self.SPEC.server_command(self.python, Path(model), address(node), ENGINE_PORT, context_len=256,
