@@ -72,7 +72,7 @@ class EngineSpec(ABC):
 
 
 def core_per_rank(tp: int) -> str:
-    """An OpenMP core list per rank in the engines' `A|B|...` form: rank r on core r, ranks past the host's cores
-    sharing them from core 0 again."""
-    cores = os.cpu_count() or 1
-    return "|".join(str(rank % cores) for rank in range(tp))
+    """An OpenMP core list per rank in the engines' `A|B|...` form: rank r on the r-th core this process may run on
+    (a container's cpuset need not start at core 0), ranks past those cores sharing them from the first again."""
+    cores = sorted(os.sched_getaffinity(0))
+    return "|".join(str(cores[rank % len(cores)]) for rank in range(tp))

@@ -62,12 +62,16 @@ def test_servers_get_the_cpu_settings_and_a_callers_omp_wait_policy_and_core_lis
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert server_environment(SglangEngine(), tp=2)["OMP_WAIT_POLICY"] == "ACTIVE"
     assert server_environment(VllmEngine(), tp=2)["OMP_WAIT_POLICY"] == "ACTIVE"
-    # a core per rank, ranks past the host's cores sharing them from core 0 again: a default on vLLM, which the
+    # a core per rank, ranks past the cores sharing them from the first again: a default on vLLM, which the
     # caller may replace (nobind included), and always on SGLang, whose NUMA check wants a core per rank
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1, 0})
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     assert server_environment(VllmEngine(), tp=2)["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
     assert server_environment(VllmEngine(), tp=3)["VLLM_CPU_OMP_THREADS_BIND"] == "0|1|0"
+    # the cores this process may run on, not core 0 onwards: a container's cpuset
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5, 4})
+    assert server_environment(VllmEngine(), tp=3)["VLLM_CPU_OMP_THREADS_BIND"] == "4|5|4"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1, 0})
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     assert server_environment(VllmEngine(), tp=3)["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "0")
