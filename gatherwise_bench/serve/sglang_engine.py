@@ -9,8 +9,8 @@ from gatherwise.bench.serve.cells import Cell
 from gatherwise.bench.serve.client_result import ClientResult, read_sglang_result
 from gatherwise.bench.serve.engine_spec import SERVED_MODEL_NAME, EngineSpec, NodeRank, Workload, core_per_rank
 
-# As tests/sglang/harness.py: SGLang's CPU engine and no pynccl (its CUDA torch build would load libnccl; a missing
-# path turns that off). Its OpenMP core per rank comes from tp_env, or node_env across nodes.
+# SGLang's CPU engine and no pynccl (its CUDA torch build would load libnccl; a missing path turns that off); the
+# SGLang tests run it the same way. Its OpenMP core per rank comes from tp_env, or node_env across nodes.
 SGLANG_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so"}
 # idle OpenMP workers sleep instead of spinning on the core the other rank needs (docs/sglang.md); a caller's
 # OMP_WAIT_POLICY wins

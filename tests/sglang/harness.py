@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 
+from gatherwise.bench.serve.engine_spec import core_per_rank
+from gatherwise.bench.serve.sglang_engine import SGLANG_ENV as BENCH_SGLANG_ENV
 from tests._engine_harness import clean_env, run_engine_process
 
 ENGINE_TIMEOUT_S = 900
-# SGLang on a CPU-only machine: its CPU engine, one OpenMP core per TP rank (its NUMA check refuses TP=2 on one
-# node otherwise), and no pynccl (the CUDA torch build would try to load libnccl; a missing path turns it off).
-SGLANG_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_CPU_OMP_THREADS_BIND": "0|1",
-              "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so"}
+# SGLang on a CPU-only machine as the serving benchmark runs it, with one OpenMP core per TP rank (its NUMA check
+# refuses TP=2 on one node otherwise).
+SGLANG_ENV = {**BENCH_SGLANG_ENV, "SGLANG_CPU_OMP_THREADS_BIND": core_per_rank(2)}
 # What an SGLang run leaves in /dev/shm when it kills its own schedulers at shutdown: load-snapshot slots
 # (managers/load_snapshot.py), its shared-memory message queues, and the named semaphores of killed processes.
 SGLANG_SHM_LEFTOVERS = ("sglang_loads_*", "sgl_shm_mq_*", "sem.mp-*")

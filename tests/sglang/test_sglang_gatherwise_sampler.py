@@ -18,6 +18,7 @@ import shutil
 
 import pytest
 
+from gatherwise.bench.serve.engine_spec import core_per_rank
 from gatherwise.engine_hooks.deferred_word import ADOPT_LAG
 from gatherwise.modes import Mode
 from gatherwise.tp_engine.trained_models import MODELS
@@ -68,7 +69,7 @@ def run(request: pytest.FixtureRequest) -> dict:
         # a trained model's weights need more of SGLang's static memory share than the tiny one's; ranks past the
         # second share the two cores and sleep rather than spin while they wait (docs/sglang.md, "On a CPU host")
         args = ("--tp", str(tp), "--mem-fraction-static", "0.2", "--real-prompts")
-        omp = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(r % 2) for r in range(tp)), "OMP_WAIT_POLICY": "PASSIVE"}
+        omp = {"SGLANG_CPU_OMP_THREADS_BIND": core_per_rank(tp), "OMP_WAIT_POLICY": "PASSIVE"}
     shm = f"/dev/shm/gatherwise-sglang-sampler-test-{os.getpid()}-{os.urandom(4).hex()}"
     os.makedirs(shm)
     try:

@@ -15,6 +15,7 @@ import shutil
 
 import pytest
 
+from gatherwise.bench.serve.engine_spec import core_per_rank
 from gatherwise.engine_hooks.deferred_word import ADOPT_LAG
 from gatherwise.modes import Mode
 from gatherwise.tp_engine.trained_models import MODELS
@@ -31,7 +32,7 @@ PHASES = ("greedy_sharded", "greedy_all", "greedy_gather", "sampled", "structure
 def _env(tp: int, **extra: str) -> dict[str, str]:
     # one OpenMP thread per rank, ranks past the second sharing the two cores, sleeping rather than spinning while
     # they wait (docs/sglang.md, "On a CPU host"); tokens are the same
-    return base_env(SGLANG_CPU_OMP_THREADS_BIND="|".join(str(r % 2) for r in range(tp)), OMP_WAIT_POLICY="PASSIVE",
+    return base_env(SGLANG_CPU_OMP_THREADS_BIND=core_per_rank(tp), OMP_WAIT_POLICY="PASSIVE",
                     **extra)
 
 
