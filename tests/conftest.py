@@ -1,4 +1,5 @@
-"""Shared test helpers: external tools that must exist in CI, free ports, shm dirs under tmp_path."""
+"""Shared test helpers: external tools that must exist in CI, free ports, shm dirs under tmp_path, the engine
+tests' peaked checkpoint."""
 
 from __future__ import annotations
 
@@ -49,3 +50,25 @@ def shm_dir(tmp_path):
     os.makedirs(path, mode=0o700)  # private at any umask, as the engine requires of its shm_dir
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+HEAD_ENTROPY = 2.5  # nats at T = 1, as `gatherwise bench serve --head-entropy` builds realistic logits
+
+
+@pytest.fixture(scope="module")
+def peaked(model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The engine directory's tiny checkpoint (`model`) with its logits scaled to HEAD_ENTROPY, for the tests
+    that compare sampled tokens across batches. The random init's rows are near flat (top-p 0.95 keeps 20 000 of
+    32 000 tokens), so a sampled token hangs on logit differences of 1e-6, and the engines' CPU forwards can give
+    a row logits that differ by that much alone and in a batch: no sampler could then draw the same token in
+    both. Scaled, the kept tokens are a dozen, 1e-3 or more apart."""
+    import torch
+    import transformers
+
+    from gatherwise.bench.serve.checkpoints import scale_to_entropy
+
+    checkpoint = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    scale_to_entropy(checkpoint, checkpoint.config.vocab_size, HEAD_ENTROPY, seed=0)
+    out = tmp_path_factory.mktemp("tiny-llama-peaked")
+    checkpoint.save_pretrained(out)
+    return str(out)

@@ -33,27 +33,6 @@ SAMPLED = [rid for rid, _, extra in REQUESTS if extra["temperature"] > 0]
 BATCH_PHASES = ("batch_sharded", "batch_all_gather", "batch_gather")
 
 
-HEAD_ENTROPY = 2.5  # nats at T = 1, as `gatherwise bench serve --head-entropy` builds realistic logits
-
-
-@pytest.fixture(scope="module")
-def peaked(model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The tiny checkpoint with its logits scaled to HEAD_ENTROPY. The random init's rows are near flat (top-p
-    0.95 keeps 20 000 of 32 000 tokens), so a sampled token hangs on logit differences of 1e-6, and SGLang's CPU
-    forward gives a prompt logits that differ by that much alone and in a batch: no sampler could then draw the
-    same token in both. Scaled, the kept tokens are a dozen, 1e-3 or more apart."""
-    import torch
-    import transformers
-
-    from gatherwise.bench.serve.checkpoints import scale_to_entropy
-
-    checkpoint = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    scale_to_entropy(checkpoint, checkpoint.config.vocab_size, HEAD_ENTROPY, seed=0)
-    out = tmp_path_factory.mktemp("tiny-llama-peaked")
-    checkpoint.save_pretrained(out)
-    return str(out)
-
-
 SUBJECTS = ["tiny"] + (engine_models() if full_matrix() else [])
 
 

@@ -6,7 +6,9 @@ engine.sampler_seed (unseeded ones follow that seed); the rings show sampled bat
 sharded table, while a batch with a penalty or logprobs keeps vLLM's sampler and runs all_gather there.
 
 Two engines, one at a time (tests/vllm/gatherwise_sampler_run.py): the full rounds, then one round again with
-another sampler seed.
+another sampler seed; both on the tiny checkpoint with its logits scaled to a trained model's entropy (`peaked`),
+in float32: vLLM's CPU default for a float32 checkpoint is bfloat16, whose forward gives a row logits one
+bfloat16 step (1/64 at these values) apart alone and in a batch, which no sampler can draw alike.
 """
 
 from __future__ import annotations
@@ -34,19 +36,19 @@ def run_with_sampler(model: str, sampler_seed: str, *args: str) -> dict:
     shm = f"/dev/shm/gatherwise-vllm-gwsampler-{os.getpid()}-{sampler_seed}"
     env = base_env(GATHERWISE_ENGINE_SHM_DIR=shm, GATHERWISE_ENGINE_SAMPLER_SEED=sampler_seed, **ENV)
     try:
-        return run_engine(model, env, "--shm-dir", shm, *args, module=RUN)
+        return run_engine(model, env, "--shm-dir", shm, "--dtype", "float32", *args, module=RUN)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def rounds_run(model: str) -> dict:
-    return run_with_sampler(model, SAMPLER_SEED)
+def rounds_run(peaked: str) -> dict:
+    return run_with_sampler(peaked, SAMPLER_SEED)
 
 
 @pytest.fixture(scope="module")
-def other_seed_run(model: str) -> dict:
-    return run_with_sampler(model, "8", "--rounds", "gather")
+def other_seed_run(peaked: str) -> dict:
+    return run_with_sampler(peaked, "8", "--rounds", "gather")
 
 
 def test_sampled_tokens_are_the_same_in_every_mode_and_switch_schedule(rounds_run):
