@@ -179,7 +179,8 @@ class PolicyParams(Schema):
     max_sample_age_seconds: float = Field(120.0, ge=0.1, le=86400.0,
                                           description="samples older than this leave the estimates")
     probe_backoff_max: float = Field(16.0, ge=1.0, le=1024.0,
-                                     description="a mode far behind is probed up to this many times less often")
+                                     description="a mode far behind, or settled slower by more than margin, is "
+                                                 "probed up to this many times less often")
     probe_backoff_margin: float = Field(0.25, ge=0.0, le=10.0,
                                         description="far behind = slower than the chosen mode by this fraction; "
                                                     "the chosen mode's cost moving by it ends the back-off")

@@ -242,7 +242,9 @@ class ModePolicy:
             probe = self.probes.finish(now)
             ratio = self.auto_choice.record_probe(probe.bucket, probe.mode, probe.samples, probe.references, now)
             chosen = self.traffic.running_estimate(probe.bucket, self.choice[probe.bucket], now)
-            backoff = self.probes.after_probe(probe, ratio, chosen)
+            found = self.paired_evidence(probe.bucket, probe.mode, now)
+            settled_slower = found is not None and found.slower and found.ratio > 1.0 + self.params.margin
+            backoff = self.probes.after_probe(probe, ratio, chosen, settled_slower)
             out.append(self.log.record("probe", self.choice[probe.bucket].label, [probe.bucket],
                                        {probe.bucket: probe.mode},
                                        {"phase": "end", "probe_calls": probe.calls, "backoff": backoff,

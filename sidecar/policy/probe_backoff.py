@@ -1,7 +1,10 @@
 """Probe back-off: how much longer than `probe_interval_seconds` a (bucket, mode) waits for its next probe.
 
 A probe that finds the mode far behind (slower than the chosen one by more than `probe_backoff_margin`) doubles
-the factor, up to `probe_backoff_max`; one that finds it close resets it to 1. When the chosen mode's own cost
+the factor, up to `probe_backoff_max`, and so does one after which the bucket's paired evidence finds the mode
+decisively slower by more than the switch `margin` (a mode 5-10 % behind, measured again and again, would
+otherwise be probed every interval forever: a quarter of a light bucket's calls); one that finds it close, with
+no such evidence, resets it to 1. When the chosen mode's own cost
 moves by more than `probe_backoff_margin` from what it was when the bucket backed off (the load changed), or the
 bucket switches, every factor of the bucket resets. So a mode that loses everywhere costs a few probes per
 `probe_backoff_max` intervals, not `probe_budget` of all time, and a change of load is still noticed soon.
@@ -26,11 +29,14 @@ class ProbeBackoff:
         return self.factors.get((bucket, mode), 1.0)
 
     def after_probe(self, bucket: int, mode: Mode, ratio: float | None, chosen: Estimate | None,
-                    params: PolicyParams) -> float:
+                    params: PolicyParams, settled_slower: bool = False) -> float:
         """Back off a mode the probe found far behind (`ratio`: its cost / the chosen mode's; `chosen`: the
-        chosen mode's cost now); reset one it found close. Returns the new factor."""
+        chosen mode's cost now), or one the bucket's paired evidence, this probe included, finds decisively
+        slower by more than the switch margin (`settled_slower`); reset one found close. Returns the new
+        factor."""
         key = (bucket, mode)
-        if ratio is not None and chosen is not None and ratio > 1.0 + params.probe_backoff_margin:
+        behind = ratio is not None and (ratio > 1.0 + params.probe_backoff_margin or settled_slower)
+        if behind and chosen is not None:
             factor = min(self.factors.get(key, 1.0) * 2.0, max(1.0, params.probe_backoff_max))
             self.factors[key] = factor
             self.reference.setdefault(bucket, chosen.value)

@@ -130,9 +130,10 @@ class Probes:
         self.running_since_probe[probe.bucket] = 0
         return probe
 
-    def after_probe(self, probe: Probe, ratio: float | None, chosen: Estimate | None) -> float:
-        """Back off or reset the probed mode from the probe's ratio; returns its new factor."""
-        return self.backoff.after_probe(probe.bucket, probe.mode, ratio, chosen, self.params)
+    def after_probe(self, probe: Probe, ratio: float | None, chosen: Estimate | None, settled_slower: bool) -> float:
+        """Back off or reset the probed mode from the probe's ratio and the bucket's paired evidence; returns its
+        new factor."""
+        return self.backoff.after_probe(probe.bucket, probe.mode, ratio, chosen, self.params, settled_slower)
 
     def watch_load(self, bucket: int, active: Estimate | None) -> None:
         """The chosen mode's cost moved away from where it was when the bucket backed off: probe again soon."""

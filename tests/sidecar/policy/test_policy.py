@@ -284,6 +284,23 @@ def test_probes_back_off_while_the_other_mode_stays_far_behind():
     assert policy.backoff[(0, G)] == 16.0 and policy.probe_interval(0, G) == 16.0 * FAST.probe_interval_seconds
 
 
+def test_probes_back_off_a_mode_the_paired_evidence_settles_as_slower_by_more_than_the_margin():
+    """A mode 8 % behind is never far behind (25 %), but probe after probe finds it decisively slower by more than
+    the switch margin: it backs off all the same. One 2 % behind, inside the margin, is probed at the base
+    interval: it is the one a small change of load would make the faster."""
+    params = fast(probe_budget=0.05, probe_backoff_margin=0.25, probe_backoff_max=16.0)
+    starts = {}
+    for slower in (1.08, 1.02):
+        policy = ModePolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)
+        _, decisions = simulate(policy, costs({A: 0.001, G: 0.001 * slower}), 30.0, 0.0)
+        assert policy.choice[0] == A and not [d for d in decisions if d.reason == "auto"]
+        starts[slower] = probe_starts(decisions)
+        found = policy.paired_evidence(0, G, 30.0)
+        assert found is not None and found.slower
+        assert policy.backoff.get((0, G), 1.0) == (16.0 if slower == 1.08 else 1.0)
+    assert starts[1.08] * 4 <= starts[1.02]
+
+
 def test_a_load_change_ends_the_back_off_and_the_policy_follows():
     params = fast(probe_budget=0.05, probe_backoff_max=64.0)
     policy = ModePolicy(params, ModeTable.uniform(A), auto=True, modes=TWO)

@@ -1,5 +1,5 @@
-"""Probe back-off alone (sidecar.policy.probe_backoff): doubling up to the maximum, reset when close, reset when
-the load moves."""
+"""Probe back-off alone (sidecar.policy.probe_backoff): doubling up to the maximum (far behind, or settled slower
+by the paired evidence), reset when close, reset when the load moves."""
 
 from __future__ import annotations
 
@@ -33,6 +33,14 @@ def test_a_mode_found_close_or_not_measured_is_probed_at_the_base_interval_again
     assert backoff.after_probe(0, S, None, est(0.01), PARAMS) == 1.0  # a probe that paired nothing
     assert backoff.factors == {} and backoff.reference == {}
     assert backoff.after_probe(0, G, 2.0, None, PARAMS) == 1.0  # nothing to compare the load with later
+
+
+def test_a_mode_the_evidence_settles_as_slower_backs_off_though_the_probe_found_it_close():
+    backoff = ProbeBackoff()
+    assert backoff.after_probe(0, G, 1.08, est(0.01), PARAMS, settled_slower=True) == 2.0
+    assert backoff.after_probe(0, G, 1.03, est(0.01), PARAMS, settled_slower=True) == 4.0
+    assert backoff.after_probe(0, G, 1.08, est(0.01), PARAMS) == 1.0  # close, and nothing settled: reset
+    assert backoff.after_probe(0, G, None, est(0.01), PARAMS, settled_slower=True) == 1.0  # paired nothing
 
 
 def test_a_moved_load_resets_the_bucket():

@@ -140,7 +140,7 @@ def test_a_moved_load_makes_the_bucket_s_modes_due_again():
     probes.last_probe[(0, G)] = 5.0
     probes.last_probe[(1, G)] = 5.0
     probe = Probe(0, G, 5.0)
-    assert probes.after_probe(probe, 2.0, Estimate(10, 0.01, 0.01, 0.01, 0.0)) == 2.0
+    assert probes.after_probe(probe, 2.0, Estimate(10, 0.01, 0.01, 0.01, 0.0), False) == 2.0
     probes.watch_load(0, Estimate(10, 0.011, 0.011, 0.011, 0.0))  # within the back-off margin
     assert (0, G) in probes.last_probe and probes.interval(0, G) == 2.0 * PARAMS.probe_interval_seconds
     probes.watch_load(0, Estimate(10, 0.02, 0.02, 0.02, 0.0))
