@@ -25,6 +25,7 @@ from gatherwise.bench.serve.configurations import (
     interleaved,
 )
 from gatherwise.bench.serve.engine_spec import EngineSpec, Workload
+from gatherwise.modes import IMPLEMENTED
 from gatherwise.stop_signals import StopRequested, raise_on_stop_signals
 
 if TYPE_CHECKING:
@@ -92,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests per run = this x concurrency (at least --min-prompts); default 2")
     p.add_argument("--min-prompts", type=at_least("--min-prompts", 1), help="default 8")
     p.add_argument("--seed", type=int, default=0, help="seed of the random dataset (same prompts everywhere)")
+    p.add_argument("--auto-against", choices=[m.label for m in IMPLEMENTED], metavar="MODE",
+                   help="auto configurations also run every cell pinned to MODE in the same server start: after "
+                        "the measured round, pinned, pinned, auto again (A B B A), each round with prompts of its "
+                        "own; the report gives auto / pinned per cell and pass (start-to-start spread cannot hide "
+                        "a few per cent there); default off")
     p.add_argument("--warmup-rounds", type=at_least("--warmup-rounds", 0),
                    help="rounds of every cell each server start runs before it is measured, with prompts of their "
                         "own, the same for every configuration (auto learns in them); default 1")
@@ -194,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.auto_against and not any(CONFIGURATIONS[name].auto for name in args.configurations):
+        parser.error("--auto-against compares auto with a pinned mode: --configurations needs an auto one")
     from gatherwise.bench.serve.real_prompts import RealPrompts
     from gatherwise.bench.serve.run import ServeBench, run_configuration
 
@@ -218,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             work_dir = out_dir / "work"
             work_dir.mkdir(parents=True, exist_ok=True)
             bench = ServeBench(engine, model.resolve(), cells, workload, args.python, work_dir.resolve(),
-                               args.max_load, args.max_load_wait, args.warmup_rounds, args.nodes, tp, prompts)
+                               args.max_load, args.max_load_wait, args.warmup_rounds, args.nodes, tp, prompts,
+                               args.auto_against)
             started, load_start = time.time(), os.getloadavg()
             runs: list[dict[str, Any]] = []
             seen: dict[str, int] = {}
@@ -270,7 +279,9 @@ def _write(out_dir: Path, bench: ServeBench, about: str, configurations: list[st
         auto_decisions,
         format_cpu_table,
         format_decisions,
+        format_in_start,
         format_table,
+        in_start_comparison,
         summarize,
         write_results,
     )
@@ -281,6 +292,7 @@ def _write(out_dir: Path, bench: ServeBench, about: str, configurations: list[st
 
     rows = summarize(runs, model)
     decisions = auto_decisions(runs)
+    in_start = in_start_comparison(runs, bench.auto_against) if bench.auto_against else None
     meta = {"engine": engine.name, "engine_version": _engine_version(engine.name), "model": str(model),
             "model_about": about, "layout": layout, "configurations": configurations, "order": order,
             "tp": bench.tp, "cells": [c.key for c in bench.cells], "workload": vars(workload),
@@ -294,12 +306,15 @@ def _write(out_dir: Path, bench: ServeBench, about: str, configurations: list[st
                         "load_avg_at_end": os.getloadavg()},
             "server_env": {k: env[k] for k in (*engine.env_defaults(bench.tp), *engine.env, *engine.tp_env(bench.tp))},
             "seconds": round(time.time() - started, 1), "auto_decisions": decisions,
+            "auto_against": bench.auto_against, "auto_vs_pinned_in_start": in_start,
             "server_starts": {"done": len(runs), "planned": len(order)},
             "command": "gatherwise bench serve " + " ".join(sys.argv[3:] if argv is None else argv)}
     write_results(out_dir / "results.json", meta, runs, rows)
     table = format_table(rows, configurations) + "\n\n" + format_cpu_table(rows, configurations)
     if any(CONFIGURATIONS[name].auto for name in configurations):
         table += "\n\n" + format_decisions(decisions)
+    if in_start is not None:
+        table += "\n\n" + format_in_start(in_start)
     (out_dir / "table.txt").write_text(table + "\n")
     print(table)
     try:

@@ -93,6 +93,42 @@ def auto_decisions(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def in_start_comparison(runs: list[dict[str, Any]], against: str) -> list[dict[str, Any]]:
+    """Per auto run and cell: output tok/s of its auto rounds (the measured one and the last) and of its rounds
+    pinned to `against` in the same server start, and their ratio; then per cell the mean ratio over passes."""
+    out = []
+    for run in runs:
+        by_phase: dict[tuple[str, str], list[float]] = {}
+        for cell in run["cells"]:
+            if cell["phase"] in ("measured", "auto", "pinned"):
+                side = "pinned" if cell["phase"] == "pinned" else "auto"
+                by_phase.setdefault((cell["cell"], side), []).append(cell["output_throughput"])
+        for key in dict.fromkeys(k for k, _ in by_phase):
+            auto, pinned = by_phase.get((key, "auto")), by_phase.get((key, "pinned"))
+            if not auto or not pinned:
+                continue
+            out.append({"configuration": run["configuration"], "pass": run["pass"], "cell": key,
+                        "against": against, "auto_per_round": auto, "pinned_per_round": pinned,
+                        "auto_vs_pinned": statistics.fmean(auto) / statistics.fmean(pinned)})
+    return out
+
+
+def format_in_start(comparisons: list[dict[str, Any]]) -> str:
+    lines = ["auto against a pinned mode in the same server start (rounds A B B A: the measured one, pinned, pinned, "
+             "auto again; output tok/s per round)"]
+    by_cell: dict[tuple[str, str], list[float]] = {}
+    for c in comparisons:
+        by_cell.setdefault((c["configuration"], c["cell"]), []).append(c["auto_vs_pinned"])
+        lines.append(f"  {c['configuration']} pass {c['pass']} {c['cell']}: auto "
+                     + "/".join(f"{v:.2f}" for v in c["auto_per_round"]) + f", {c['against']} "
+                     + "/".join(f"{v:.2f}" for v in c["pinned_per_round"]) + f": {c['auto_vs_pinned']:.3f}x")
+    for (name, key), ratios in by_cell.items():
+        lines.append(f"  {name} {key}: auto / pinned {statistics.fmean(ratios):.3f}x over {len(ratios)} passes")
+    if not comparisons:
+        lines.append("  none")
+    return "\n".join(lines)
+
+
 def format_decisions(decisions: list[dict[str, Any]]) -> str:
     lines = ["auto: switches (bucket: from -> to, seconds after PUT auto, mix-weighted ratio, per kind, mix)"]
     for d in decisions:

@@ -32,6 +32,9 @@ LENGTH_MARGIN = 64  # a random prompt re-encoded by the client may come out a fe
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # no hub here; everything is local
 DECISIONS_LIMIT = 256
 WARMUP_SEED_OFFSET = 1000  # warm-up round r draws its prompts with seed + this + r
+IN_START_SEED_OFFSET = 2000  # the in-start comparison's round r draws its prompts with seed + this + r
+# after the measured round of an auto configuration (auto): pinned, pinned, auto again, so A B B A in one start
+IN_START_ROUNDS = ("pinned", "pinned", "auto")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class ServeBench:
     nodes: int = 1  # 2: one rank on each of two nodes of this host (node_servers.py), the network already up
     tp: int = 2
     prompts: RealPrompts | None = None  # real text (a trained model's), else the engine's random dataset
+    auto_against: str | None = None  # a mode auto configurations are also measured pinned to, in the same start
 
     @property
     def context_len(self) -> int:
@@ -78,15 +82,21 @@ def _warm_up(url: str) -> None:
     reply.raise_for_status()
 
 
-def phases(bench: ServeBench) -> list[tuple[str, Workload]]:
+def phases(bench: ServeBench, auto: bool = False) -> list[tuple[str, Workload]]:
     """(phase, workload) in order, the same for every configuration: warm-up rounds, then the measured pass. A
     server's first rounds at a batch shape run slower than its later ones, so every configuration gets the same
     history before it is measured; auto is on from the first warm-up round, which is where it learns. Warm-up
     prompts are drawn with seeds of their own: with the measured pass's prompts an engine's prefix cache would
-    serve the measured prefills from cache."""
+    serve the measured prefills from cache.
+
+    An `auto` configuration with `bench.auto_against` then runs IN_START_ROUNDS, each with prompts of its own:
+    auto against the pinned mode within one server start, in A B B A order, where the spread between two starts
+    of one configuration (5-24 % on a shared 2-core host) cannot hide a difference of a few per cent."""
     warmup = [("warmup", replace(bench.workload, seed=bench.workload.seed + WARMUP_SEED_OFFSET + r))
               for r in range(bench.warmup_rounds)]
-    return [*warmup, ("measured", bench.workload)]
+    in_start = [(phase, replace(bench.workload, seed=bench.workload.seed + IN_START_SEED_OFFSET + r))
+                for r, phase in enumerate(IN_START_ROUNDS)] if auto and bench.auto_against else []
+    return [*warmup, ("measured", bench.workload), *in_start]
 
 
 def real_prompts(bench: ServeBench, round_index: int, cell: Cell) -> list[str] | None:
@@ -158,7 +168,15 @@ def run_configuration(bench: ServeBench, name: str, pass_index: int) -> dict[str
             if conf.auto:
                 record["auto_put_time"] = time.time()
                 record["auto_put"] = sidecar.put_mode({"mode": "auto"})
-        for round_index, (phase, workload) in enumerate(phases(bench)):
+        for round_index, (phase, workload) in enumerate(phases(bench, conf.auto)):
+            if sidecar is not None and phase in IN_START_ROUNDS:
+                # every bucket pinned for a pinned round, released to the policy for the auto round after it
+                mode = bench.auto_against if phase == "pinned" else "auto"
+                puts = record.setdefault("in_start_puts", [])
+                if not puts or puts[-1]["mode"] != mode:
+                    reply = sidecar.put_mode({"mode": mode})
+                    puts.append({"mode": mode, "time": time.time(),
+                                 **{k: reply.get(k) for k in ("applied", "seq", "apply_call", "decision")}})
             for cell in bench.cells:
                 before = sidecar.metrics_texts() if sidecar else None
                 cpu_before = CpuSnapshot.take(engine_session, sidecar_pid)

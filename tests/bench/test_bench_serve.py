@@ -20,7 +20,7 @@ from gatherwise.bench.serve.greedy_match import TokenCounter, compare_outputs
 from gatherwise.bench.serve.logits_share import logits_share
 from gatherwise.bench.serve.process_cpu import CpuSnapshot, cores_busy
 from gatherwise.bench.serve.real_prompts import RealPrompts, documentation_paragraphs
-from gatherwise.bench.serve.report import format_cpu_table, summarize
+from gatherwise.bench.serve.report import format_cpu_table, format_in_start, in_start_comparison, summarize
 from gatherwise.bench.serve.run import ServeBench, phases, real_prompts, server_environment
 from gatherwise.bench.serve.sglang_engine import SglangEngine
 from gatherwise.bench.serve.tokenizer import write_tokenizer
@@ -35,6 +35,9 @@ from gatherwise.bench.serve.vllm_engine import VllmEngine
     (["--engine", "sglang", "--sampling", "beam"], "unknown sampling 'beam'"),
     (["--engine", "sglang", "--python", "no-such-venv/bin/python"],
      "no executable interpreter at 'no-such-venv/bin/python'"),
+    (["--engine", "vllm", "--auto-against", "scatter"], "invalid choice: 'scatter'"),
+    (["--engine", "vllm", "--configurations", "plain,sharded", "--auto-against", "sharded"],
+     "--configurations needs an auto one"),
 ])
 def test_bad_arguments_exit_2_and_start_nothing(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -115,6 +118,29 @@ def test_every_configuration_warms_up_alike_on_prompts_the_measured_pass_never_s
     assert seeds[-1] == 7 and len(set(seeds)) == 3
     assert all((w.input_len, w.output_len) == (64, 32) for _, w in rounds)
     assert phases(bench(0)) == [("measured", Workload(64, 32, 7))]
+
+
+def test_auto_is_compared_with_the_pinned_mode_in_its_own_start_in_abba_order_on_prompts_of_each_rounds_own(
+        tmp_path):
+    bench = ServeBench(VllmEngine(), tmp_path, [], Workload(64, 32, seed=7), "python", tmp_path, None, 0.0, 1,
+                       auto_against="sharded")
+    rounds = phases(bench, auto=True)
+    assert [phase for phase, _ in rounds] == ["warmup", "measured", "pinned", "pinned", "auto"]
+    assert len({workload.seed for _, workload in rounds}) == 5 and rounds[1][1].seed == 7
+    assert phases(bench) == rounds[:2]  # a pinned configuration runs no in-start rounds
+
+    def cell(phase: str, key: str, tok_s: float) -> dict:
+        return {"phase": phase, "cell": key, "output_throughput": tok_s}
+
+    runs = [{"configuration": "auto+gw-sampler", "pass": 0,
+             "cells": [cell("warmup", "greedy-c1", 1.0), cell("measured", "greedy-c1", 10.0),
+                       cell("pinned", "greedy-c1", 11.0), cell("pinned", "greedy-c1", 9.0),
+                       cell("auto", "greedy-c1", 9.0)]},
+            {"configuration": "plain", "pass": 0, "cells": [cell("measured", "greedy-c1", 5.0)]}]
+    (found,) = in_start_comparison(runs, "sharded")
+    assert found["auto_per_round"] == [10.0, 9.0] and found["pinned_per_round"] == [11.0, 9.0]
+    assert found["auto_vs_pinned"] == pytest.approx(0.95)
+    assert "auto / pinned 0.950x over 1 passes" in format_in_start([found])
 
 
 def test_the_tokenizer_has_exactly_the_vocabulary_and_every_word_id_round_trips(tmp_path):
