@@ -2,11 +2,12 @@
 
 A probe that finds the mode far behind (slower than the chosen one by more than `probe_backoff_margin`) doubles
 the factor, up to `probe_backoff_max`, and so does one after which the bucket's paired evidence finds the mode
-decisively slower by more than the switch `margin` (a mode 5-10 % behind, measured again and again, would
-otherwise be probed every interval forever: a quarter of a light bucket's calls); one that finds it close, with
-no such evidence, resets it to 1. When the chosen mode's own cost
-moves by more than `probe_backoff_margin` from what it was when the bucket backed off (the load changed), or the
-bucket switches, every factor of the bucket resets. So a mode that loses everywhere costs a few probes per
+decisively slower by more than the switch `margin` (a mode 5-10 % behind would otherwise be probed every interval
+for good); one that finds it close, with no such evidence, resets it to 1. A mode within the margin is not backed
+off: it is the one a small change of load would make the faster, and with fewer fresh pairs beside them, probes
+that noise made look promising would decide alone. When the chosen mode's own cost moves by more than
+`probe_backoff_margin` from what it was when the bucket backed off (the load changed), or the bucket switches,
+every factor of the bucket resets. So a mode that loses everywhere costs a few probes per
 `probe_backoff_max` intervals, not `probe_budget` of all time, and a change of load is still noticed soon.
 """
 
