@@ -203,7 +203,9 @@ class ModePolicy:
         """`auto` for these buckets: drop their pins. A bucket goes back to the mode the policy ran there before
         the pin when its paired probes had already found the pinned mode slower than that one (the evidence of
         the switch it made, still fresh: learning it again would cost probes at the pinned mode's price);
-        otherwise the policy continues from the pinned mode."""
+        otherwise the policy continues from the pinned mode. Probe back-off is kept where the bucket runs the
+        mode it ran before the pin (its factors measured modes against that one) and reset where it now runs
+        another."""
         chosen = chosen_buckets(buckets)
         previous, returned = {}, {}
         for b in chosen:
@@ -215,9 +217,9 @@ class ModePolicy:
             if found is not None and found.ratio > 1.0 + self.params.margin and (
                     found.slower or found.probes >= self.pairs_needed):
                 returned[bucket_label(b)] = self.choice[b].label  # fresh probes found the pin slower
-            else:
+            elif pinned != self.choice[b]:
                 self.choice[b] = pinned
-            self.probes.backoff.reset(b)
+                self.probes.backoff.reset(b)
         return self.log.record("manual", "auto", chosen, previous,
                                {"released": [bucket_label(b) for b in chosen], "returned": returned})
 

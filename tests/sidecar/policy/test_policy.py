@@ -139,14 +139,18 @@ def test_release_returns_to_the_policys_choice_when_probes_found_the_pin_slower(
     now, _ = simulate(policy, delay_on(G), 3.0, 0.0)  # probes of gather while all_gather runs: gather 2x slower
     found = policy.paired_ratio(0, G, now)
     assert policy.choice[0] == A and found is not None and found[0] >= policy.pairs_needed and found[1] > 1.5
+    backed_off = dict(policy.backoff)
+    assert backed_off.get((0, G), 1.0) > 1.0  # gather's probes were backed off
     policy.pin(G, None, now)
     d = policy.release(None, now + 0.5)
     assert policy.desired_table().modes[0] == A and d.evidence["returned"] == {"1": "all_gather"}
+    assert policy.backoff == backed_off  # back to the mode its factors were measured against: kept
     assert policy.desired_table().modes[5] == G  # bucket 32 never ran: no evidence, it continues from the pin
     policy.pin(G, [0], now + 1.0)
     later = now + 1.0 + FAST.max_sample_age_seconds + 1
     d = policy.release([0], later)  # the evidence has aged out meanwhile: continue from the pin
     assert policy.desired_table().modes[0] == G and d.evidence["returned"] == {}
+    assert not [key for key in policy.backoff if key[0] == 0]  # now running another mode: reset
 
 
 def test_manual_policy_pins_everything():
