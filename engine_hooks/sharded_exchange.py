@@ -4,7 +4,7 @@ A call runs one or two all_gathers, fixed by the sampling kinds of its rows (gat
 
 1. `shard_exchange` (always): each rank's per-row summaries as float64 — greedy: (max, index), O(B); top-k:
    its k best (value, index), O(B·k); temperature: (shard max, shard mass), O(B); top-p, min-p: max, mass, its
-   best TOP_P_CANDIDATES. Rank 0's control word rides in word 0 of its chunk. After it every rank holds the
+   best `top_p_candidates(width)`. Rank 0's control word rides in word 0 of its chunk. After it every rank holds the
    same P summaries and computes the same tokens for greedy, top-k and covered top-p rows, and the same
    (shard, target) for temperature rows.
 2. `shard_resolve` (only when the call has temperature, top-p or min-p rows): each rank sends the tokens of the

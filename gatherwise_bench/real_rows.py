@@ -6,8 +6,8 @@
    (tp_engine/chat_load.py; through the chat template where the model has one), sampling at T 0.8 / top-p 0.95
    and at T 1.0 / top-p 0.95; every next-token logits row of those answers is kept (`--rows` per temperature).
 2. Per row and temperature: the top-p 0.95 nucleus size, and whether the kept set fits the sharded sampler's
-   per-shard candidates at the model's engine TP (no shard holds more than TOP_P_CANDIDATES kept tokens; where one
-   does, the row takes the fallback).
+   per-shard candidates at the model's engine TP (no shard holds more than `top_p_candidates(width)` kept tokens;
+   where one does, the row takes the fallback).
 3. The logits path's share of a decode step on the reference engine at the model's engine TP, per mode: B sampled
    requests (T 0.8 / top-p 0.95) answered to completion; forward and logits call timed per step on rank 0.
 Writes real_rows.json (and rows-T<temperature>.pt, the rows themselves, for `gatherwise bench sampler`'s real
@@ -137,7 +137,7 @@ def _time_steps(rank: int, world: int, directory: str, batch: int, max_new: int,
 
 def main(argv: list[str] | None = None) -> int:
     from gatherwise.engine_hooks.logits_path import shard_width
-    from gatherwise.engine_hooks.shard_sampling import TOP_P_CANDIDATES
+    from gatherwise.engine_hooks.shard_sampling import top_p_candidates
     from gatherwise.tp_engine.trained_models import MODELS, fetch
 
     p = argparse.ArgumentParser(prog="python -m gatherwise.bench.real_rows", description=__doc__.splitlines()[0])
@@ -149,14 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     directory, model = fetch(args.model), MODELS[args.model]
     args.out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"model": args.model, "tp": model.engine_tp, "top_p": TOP_P,
-                              "candidates_per_shard": TOP_P_CANDIDATES, "temperatures": {}}
+    report: dict[str, Any] = {"model": args.model, "tp": model.engine_tp, "top_p": TOP_P, "temperatures": {}}
     for temperature in TEMPERATURES:
         rows = collect_rows(directory, temperature, args.rows)
         torch.save(rows, args.out / f"rows-{args.model}-T{temperature}.pt")
         sizes, order = kept_sizes(rows, temperature, TOP_P)
         width = shard_width(rows.shape[1], model.engine_tp)
-        over = shard_overflow(order, sizes, width, TOP_P_CANDIDATES)
+        report["candidates_per_shard"] = top_p_candidates(width)
+        over = shard_overflow(order, sizes, width, top_p_candidates(width))
         values = sizes.tolist()
         report["temperatures"][str(temperature)] = {
             "rows": len(values), "nucleus": percentiles(values),

@@ -32,7 +32,8 @@ def overflowing() -> torch.Tensor:
     with torch.no_grad():
         rows = torch.cat([model(torch.tensor([ids])).logits[0] for ids in prompt_ids(directory, 4)]).float()
     kept, order = kept_sizes(rows, 1.0, 0.95)
-    over = shard_overflow(order, kept, shard_width(rows.shape[1], 3), ss.TOP_P_CANDIDATES)
+    width = shard_width(rows.shape[1], 3)
+    over = shard_overflow(order, kept, width, ss.top_p_candidates(width))
     assert int(over.sum()) >= 16, "the prompts give too few overflowing rows to test the fallback on"
     return rows[over][:24].contiguous()
 

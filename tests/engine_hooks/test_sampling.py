@@ -195,6 +195,26 @@ def test_the_cuda_top_k_without_host_decisions_keeps_the_same_set(dtype):
         assert torch.equal(vals, x.gather(1, local).double())
 
 
+def test_wide_shards_send_more_top_p_candidates_and_every_rank_the_same():
+    """Top-p / min-p candidates per shard grow with the width past TOP_P_CANDIDATES x COLUMNS_PER_CANDIDATE
+    columns, never past the width; the plan's groups carry that count; the tokens are the same at any count."""
+    from gatherwise.engine_hooks import shard_sampling as ss
+
+    assert [ss.top_p_candidates(w) for w in (10, 64, 16_384, 76_032, 131_072)] == [10, 64, 64, 74, 128]
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=3)
+    rows = [SamplingRow(params, request_id=i, position=i) for i in range(4)]
+    assert [g.k for g in ss.plan(rows, 131_072)] == [128]
+    gen = torch.Generator().manual_seed(2)
+    full = torch.randn(4, 6000, generator=gen) * torch.tensor([0.5, 1.5, 3.0, 6.0])[:, None]
+    x = sharded(full, 2)
+    tokens = []
+    for columns in (1 << 30, 16, 1):  # 64, 187, 3000 candidates (each shard whole: no fallback)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ss, "COLUMNS_PER_CANDIDATE", columns)
+            tokens.append(sample(x, 6000, rows))
+    assert all(torch.equal(t, tokens[0]) for t in tokens)
+
+
 def test_whole_rows_are_the_canonical_merge_of_whole_shards():
     """The full-row fallback's one sort gives what merging every shard's every column gives, ties included."""
     from gatherwise.engine_hooks.shard_sampling import merge_candidates, whole_rows
