@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.save(rows, args.out / f"rows-{args.model}-T{temperature}.pt")
         sizes, order = kept_sizes(rows, temperature, TOP_P)
         width = shard_width(rows.shape[1], model.engine_tp)
-        report["candidates_per_shard"] = top_p_candidates(width)
-        over = shard_overflow(order, sizes, width, top_p_candidates(width))
+        candidates = report["candidates_per_shard"] = top_p_candidates(width)
+        over = shard_overflow(order, sizes, width, candidates)
         values = sizes.tolist()
         report["temperatures"][str(temperature)] = {
             "rows": len(values), "nucleus": percentiles(values),

@@ -195,7 +195,7 @@ def test_the_cuda_top_k_without_host_decisions_keeps_the_same_set(dtype):
         assert torch.equal(vals, x.gather(1, local).double())
 
 
-def test_wide_shards_send_more_top_p_candidates_and_every_rank_the_same():
+def test_wide_shards_send_more_top_p_candidates_and_the_tokens_stay_the_same():
     """Top-p / min-p candidates per shard grow with the width past TOP_P_CANDIDATES x COLUMNS_PER_CANDIDATE
     columns, never past the width; the plan's groups carry that count; the tokens are the same at any count."""
     from gatherwise.engine_hooks import shard_sampling as ss
